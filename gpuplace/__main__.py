@@ -1,0 +1,5 @@
+import sys
+
+from gpuplace.cli import main
+
+sys.exit(main())

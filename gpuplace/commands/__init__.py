@@ -1,0 +1,1 @@
+"""One module a subcommand; each exposes `register(subparsers)` and is found by `gpuplace.cli`."""

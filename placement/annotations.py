@@ -1,0 +1,91 @@
+"""Every label and annotation key gpuplace reads or writes, with their codecs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from placement.types import GpuUuid, MapKey, NodeName
+
+PREFIX = "gpuplace.io/"
+MAP_LABEL = "gpuplace.io/map"
+INDEX_LABEL = "gpuplace.io/index"
+PLACEMENT_MAP_LABEL = "gpuplace.io/placement-map"
+PLACEMENT_KEY = "placement.yaml"
+STATUS_ANNOTATION = "gpuplace.io/status"
+STATEFULSET_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+
+NODE_ANNOTATION = "gpuplace.io/node"
+INDEX_ANNOTATION = "gpuplace.io/index"
+DEVICES_ANNOTATION = "gpuplace.io/devices"
+CUDA_ANNOTATION = "gpuplace.io/cuda-visible-devices"
+GENERATION_ANNOTATION = "gpuplace.io/model-generation"
+#: Which map the slot belongs to (needed for legacy pods, whose map has no label).
+MAP_ANNOTATION = "gpuplace.io/map"
+
+LEGACY_ANNOTATION = "gpu-scheduling-map"
+LEGACY_NODE_LABEL = "gpu-node-name"
+LEGACY_MAP_PREFIX = "legacy."
+
+ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+ENV_CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+MANAGED_ENV = (ENV_CUDA_VISIBLE_DEVICES, ENV_CUDA_DEVICE_ORDER, ENV_NVIDIA_VISIBLE_DEVICES)
+
+_ORDINAL_RE = re.compile(r"-(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class BindingDecision:
+    """What the binder decided for one pod; written as annotations in the Binding."""
+
+    map: MapKey
+    index: int
+    node: NodeName
+    devices: tuple[GpuUuid, ...]
+    cuda_visible_devices: str
+    model_generation: int
+
+
+def encode_binding(decision: BindingDecision) -> dict[str, str]:
+    return {
+        MAP_ANNOTATION: decision.map.name,
+        NODE_ANNOTATION: decision.node,
+        INDEX_ANNOTATION: str(decision.index),
+        DEVICES_ANNOTATION: ",".join(decision.devices),
+        CUDA_ANNOTATION: decision.cuda_visible_devices,
+        GENERATION_ANNOTATION: str(decision.model_generation),
+    }
+
+
+def decode_binding(namespace: str, annotations: Mapping[str, str]) -> BindingDecision | None:
+    """The decision recorded on a bound pod, or None if the pod carries none (or a broken one)."""
+    try:
+        return BindingDecision(
+            map=MapKey(namespace, annotations[MAP_ANNOTATION]),
+            index=int(annotations[INDEX_ANNOTATION]),
+            node=NodeName(annotations[NODE_ANNOTATION]),
+            devices=tuple(GpuUuid(d) for d in annotations[DEVICES_ANNOTATION].split(",") if d),
+            cuda_visible_devices=annotations[CUDA_ANNOTATION],
+            model_generation=int(annotations[GENERATION_ANNOTATION]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def name_ordinal(name: str) -> int | None:
+    """The `-<digits>` suffix of a pod name (StatefulSet ordinal, legacy index)."""
+    match = _ORDINAL_RE.search(name)
+    return int(match.group(1)) if match else None
+
+
+def legacy_map_key(namespace: str, pod_name: str) -> MapKey:
+    """The slot namespace of a legacy pod: its name without the ordinal (its StatefulSet)."""
+    base = _ORDINAL_RE.sub("", pod_name) or pod_name
+    return MapKey(namespace, f"{LEGACY_MAP_PREFIX}{base}")
+
+
+def spoofed_annotations(annotations: Mapping[str, str]) -> list[str]:
+    """User-set gpuplace.io/* annotations that admission removes (only the binder may set them)."""
+    return [k for k in annotations if k.startswith(PREFIX)]

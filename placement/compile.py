@@ -1,0 +1,384 @@
+"""Compilation of valid maps into the served model, incrementally.
+
+The compiler keeps what it resolved per map, an index from each claimed GPU to the slots that claim
+it, and the set of GPUs claimed more than once. A change to one map, node or inventory recompiles the
+maps it touches and re-decides only the contested GPUs, so a one-map update costs that map's size,
+not the cluster's.
+
+Invariants:
+- a GPU claimed by an exclusive slot and any other slot is served to at most one of them: the slot
+  that held it in the previous model (the incumbent), otherwise to none;
+- a `count` entry keeps the devices it was given while they stay present, healthy and matching.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from placement.annotations import LEGACY_NODE_LABEL
+from placement.inventory import GpuDevice, NodeInventory
+from placement.maps import DeclaredSlot, PlacementMap
+from placement.model import CompiledMap, CompiledSlot, Model
+from placement.status import Phase
+from placement.types import DeviceRef, MapKey, NodeName, Sharing, SlotKey
+
+#: A claimed GPU: (node, "uuid") when resolved, (node, "#<index>") while the inventory is unknown.
+Claim = tuple[str, str]
+
+CONFLICT = "SlotConflict"
+INSUFFICIENT = "InsufficientDevices"
+
+
+@dataclass(frozen=True, slots=True)
+class MapReport:
+    key: MapKey
+    phase: Phase
+    message: str = ""
+    problems: tuple[str, ...] = ()
+    conflicts_with: tuple[MapKey, ...] = ()
+    total: int = 0
+    served: int = 0
+
+
+def select_devices(candidates: Iterable[GpuDevice], count: int) -> tuple[GpuDevice, ...] | None:
+    """Picks `count` devices close together: within one NUMA node if possible (the fullest one that
+    fits, to keep larger groups free), adjacent by PCI bus id. Deterministic for the same input."""
+    pool = sorted(candidates, key=lambda d: (d.pci_bus_id, d.index))
+    if len(pool) < count:
+        return None
+    groups: dict[int | None, list[GpuDevice]] = defaultdict(list)
+    for device in pool:
+        groups[device.numa_node].append(device)
+    fitting = [g for g in groups.values() if len(g) >= count]
+    if fitting:
+        best = min(fitting, key=lambda g: (len(g), g[0].pci_bus_id))
+        return tuple(best[:count])
+    return tuple(pool[:count])
+
+
+class Compiler:
+    def __init__(self, alias_label: str = LEGACY_NODE_LABEL) -> None:
+        self.alias_label = alias_label
+        self._maps: dict[MapKey, PlacementMap] = {}
+        self._versions: dict[MapKey, str] = {}
+        self._nodes: dict[NodeName, str | None] = {}  # node -> its alias label value
+        self._aliases: dict[str, set[NodeName]] = defaultdict(set)
+        self._inventories: dict[NodeName, NodeInventory] = {}
+        self._base: dict[MapKey, dict[int, CompiledSlot]] = {}
+        self._problems: dict[MapKey, list[str]] = {}
+        self._claims: dict[Claim, set[SlotKey]] = defaultdict(set)
+        self._slot_claims: dict[MapKey, list[tuple[Claim, SlotKey]]] = {}
+        self._contested: set[Claim] = set()
+        self._by_node: dict[str, set[MapKey]] = defaultdict(set)
+        self._dirty: set[MapKey] = set()
+        self._reports: dict[MapKey, MapReport] = {}
+        self._in_conflict: set[MapKey] = set()  # maps with a contested slot in the last build
+        self._model = Model()
+
+    # -- inputs ------------------------------------------------------------------------------
+    def set_map(self, pmap: PlacementMap, source_version: str = "") -> None:
+        old = self._maps.get(pmap.key)
+        if old is not None:
+            for slot in old.slots:
+                self._by_node[slot.node].discard(pmap.key)
+        self._maps[pmap.key] = pmap
+        self._versions[pmap.key] = source_version
+        for slot in pmap.slots:
+            self._by_node[slot.node].add(pmap.key)
+        self._dirty.add(pmap.key)
+
+    def remove_map(self, key: MapKey) -> None:
+        old = self._maps.pop(key, None)
+        if old is None:
+            return
+        for slot in old.slots:
+            self._by_node[slot.node].discard(key)
+        self._versions.pop(key, None)
+        self._dirty.add(key)
+
+    def set_node(self, name: NodeName, labels: Mapping[str, str]) -> None:
+        alias = labels.get(self.alias_label)
+        if name in self._nodes and self._nodes[name] == alias:
+            return
+        self._forget_node(name)
+        self._nodes[name] = alias
+        if alias:
+            self._aliases[alias].add(name)
+            self._dirty |= self._by_node.get(alias, set())
+        self._dirty |= self._by_node.get(name, set())
+
+    def remove_node(self, name: NodeName) -> None:
+        if name in self._nodes:
+            self._forget_node(name)
+            self._dirty |= self._by_node.get(name, set())
+
+    def _forget_node(self, name: NodeName) -> None:
+        alias = self._nodes.pop(name, None)
+        if alias:
+            self._aliases[alias].discard(name)
+            self._dirty |= self._by_node.get(alias, set())
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        if self._inventories.get(inventory.node) == inventory:
+            return
+        self._inventories[inventory.node] = inventory
+        self._dirty_node(inventory.node)
+
+    def remove_inventory(self, node: NodeName) -> None:
+        if self._inventories.pop(node, None) is not None:
+            self._dirty_node(node)
+
+    def _dirty_node(self, node: NodeName) -> None:
+        self._dirty |= self._by_node.get(node, set())
+        alias = self._nodes.get(node)
+        if alias:
+            self._dirty |= self._by_node.get(alias, set())
+
+    @property
+    def model(self) -> Model:
+        return self._model
+
+    @property
+    def reports(self) -> Mapping[MapKey, MapReport]:
+        return self._reports
+
+    # -- compilation --------------------------------------------------------------------------
+    def resolve_node(self, declared: str) -> tuple[NodeName | None, str]:
+        """The node a map means by `declared`: a node of that name, else the one whose alias
+        label has that value. Returns (node, problem)."""
+        if declared in self._nodes:
+            return NodeName(declared), ""
+        matches = self._aliases.get(declared, set())
+        if len(matches) == 1:
+            return next(iter(matches)), ""
+        if len(matches) > 1:
+            names = ", ".join(sorted(matches))
+            return None, f"node {declared!r} is ambiguous: label {self.alias_label}={declared} is on {names}"
+        return None, f"node {declared!r} not found"
+
+    def build(self) -> tuple[Model, Mapping[MapKey, MapReport]]:
+        """Recompiles what changed; returns the model (generation bumped if content changed)."""
+        dirty = self._dirty
+        self._dirty = set()
+        touched_claims: set[Claim] = set()
+        for key in sorted(dirty):
+            for claim, slot_key in self._slot_claims.pop(key, []):
+                self._claims[claim].discard(slot_key)
+                touched_claims.add(claim)
+            self._base.pop(key, None)
+            self._problems.pop(key, None)
+        # Explicit devices first, so that `count` entries pick around them.
+        for key in sorted(dirty):
+            pmap = self._maps.get(key)
+            if pmap is not None:
+                self._compile_map(pmap, touched_claims)
+        for claim in touched_claims:
+            holders = self._claims.get(claim)
+            if holders is not None and len(holders) > 1:
+                self._contested.add(claim)
+            else:
+                self._contested.discard(claim)
+                if holders is not None and not holders:
+                    del self._claims[claim]
+        losers, contenders = self._decide_contests()
+        in_conflict = {sk.map for sk in contenders}
+        # Maps in a conflict before or now: a change elsewhere may have started or ended it.
+        affected = set(dirty) | in_conflict | self._in_conflict
+        self._in_conflict = in_conflict
+        generation = self._model.generation + 1
+        maps = dict(self._model.maps)
+        changed = False
+        for key in affected:
+            if key not in self._maps:
+                if maps.pop(key, None) is not None:
+                    changed = True
+                self._reports.pop(key, None)
+                continue
+            cmap = self._assemble(key, losers, contenders, generation)
+            old = maps.get(key)
+            if old is None or not old.content_equal(cmap):
+                maps[key] = cmap
+                changed = True
+            self._reports[key] = self._report(key, maps[key], contenders)
+        if changed:
+            self._model = Model(generation, maps)
+        return self._model, self._reports
+
+    def _compile_map(self, pmap: PlacementMap, touched: set[Claim]) -> None:
+        problems: list[str] = []
+        base: dict[int, CompiledSlot] = {}
+        claims: list[tuple[Claim, SlotKey]] = []
+        previous = self._model.maps.get(pmap.key)
+        for slot in sorted(pmap.slots, key=lambda s: (s.count is not None, s.index)):
+            node, problem = self.resolve_node(slot.node)
+            if problem:
+                problems.append(f"index {slot.index}: {problem}")
+            target = node or NodeName(slot.node)
+            inventory = self._inventories.get(target) if node else None
+            prev_slot = previous.slots.get(slot.index) if previous else None
+            compiled, slot_problems = self._resolve_devices(pmap, slot, target, inventory, prev_slot)
+            problems.extend(slot_problems)
+            base[slot.index] = compiled
+            slot_key = SlotKey(pmap.key, slot.index)
+            for claim in _claims_of(compiled, target):
+                claims.append((claim, slot_key))
+                self._claims[claim].add(slot_key)
+                touched.add(claim)
+        self._base[pmap.key] = base
+        self._problems[pmap.key] = problems
+        self._slot_claims[pmap.key] = claims
+
+    def _resolve_devices(
+        self,
+        pmap: PlacementMap,
+        slot: DeclaredSlot,
+        node: NodeName,
+        inventory: NodeInventory | None,
+        previous: CompiledSlot | None,
+    ) -> tuple[CompiledSlot, list[str]]:
+        where = f"index {slot.index} on node {node}"
+        if slot.count is not None:
+            declared = f"count={slot.count}"
+            if inventory is None:
+                return CompiledSlot(slot.index, node, declared=declared, blocked=INSUFFICIENT,
+                                    message=f"no inventory for node {node} yet"), [
+                    f"{where}: no inventory for node {node} to pick {slot.count} devices from"]
+            return self._resolve_count(pmap, slot, node, inventory, previous, declared)
+        declared = ",".join(str(d) for d in slot.devices)
+        if inventory is None:
+            indices = tuple(d for d in slot.devices if isinstance(d, int))
+            uuids = tuple(d for d in slot.devices if not isinstance(d, int))
+            # Without an inventory we know what was written: indices, or UUIDs, not both.
+            return CompiledSlot(slot.index, node,
+                                devices=uuids if len(uuids) == len(slot.devices) else (),
+                                device_indices=indices if len(indices) == len(slot.devices) else (),
+                                declared=declared), []
+        problems: list[str] = []
+        found: list[GpuDevice] = []
+        for ref in slot.devices:
+            device = inventory.find(ref)
+            if device is None:
+                problems.append(f"{where}: device {_show(ref)} not found (node has "
+                                f"{len(inventory.devices)} GPUs)")
+                continue
+            if not device.satisfies(slot.require):
+                problems.append(f"{where}: device {_show(ref)} ({device.name}, {device.memory_mib} MiB)"
+                                f" does not match {slot.require.describe() if slot.require else ''}")
+            if not device.healthy:
+                problems.append(f"{where}: device {_show(ref)} is unhealthy: {device.health_reason}")
+            found.append(device)
+        if len(found) != len(slot.devices):
+            return CompiledSlot(slot.index, node, declared=declared), problems
+        return CompiledSlot(slot.index, node, tuple(d.uuid for d in found),
+                            tuple(d.index for d in found), declared), problems
+
+    def _resolve_count(
+        self,
+        pmap: PlacementMap,
+        slot: DeclaredSlot,
+        node: NodeName,
+        inventory: NodeInventory,
+        previous: CompiledSlot | None,
+        declared: str,
+    ) -> tuple[CompiledSlot, list[str]]:
+        assert slot.count is not None
+        me = SlotKey(pmap.key, slot.index)
+
+        def free(device: GpuDevice) -> bool:
+            holders = self._claims.get((node, device.uuid), set()) - {me}
+            if pmap.sharing is Sharing.EXCLUSIVE:
+                return not holders
+            return all(self._maps[h.map].sharing is Sharing.SHARED for h in holders
+                       if h.map in self._maps)
+
+        usable = [d for d in inventory.devices if d.healthy and d.satisfies(slot.require)]
+        if previous is not None and previous.node == node and previous.devices:
+            kept = [inventory.by_uuid.get(u) for u in previous.devices]
+            if len(kept) == slot.count and all(d is not None and d in usable and free(d) for d in kept):
+                chosen = tuple(d for d in kept if d is not None)
+                return CompiledSlot(slot.index, node, tuple(d.uuid for d in chosen),
+                                    tuple(d.index for d in chosen), declared), []
+        picked = select_devices([d for d in usable if free(d)], slot.count)
+        if picked is None:
+            want = slot.require.describe() if slot.require else "any GPU"
+            message = (f"index {slot.index} on node {node}: needs {slot.count} free healthy devices "
+                       f"({want}), {len([d for d in usable if free(d)])} available")
+            return CompiledSlot(slot.index, node, declared=declared, blocked=INSUFFICIENT,
+                                message=message), [message]
+        return CompiledSlot(slot.index, node, tuple(d.uuid for d in picked),
+                            tuple(d.index for d in picked), declared), []
+
+    def _decide_contests(self) -> tuple[set[SlotKey], dict[SlotKey, set[SlotKey]]]:
+        """The slots that lose a contested GPU, and every contending slot with its rivals."""
+        losers: set[SlotKey] = set()
+        contenders: dict[SlotKey, set[SlotKey]] = defaultdict(set)
+        for claim in self._contested:
+            holders = self._claims[claim]
+            sharing = [self._maps[h.map].sharing for h in holders if h.map in self._maps]
+            if all(s is Sharing.SHARED for s in sharing):
+                continue
+            incumbent = self._incumbent(claim, holders)
+            for holder in holders:
+                contenders[holder] |= holders - {holder}
+                if holder != incumbent:
+                    losers.add(holder)
+        return losers, contenders
+
+    def _incumbent(self, claim: Claim, holders: set[SlotKey]) -> SlotKey | None:
+        node, device = claim
+        for holder in sorted(holders):
+            slot = self._model.slot(holder.map, holder.index)
+            if slot is None or slot.blocked or slot.node != node:
+                continue
+            held = slot.devices if not device.startswith("#") else tuple(
+                f"#{i}" for i in slot.device_indices)
+            if device in held:
+                return holder
+        return None
+
+    def _assemble(self, key: MapKey, losers: set[SlotKey], contenders: Mapping[SlotKey, set[SlotKey]],
+                  generation: int) -> CompiledMap:
+        pmap = self._maps[key]
+        slots = {}
+        for index, slot in self._base[key].items():
+            mine = SlotKey(key, index)
+            if mine in losers:
+                names = ", ".join(str(r) for r in sorted(contenders[mine]))
+                slot = CompiledSlot(slot.index, slot.node, slot.devices, slot.device_indices,
+                                    slot.declared, CONFLICT,
+                                    f"GPU {slot.declared} on node {slot.node} is also claimed by {names}")
+            slots[index] = slot
+        return CompiledMap(key, slots, pmap.sharing, pmap.indexing, pmap.env_mode, generation,
+                           self._versions.get(key, ""))
+
+    def _report(self, key: MapKey, cmap: CompiledMap,
+                contenders: Mapping[SlotKey, set[SlotKey]]) -> MapReport:
+        problems = tuple(self._problems.get(key, ()))
+        rivals: set[MapKey] = set()
+        conflict_lines = []
+        for index in cmap.sorted_indices:
+            for other in sorted(contenders.get(SlotKey(key, index), ())):
+                rivals.add(other.map)
+                conflict_lines.append(f"index {index} conflicts with {other}")
+        blocked = sum(1 for s in cmap.slots.values() if s.blocked)
+        total = len(cmap.slots)
+        if conflict_lines:
+            phase, message = Phase.CONFLICT, "; ".join(conflict_lines)
+        elif problems:
+            phase, message = Phase.DEGRADED, "; ".join(problems)
+        else:
+            phase, message = Phase.VALID, f"{total} slots"
+        return MapReport(key, phase, message, problems, tuple(sorted(rivals - {key})),
+                         total, total - blocked)
+
+
+def _claims_of(slot: CompiledSlot, node: NodeName) -> list[Claim]:
+    if slot.devices:
+        return [(node, str(u)) for u in slot.devices]
+    return [(node, f"#{i}") for i in slot.device_indices]
+
+
+def _show(ref: DeviceRef) -> str:
+    return str(ref)

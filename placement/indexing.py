@@ -1,0 +1,75 @@
+"""Which slot index a pod asks for: explicit label, StatefulSet ordinal, or allocation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from placement.annotations import INDEX_LABEL, STATEFULSET_INDEX_LABEL, name_ordinal
+from placement.types import MAX_INDEX, Indexing
+
+
+class IndexSource(StrEnum):
+    LABEL = "label"
+    ORDINAL = "ordinal"
+    NAME = "name"
+    ALLOCATE = "allocate"
+
+
+@dataclass(frozen=True, slots=True)
+class PodIdentity:
+    """What index resolution needs to know about a pod."""
+
+    name: str
+    labels: Mapping[str, str]
+    owner_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexChoice:
+    """An explicit index, a request to allocate (index None, no error), or an error."""
+
+    index: int | None
+    source: IndexSource
+    error: str = ""
+
+
+def _parse(value: str, what: str) -> int | str:
+    if not (value.isdecimal() and value.isascii()) or int(value) > MAX_INDEX:
+        return f"{what} {value!r} is not an index between 0 and {MAX_INDEX}"
+    return int(value)
+
+
+def resolve_index(pod: PodIdentity, indexing: Indexing) -> IndexChoice:
+    if indexing is not Indexing.ALLOCATE and INDEX_LABEL in pod.labels:
+        parsed = _parse(pod.labels[INDEX_LABEL], f"label {INDEX_LABEL}")
+        if isinstance(parsed, str):
+            return IndexChoice(None, IndexSource.LABEL, parsed)
+        return IndexChoice(parsed, IndexSource.LABEL)
+    if indexing is Indexing.LABEL:
+        return IndexChoice(None, IndexSource.LABEL,
+                           f"map uses 'indexing: label' but the pod has no {INDEX_LABEL} label")
+    if indexing in (Indexing.AUTO, Indexing.ORDINAL):
+        if STATEFULSET_INDEX_LABEL in pod.labels:
+            parsed = _parse(pod.labels[STATEFULSET_INDEX_LABEL], f"label {STATEFULSET_INDEX_LABEL}")
+            if isinstance(parsed, str):
+                return IndexChoice(None, IndexSource.ORDINAL, parsed)
+            return IndexChoice(parsed, IndexSource.ORDINAL)
+        if pod.owner_kind == "StatefulSet" or indexing is Indexing.ORDINAL:
+            ordinal = name_ordinal(pod.name)
+            if ordinal is not None and ordinal <= MAX_INDEX:
+                return IndexChoice(ordinal, IndexSource.NAME)
+            if indexing is Indexing.ORDINAL:
+                return IndexChoice(None, IndexSource.NAME,
+                                   f"map uses 'indexing: ordinal' but pod name {pod.name!r} has no "
+                                   "'-<n>' suffix")
+    return IndexChoice(None, IndexSource.ALLOCATE)
+
+
+def lowest_free(indices: Iterable[int], taken: Mapping[int, object] | set[int]) -> int | None:
+    """The lowest declared index not taken; `indices` is sorted ascending."""
+    for index in indices:
+        if index not in taken:
+            return index
+    return None

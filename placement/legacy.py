@@ -1,0 +1,106 @@
+"""The `gpu-scheduling-map` text of earlier tools: `<index>=<node>:<device>,<device>` one per line.
+
+Blank lines and `#` comments are allowed. Devices are NVML indices or GPU UUIDs. Every error names
+its line and column within the text; callers add the offset of the text inside its file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from placement.errors import Diagnostic, Location, PlacementError
+from placement.types import GPU_UUID_RE, MAX_INDEX, DeviceRef, GpuUuid
+
+FORMAT_HINT = "expected '<index>=<node>:<device>[,<device>...]', e.g. '0=node1:0,1'"
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyEntry:
+    index: int
+    node: str
+    devices: tuple[DeviceRef, ...]
+    line: int  # 1-based, inside the text
+    column: int
+    device_columns: tuple[int, ...]
+    node_column: int
+
+
+def parse_device(token: str) -> DeviceRef | None:
+    if token.isdecimal() and token.isascii():
+        return int(token)
+    if GPU_UUID_RE.match(token):
+        return GpuUuid(token)
+    return None
+
+
+def parse_legacy(
+    text: str, source: str, *, line_offset: int = 0, column_offset: int = 0, path: str = ""
+) -> tuple[LegacyEntry, ...]:
+    """Parses the whole text; raises PlacementError listing every malformed line."""
+    entries: list[LegacyEntry] = []
+    errors: list[Diagnostic] = []
+
+    def err(line: int, col: int, message: str, hint: str = "") -> None:
+        loc = Location(source, line + line_offset, col + column_offset, path)
+        errors.append(Diagnostic(loc, message, hint=hint))
+
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        content = raw.split("#", 1)[0]
+        stripped = content.strip()
+        if not stripped:
+            continue
+        indent = len(content) - len(content.lstrip())
+        col = indent + 1
+        index_text, eq, rest = stripped.partition("=")
+        if not eq:
+            err(lineno, col, f"missing '=' in {stripped!r}", FORMAT_HINT)
+            continue
+        index_str = index_text.strip()
+        if not (index_str.isdecimal() and index_str.isascii()):
+            err(lineno, col, f"index {index_str!r} is not a non-negative integer", FORMAT_HINT)
+            continue
+        index = int(index_str)
+        if index > MAX_INDEX:
+            err(lineno, col, f"index {index} is larger than {MAX_INDEX}")
+            continue
+        rest_col = col + len(index_text) + 1
+        node_text, colon, devices_text = rest.partition(":")
+        node = node_text.strip()
+        node_col = rest_col + (len(node_text) - len(node_text.lstrip()))
+        if not colon:
+            err(lineno, rest_col, f"missing ':' between node and devices in {stripped!r}", FORMAT_HINT)
+            continue
+        if not node:
+            err(lineno, rest_col, "empty node name", FORMAT_HINT)
+            continue
+        dev_col = rest_col + len(node_text) + 1
+        devices: list[DeviceRef] = []
+        columns: list[int] = []
+        ok = True
+        if not devices_text.strip():
+            err(lineno, dev_col, f"no devices listed for index {index}", FORMAT_HINT)
+            continue
+        offset = dev_col
+        for token in devices_text.split(","):
+            tok = token.strip()
+            tok_col = offset + (len(token) - len(token.lstrip()))
+            offset += len(token) + 1
+            device = parse_device(tok)
+            if device is None:
+                what = "empty device" if not tok else f"device {tok!r} is neither an index nor a GPU UUID"
+                err(lineno, tok_col, what, FORMAT_HINT)
+                ok = False
+                break
+            devices.append(device)
+            columns.append(tok_col)
+        if ok:
+            entries.append(
+                LegacyEntry(index, node, tuple(devices), lineno, col, tuple(columns), node_col)
+            )
+    if errors:
+        raise PlacementError(tuple(errors))
+    return tuple(entries)
+
+
+def render_legacy(entries: list[tuple[int, str, tuple[DeviceRef, ...]]]) -> str:
+    return "".join(f"{i}={node}:{','.join(str(d) for d in devs)}\n" for i, node, devs in entries)

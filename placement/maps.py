@@ -1,0 +1,50 @@
+"""A validated placement map: the normalized form every later stage consumes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from placement.errors import Location
+from placement.types import DeviceRef, EnvMode, Indexing, MapKey, Sharing
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    product: str | None = None
+    min_memory_mib: int | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.product:
+            parts.append(f"product {self.product!r}")
+        if self.min_memory_mib:
+            parts.append(f">= {self.min_memory_mib} MiB")
+        return ", ".join(parts) or "any GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredSlot:
+    """One entry of a map as declared: explicit devices, or a count resolved at compile time."""
+
+    index: int
+    node: str
+    devices: tuple[DeviceRef, ...] = ()
+    count: int | None = None
+    require: Requirement | None = None
+    location: Location = field(default=Location(""), compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementMap:
+    key: MapKey
+    slots: tuple[DeclaredSlot, ...]
+    sharing: Sharing = Sharing.EXCLUSIVE
+    indexing: Indexing = Indexing.AUTO
+    env_mode: EnvMode = EnvMode.INDEX
+    source: str = field(default="", compare=False)
+    by_index: Mapping[int, DeclaredSlot] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_index", MappingProxyType({s.index: s for s in self.slots}))

@@ -1,0 +1,182 @@
+"""The compiled model: what the binder and webhook serve, and its ConfigMap codec.
+
+The model lives in ConfigMaps in `gpuplace-system`: a manifest `gpuplace-model` naming the shards and
+the generation, and shards `gpuplace-model-<n>` holding whole maps, placed by a stable hash so that a
+change to one map rewrites one shard. Every shard stays under 900 KiB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName, Sharing
+
+MODEL_NAMESPACE = "gpuplace-system"
+MANIFEST_NAME = "gpuplace-model"
+SHARD_PREFIX = "gpuplace-model-"
+MANIFEST_KEY = "manifest.json"
+SHARD_KEY = "model.json"
+MODEL_LABEL = "gpuplace.io/model"
+MAX_SHARD_BYTES = 900 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledSlot:
+    index: int
+    node: NodeName
+    devices: tuple[GpuUuid, ...] = ()  # resolved UUIDs; empty while the node's inventory is unknown
+    device_indices: tuple[int, ...] = ()  # NVML indices; empty when declared by UUID and unresolved
+    declared: str = ""  # as the map wrote it, for messages: "0,1", "GPU-...", "count=2"
+    blocked: str = ""  # reason this slot is not served now (e.g. SlotConflict, InsufficientDevices)
+    message: str = ""
+
+    def cuda_visible_devices(self, env_mode: EnvMode) -> str:
+        if env_mode is EnvMode.UUID:
+            return ",".join(self.devices)
+        return ",".join(str(i) for i in self.device_indices)
+
+    @property
+    def resolved(self) -> bool:
+        return bool(self.devices) and len(self.devices) == len(self.device_indices)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledMap:
+    key: MapKey
+    slots: Mapping[int, CompiledSlot]
+    sharing: Sharing = Sharing.EXCLUSIVE
+    indexing: Indexing = Indexing.AUTO
+    env_mode: EnvMode = EnvMode.INDEX
+    generation: int = 0  # model generation in which this map last changed
+    source_version: str = ""  # resourceVersion of the source ConfigMap compiled
+    sorted_indices: tuple[int, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slots, MappingProxyType):
+            object.__setattr__(self, "slots", MappingProxyType(dict(self.slots)))
+        object.__setattr__(self, "sorted_indices", tuple(sorted(self.slots)))
+
+    def content_equal(self, other: CompiledMap) -> bool:
+        """Equal apart from the generation stamp."""
+        return encode_map(self, include_generation=False) == encode_map(other, include_generation=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    generation: int = 0
+    maps: Mapping[MapKey, CompiledMap] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.maps, MappingProxyType):
+            object.__setattr__(self, "maps", MappingProxyType(dict(self.maps)))
+
+    def slot(self, key: MapKey, index: int) -> CompiledSlot | None:
+        cmap = self.maps.get(key)
+        return None if cmap is None else cmap.slots.get(index)
+
+
+def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "sharing": cmap.sharing.value,
+        "indexing": cmap.indexing.value,
+        "envMode": cmap.env_mode.value,
+        "sourceVersion": cmap.source_version,
+        # One compact row a slot keeps 80,000 slots within a few MiB.
+        "slots": [
+            [s.index, s.node, ",".join(s.devices), ",".join(map(str, s.device_indices)),
+             s.declared, s.blocked, s.message]
+            for s in (cmap.slots[i] for i in cmap.sorted_indices)
+        ],
+    }
+    if include_generation:
+        out["generation"] = cmap.generation
+    return out
+
+
+def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
+    slots: dict[int, CompiledSlot] = {}
+    for row in data["slots"]:
+        index, node, devices, indices, declared, blocked, message = row
+        slots[int(index)] = CompiledSlot(
+            index=int(index),
+            node=NodeName(str(node)),
+            devices=tuple(GpuUuid(d) for d in str(devices).split(",") if d),
+            device_indices=tuple(int(i) for i in str(indices).split(",") if i),
+            declared=str(declared),
+            blocked=str(blocked),
+            message=str(message),
+        )
+    return CompiledMap(
+        key=key,
+        slots=slots,
+        sharing=Sharing(data["sharing"]),
+        indexing=Indexing(data["indexing"]),
+        env_mode=EnvMode(data["envMode"]),
+        generation=int(data.get("generation", 0)),
+        source_version=str(data.get("sourceVersion", "")),
+    )
+
+
+def _shard_of(key: MapKey, count: int) -> int:
+    return zlib.crc32(str(key).encode()) % count
+
+
+def encode_model(model: Model) -> dict[str, dict[str, str]]:
+    """ConfigMap name -> data for the manifest and every shard; each shard under MAX_SHARD_BYTES."""
+    encoded = {key: json.dumps(encode_map(m), separators=(",", ":"), sort_keys=True)
+               for key, m in model.maps.items()}
+    for key, text in encoded.items():
+        if len(text) + 64 > MAX_SHARD_BYTES:
+            raise ValueError(f"map {key} alone encodes to {len(text)} bytes, over {MAX_SHARD_BYTES}")
+    count = 1
+    while True:
+        buckets: list[list[tuple[str, str]]] = [[] for _ in range(count)]
+        for key, text in encoded.items():
+            buckets[_shard_of(key, count)].append((str(key), text))
+        shards = [
+            "{" + ",".join(f"{json.dumps(k)}:{t}" for k, t in sorted(bucket)) + "}"
+            for bucket in buckets
+        ]
+        if all(len(s) <= MAX_SHARD_BYTES for s in shards):
+            break
+        count *= 2
+    out: dict[str, dict[str, str]] = {}
+    digests: dict[str, str] = {}
+    for i, text in enumerate(shards):
+        name = f"{SHARD_PREFIX}{i}"
+        out[name] = {SHARD_KEY: text}
+        digests[name] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    manifest = {"generation": model.generation, "shards": digests}
+    out[MANIFEST_NAME] = {MANIFEST_KEY: json.dumps(manifest, sort_keys=True, separators=(",", ":"))}
+    return out
+
+
+def decode_manifest(data: Mapping[str, str]) -> tuple[int, dict[str, str]]:
+    manifest = json.loads(data[MANIFEST_KEY])
+    return int(manifest["generation"]), dict(manifest["shards"])
+
+
+def decode_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
+    """Rebuilds the model from ConfigMap name -> data; raises ValueError if a shard is missing or
+    does not match the manifest (a reader saw a write half-way and should wait for the next event)."""
+    if MANIFEST_NAME not in configmaps:
+        raise ValueError(f"model manifest {MANIFEST_NAME} is missing")
+    generation, digests = decode_manifest(configmaps[MANIFEST_NAME])
+    maps: dict[MapKey, CompiledMap] = {}
+    for name, digest in digests.items():
+        shard = configmaps.get(name)
+        if shard is None:
+            raise ValueError(f"model shard {name} is missing")
+        text = shard.get(SHARD_KEY, "")
+        if hashlib.sha256(text.encode()).hexdigest()[:16] != digest:
+            raise ValueError(f"model shard {name} does not match manifest generation {generation}")
+        for key_text, data in json.loads(text).items():
+            key = MapKey.parse(key_text)
+            maps[key] = decode_map(key, data)
+    return Model(generation, maps)

@@ -1,0 +1,77 @@
+"""Small precise types shared by the whole domain."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NewType
+
+NodeName = NewType("NodeName", str)
+GpuUuid = NewType("GpuUuid", str)
+
+API_VERSION = "gpuplace.io/v1alpha1"
+KIND = "PlacementMap"
+
+#: Largest slot index a map may declare; StatefulSets this large are already unusual.
+MAX_INDEX = 99_999
+#: Largest `count` one entry may ask for (NVSwitch systems top out at 16 GPUs a node).
+MAX_COUNT = 64
+
+GPU_UUID_RE = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+# RFC 1123 subdomain (node names) and label (namespaces, map names).
+DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+#: A device as a map names it: an NVML index or a GPU UUID.
+DeviceRef = int | GpuUuid
+
+
+class Sharing(StrEnum):
+    EXCLUSIVE = "exclusive"
+    SHARED = "shared"
+
+
+class Indexing(StrEnum):
+    AUTO = "auto"
+    ORDINAL = "ordinal"
+    LABEL = "label"
+    ALLOCATE = "allocate"
+
+
+class EnvMode(StrEnum):
+    INDEX = "index"
+    UUID = "uuid"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class MapKey:
+    """Identifies a placement map: the namespace of the pods it governs and its name."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> MapKey:
+        namespace, sep, name = text.partition("/")
+        if not sep or not namespace or not name:
+            raise ValueError(f"expected '<namespace>/<name>', got {text!r}")
+        return cls(namespace, name)
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class SlotKey:
+    """One slot: a map and an index in it."""
+
+    map: MapKey
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.map}[{self.index}]"
+
+
+def format_device(ref: DeviceRef) -> str:
+    return str(ref)

@@ -1,0 +1,307 @@
+"""Validation of PlacementMap documents into `PlacementMap`s, with compiler-style locations.
+
+Structure and types are checked by the pydantic schema; the rules that relate fields to each other
+are checked here, where each can point at the exact entry and device.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from placement.errors import Diagnostic, Location, PlacementError
+from placement.legacy import LegacyEntry, parse_legacy
+from placement.maps import DeclaredSlot, PlacementMap, Requirement
+from placement.schema import (
+    EXPECTED_API_VERSION,
+    PlacementMapDocument,
+    PlacementSpec,
+    is_placement_document,
+)
+from placement.types import (
+    DNS_LABEL_RE,
+    DNS_SUBDOMAIN_RE,
+    GPU_UUID_RE,
+    KIND,
+    DeviceRef,
+    GpuUuid,
+    MapKey,
+    Sharing,
+)
+from placement.yamlsource import Document, Path, format_path, load_documents
+
+#: NVML numbers devices from 0; no machine has anywhere near this many GPUs.
+MAX_DEVICE_INDEX = 255
+_KNOWN_FIELDS = (
+    "apiVersion", "kind", "metadata", "spec", "name", "namespace", "labels", "annotations",
+    "sharing", "indexing", "envMode", "placements", "map", "index", "node", "devices", "count",
+    "require", "product", "minMemoryMiB",
+)
+_TYPE_NAMES = {
+    "int_type": "an integer", "int_parsing": "an integer", "string_type": "a string",
+    "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
+    "model_attributes_type": "a mapping", "bool_type": "a boolean",
+}
+
+
+@dataclass(slots=True)
+class LoadResult:
+    """The maps found in one source and the problems found in it (both may be non-empty)."""
+
+    maps: list[PlacementMap] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    other_documents: int = 0
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+            dict: "mapping"}.get(type(value), type(value).__name__)
+    if isinstance(value, list | dict):
+        return kind
+    shown = repr(value)
+    return f"{kind} {shown[:40]}{'...' if len(shown) > 40 else ''}"
+
+
+def _pydantic_diagnostics(doc: Document, exc: ValidationError) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for error in exc.errors():
+        raw_loc = tuple(error["loc"])
+        # Union members add their type name to `loc`; keep only the parts that are real paths.
+        path: Path = ()
+        for part in raw_loc:
+            candidate = (*path, part)
+            if candidate in doc.values or candidate in doc.keys:
+                path = candidate
+            elif error["type"] in ("missing", "extra_forbidden") and part == raw_loc[-1]:
+                path = candidate
+            else:
+                break
+        kind = error["type"]
+        last = str(path[-1]) if path else ""
+        hint = ""
+        if kind == "missing":
+            message = f"missing required field '{last}'"
+            loc = doc.locate(path[:-1])
+            loc = Location(loc.source, loc.line, loc.column, format_path(path))
+        elif kind == "extra_forbidden":
+            message = f"unknown field '{last}'"
+            close = difflib.get_close_matches(last, _KNOWN_FIELDS, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else ""
+            loc = doc.locate(path, key=True)
+        elif kind in _TYPE_NAMES:
+            message = f"expected {_TYPE_NAMES[kind]}, got {_describe(error.get('input'))}"
+            loc = doc.locate(path)
+        else:
+            msg = str(error["msg"])
+            message = msg[0].lower() + msg[1:] if msg else kind
+            loc = doc.locate(path)
+        out.append(Diagnostic(loc, message, hint=hint))
+    return out
+
+
+def _check_device(doc: Document, path: Path, raw: object) -> DeviceRef | Diagnostic:
+    if isinstance(raw, int):
+        if raw < 0:
+            return Diagnostic(doc.locate(path), f"device index {raw} is negative")
+        if raw > MAX_DEVICE_INDEX:
+            return Diagnostic(doc.locate(path), f"device index {raw} is larger than {MAX_DEVICE_INDEX}")
+        return raw
+    text = str(raw)
+    if GPU_UUID_RE.match(text):
+        return GpuUuid(text)
+    return Diagnostic(
+        doc.locate(path),
+        f"device {text!r} is neither an NVML index nor a GPU UUID",
+        hint="use an index like 0 or a UUID like GPU-5c1d0c3e-8c6a-4f4e-9a1b-2f6e7d8c9b0a",
+    )
+
+
+def _entry_slots(doc: Document, entries: list[PlacementSpec]) -> tuple[list[DeclaredSlot], list[Diagnostic]]:
+    slots: list[DeclaredSlot] = []
+    errors: list[Diagnostic] = []
+    for i, entry in enumerate(entries):
+        base: Path = ("spec", "placements", i)
+        loc = doc.locate(base)
+        if entry.devices is not None and entry.count is not None:
+            errors.append(Diagnostic(doc.locate((*base, "count"), key=True),
+                                     "'devices' and 'count' are mutually exclusive",
+                                     hint="list the devices, or let the controller pick 'count' of them"))
+            continue
+        if entry.devices is None and entry.count is None:
+            errors.append(Diagnostic(loc, f"placement index {entry.index} needs 'devices' or 'count'"))
+            continue
+        if not DNS_SUBDOMAIN_RE.match(entry.node):
+            errors.append(Diagnostic(doc.locate((*base, "node")),
+                                     f"node {entry.node!r} is not a valid node name (RFC 1123)"))
+            continue
+        devices: list[DeviceRef] = []
+        if entry.devices is not None:
+            if not entry.devices:
+                errors.append(Diagnostic(doc.locate((*base, "devices")), "empty device list",
+                                         hint="list at least one device, or use 'count'"))
+                continue
+            seen: dict[DeviceRef, int] = {}
+            for j, raw in enumerate(entry.devices):
+                dpath = (*base, "devices", j)
+                checked = _check_device(doc, dpath, raw)
+                if isinstance(checked, Diagnostic):
+                    errors.append(checked)
+                    continue
+                if checked in seen:
+                    first = doc.locate((*base, "devices", seen[checked]))
+                    errors.append(Diagnostic(doc.locate(dpath),
+                                             f"device {checked} listed twice in this entry (first at "
+                                             f"line {first.line}, column {first.column})"))
+                    continue
+                seen[checked] = j
+                devices.append(checked)
+        require = None
+        if entry.require is not None:
+            require = Requirement(entry.require.product, entry.require.min_memory_mib)
+        slots.append(DeclaredSlot(entry.index, entry.node, tuple(devices), entry.count, require, loc))
+    return slots, errors
+
+
+def _legacy_slots(doc: Document, text: str) -> tuple[list[DeclaredSlot], list[Diagnostic]]:
+    path: Path = ("spec", "map")
+    line, col = doc.values.get(path, (1, 1))
+    line_offset, col_offset = line - 1, col - 1
+    if path in doc.block_scalars:
+        # Literal block content maps line for line onto the file, shifted by its indentation.
+        first_line, indent = doc.block_scalars[path]
+        line_offset, col_offset = first_line - 1, indent
+    try:
+        entries = parse_legacy(text, doc.source, line_offset=line_offset,
+                               column_offset=col_offset, path="spec.map")
+    except PlacementError as exc:
+        return [], list(exc.diagnostics)
+    return [_legacy_to_slot(doc.source, e, line_offset, col_offset) for e in entries], []
+
+
+def _legacy_to_slot(source: str, e: LegacyEntry, line_offset: int, col_offset: int) -> DeclaredSlot:
+    loc = Location(source, e.line + line_offset, e.column + col_offset, "spec.map")
+    return DeclaredSlot(e.index, e.node, e.devices, None, None, loc)
+
+
+def cross_entry_checks(slots: Iterable[DeclaredSlot], sharing: Sharing) -> list[Diagnostic]:
+    """Duplicate indices, and (exclusive maps) one GPU given to two entries."""
+    errors: list[Diagnostic] = []
+    by_index: dict[int, DeclaredSlot] = {}
+    claims: dict[tuple[str, DeviceRef], DeclaredSlot] = {}
+    for slot in slots:
+        if slot.index in by_index:
+            first = by_index[slot.index].location
+            errors.append(Diagnostic(slot.location, f"duplicate index {slot.index} (first at line "
+                                     f"{first.line}, column {first.column})"))
+            continue
+        by_index[slot.index] = slot
+        if sharing is Sharing.SHARED:
+            continue
+        for device in slot.devices:
+            owner = claims.get((slot.node, device))
+            if owner is not None:
+                errors.append(Diagnostic(
+                    slot.location,
+                    f"device {device} on node {slot.node} is already given to index {owner.index} "
+                    f"(line {owner.location.line}); an exclusive map gives each GPU to one slot",
+                    hint="use another device, or set 'sharing: shared'",
+                ))
+            else:
+                claims[(slot.node, device)] = slot
+    return errors
+
+
+def document_to_map(doc: Document) -> PlacementMap:
+    """Validates one PlacementMap document; raises PlacementError with every problem found."""
+    try:
+        parsed = PlacementMapDocument.model_validate(doc.value)
+    except ValidationError as exc:
+        raise PlacementError(tuple(_pydantic_diagnostics(doc, exc))) from None
+    errors: list[Diagnostic] = []
+    if parsed.api_version != EXPECTED_API_VERSION:
+        errors.append(Diagnostic(doc.locate(("apiVersion",)),
+                                 f"apiVersion must be {EXPECTED_API_VERSION!r}, got {parsed.api_version!r}"))
+    if parsed.kind != KIND:
+        errors.append(Diagnostic(doc.locate(("kind",)), f"kind must be {KIND!r}, got {parsed.kind!r}"))
+    for fname in ("name", "namespace"):
+        value = getattr(parsed.metadata, fname)
+        if not DNS_LABEL_RE.match(value):
+            errors.append(Diagnostic(doc.locate(("metadata", fname)),
+                                     f"metadata.{fname} {value!r} is not a valid DNS label (RFC 1123)"))
+    spec = parsed.spec
+    slots: list[DeclaredSlot] = []
+    if spec.placements is not None and spec.map is not None:
+        errors.append(Diagnostic(doc.locate(("spec", "map"), key=True),
+                                 "'placements' and 'map' are mutually exclusive"))
+    elif spec.placements is None and spec.map is None:
+        errors.append(Diagnostic(doc.locate(("spec",)), "spec needs 'placements' or 'map'"))
+    elif spec.placements is not None:
+        slots, entry_errors = _entry_slots(doc, spec.placements)
+        errors.extend(entry_errors)
+    elif spec.map is not None:
+        slots, entry_errors = _legacy_slots(doc, spec.map)
+        errors.extend(entry_errors)
+        if not slots and not entry_errors:
+            errors.append(Diagnostic(doc.locate(("spec", "map")), "the map text has no entries"))
+    errors.extend(cross_entry_checks(slots, spec.sharing))
+    if errors:
+        raise PlacementError(tuple(errors))
+    return PlacementMap(
+        key=MapKey(parsed.metadata.namespace, parsed.metadata.name),
+        slots=tuple(sorted(slots, key=lambda s: s.index)),
+        sharing=spec.sharing,
+        indexing=spec.indexing,
+        env_mode=spec.env_mode,
+        source=doc.source,
+    )
+
+
+def load_maps(text: str, source: str) -> LoadResult:
+    """Every PlacementMap in a YAML stream; documents of other kinds are counted and skipped."""
+    result = LoadResult()
+    try:
+        documents = list(load_documents(text, source))
+    except PlacementError as exc:
+        result.diagnostics.extend(exc.diagnostics)
+        return result
+    for doc in documents:
+        if not is_placement_document(doc.value):
+            result.other_documents += 1
+            continue
+        try:
+            result.maps.append(document_to_map(doc))
+        except PlacementError as exc:
+            result.diagnostics.extend(exc.diagnostics)
+    return result
+
+
+def parse_map(text: str, source: str) -> PlacementMap:
+    """Exactly one PlacementMap (the `placement.yaml` key of a source ConfigMap)."""
+    result = load_maps(text, source)
+    if result.diagnostics:
+        raise PlacementError(tuple(result.diagnostics))
+    if len(result.maps) != 1:
+        raise PlacementError.single(
+            Location(source, 1, 1),
+            f"expected exactly one PlacementMap, found {len(result.maps)}",
+            hint="put one map in each ConfigMap",
+        )
+    return result.maps[0]
+
+
+def parse_map_for(text: str, source: str, expected: MapKey) -> PlacementMap:
+    """A map read from the ConfigMap `expected`: its metadata must name that ConfigMap."""
+    pmap = parse_map(text, source)
+    if pmap.key != expected:
+        raise PlacementError.single(
+            Location(source, 1, 1, "metadata"),
+            f"map declares {pmap.key} but is stored in ConfigMap {expected}",
+            hint="metadata.name and metadata.namespace must match the ConfigMap",
+        )
+    return pmap
