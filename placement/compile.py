@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from placement.annotations import LEGACY_NODE_LABEL
 from placement.inventory import GpuDevice, NodeInventory
@@ -155,7 +155,10 @@ class Compiler:
             return next(iter(matches)), ""
         if len(matches) > 1:
             names = ", ".join(sorted(matches))
-            return None, f"node {declared!r} is ambiguous: label {self.alias_label}={declared} is on {names}"
+            return (
+                None,
+                f"node {declared!r} is ambiguous: label {self.alias_label}={declared} is on {names}",
+            )
         return None, f"node {declared!r} not found"
 
     def build(self) -> tuple[Model, Mapping[MapKey, MapReport]]:
@@ -218,7 +221,9 @@ class Compiler:
             target = node or NodeName(slot.node)
             inventory = self._inventories.get(target) if node else None
             prev_slot = previous.slots.get(slot.index) if previous else None
-            compiled, slot_problems = self._resolve_devices(pmap, slot, target, inventory, prev_slot)
+            compiled, slot_problems = self._resolve_devices(
+                pmap, slot, target, inventory, prev_slot
+            )
             problems.extend(slot_problems)
             base[slot.index] = compiled
             slot_key = SlotKey(pmap.key, slot.index)
@@ -242,37 +247,51 @@ class Compiler:
         if slot.count is not None:
             declared = f"count={slot.count}"
             if inventory is None:
-                return CompiledSlot(slot.index, node, declared=declared, blocked=INSUFFICIENT,
-                                    message=f"no inventory for node {node} yet"), [
-                    f"{where}: no inventory for node {node} to pick {slot.count} devices from"]
+                return CompiledSlot(
+                    slot.index,
+                    node,
+                    declared=declared,
+                    blocked=INSUFFICIENT,
+                    message=f"no inventory for node {node} yet",
+                ), [f"{where}: no inventory for node {node} to pick {slot.count} devices from"]
             return self._resolve_count(pmap, slot, node, inventory, previous, declared)
         declared = ",".join(str(d) for d in slot.devices)
         if inventory is None:
             indices = tuple(d for d in slot.devices if isinstance(d, int))
             uuids = tuple(d for d in slot.devices if not isinstance(d, int))
             # Without an inventory we know what was written: indices, or UUIDs, not both.
-            return CompiledSlot(slot.index, node,
-                                devices=uuids if len(uuids) == len(slot.devices) else (),
-                                device_indices=indices if len(indices) == len(slot.devices) else (),
-                                declared=declared), []
+            return CompiledSlot(
+                slot.index,
+                node,
+                devices=uuids if len(uuids) == len(slot.devices) else (),
+                device_indices=indices if len(indices) == len(slot.devices) else (),
+                declared=declared,
+            ), []
         problems: list[str] = []
         found: list[GpuDevice] = []
         for ref in slot.devices:
             device = inventory.find(ref)
             if device is None:
-                problems.append(f"{where}: device {_show(ref)} not found (node has "
-                                f"{len(inventory.devices)} GPUs)")
+                problems.append(
+                    f"{where}: device {_show(ref)} not found (node has "
+                    f"{len(inventory.devices)} GPUs)"
+                )
                 continue
             if not device.satisfies(slot.require):
-                problems.append(f"{where}: device {_show(ref)} ({device.name}, {device.memory_mib} MiB)"
-                                f" does not match {slot.require.describe() if slot.require else ''}")
+                problems.append(
+                    f"{where}: device {_show(ref)} ({device.name}, {device.memory_mib} MiB)"
+                    f" does not match {slot.require.describe() if slot.require else ''}"
+                )
             if not device.healthy:
-                problems.append(f"{where}: device {_show(ref)} is unhealthy: {device.health_reason}")
+                problems.append(
+                    f"{where}: device {_show(ref)} is unhealthy: {device.health_reason}"
+                )
             found.append(device)
         if len(found) != len(slot.devices):
             return CompiledSlot(slot.index, node, declared=declared), problems
-        return CompiledSlot(slot.index, node, tuple(d.uuid for d in found),
-                            tuple(d.index for d in found), declared), problems
+        return CompiledSlot(
+            slot.index, node, tuple(d.uuid for d in found), tuple(d.index for d in found), declared
+        ), problems
 
     def _resolve_count(
         self,
@@ -290,25 +309,41 @@ class Compiler:
             holders = self._claims.get((node, device.uuid), set()) - {me}
             if pmap.sharing is Sharing.EXCLUSIVE:
                 return not holders
-            return all(self._maps[h.map].sharing is Sharing.SHARED for h in holders
-                       if h.map in self._maps)
+            return all(
+                self._maps[h.map].sharing is Sharing.SHARED for h in holders if h.map in self._maps
+            )
 
         usable = [d for d in inventory.devices if d.healthy and d.satisfies(slot.require)]
         if previous is not None and previous.node == node and previous.devices:
             kept = [inventory.by_uuid.get(u) for u in previous.devices]
-            if len(kept) == slot.count and all(d is not None and d in usable and free(d) for d in kept):
+            if len(kept) == slot.count and all(
+                d is not None and d in usable and free(d) for d in kept
+            ):
                 chosen = tuple(d for d in kept if d is not None)
-                return CompiledSlot(slot.index, node, tuple(d.uuid for d in chosen),
-                                    tuple(d.index for d in chosen), declared), []
+                return CompiledSlot(
+                    slot.index,
+                    node,
+                    tuple(d.uuid for d in chosen),
+                    tuple(d.index for d in chosen),
+                    declared,
+                ), []
         picked = select_devices([d for d in usable if free(d)], slot.count)
         if picked is None:
             want = slot.require.describe() if slot.require else "any GPU"
-            message = (f"index {slot.index} on node {node}: needs {slot.count} free healthy devices "
-                       f"({want}), {len([d for d in usable if free(d)])} available")
-            return CompiledSlot(slot.index, node, declared=declared, blocked=INSUFFICIENT,
-                                message=message), [message]
-        return CompiledSlot(slot.index, node, tuple(d.uuid for d in picked),
-                            tuple(d.index for d in picked), declared), []
+            message = (
+                f"index {slot.index} on node {node}: needs {slot.count} free healthy devices "
+                f"({want}), {len([d for d in usable if free(d)])} available"
+            )
+            return CompiledSlot(
+                slot.index, node, declared=declared, blocked=INSUFFICIENT, message=message
+            ), [message]
+        return CompiledSlot(
+            slot.index,
+            node,
+            tuple(d.uuid for d in picked),
+            tuple(d.index for d in picked),
+            declared,
+        ), []
 
     def _decide_contests(self) -> tuple[set[SlotKey], dict[SlotKey, set[SlotKey]]]:
         """The slots that lose a contested GPU, and every contending slot with its rivals."""
@@ -332,29 +367,45 @@ class Compiler:
             slot = self._model.slot(holder.map, holder.index)
             if slot is None or slot.blocked or slot.node != node:
                 continue
-            held = slot.devices if not device.startswith("#") else tuple(
-                f"#{i}" for i in slot.device_indices)
+            held = (
+                slot.devices
+                if not device.startswith("#")
+                else tuple(f"#{i}" for i in slot.device_indices)
+            )
             if device in held:
                 return holder
         return None
 
-    def _assemble(self, key: MapKey, losers: set[SlotKey], contenders: Mapping[SlotKey, set[SlotKey]],
-                  generation: int) -> CompiledMap:
+    def _assemble(
+        self,
+        key: MapKey,
+        losers: set[SlotKey],
+        contenders: Mapping[SlotKey, set[SlotKey]],
+        generation: int,
+    ) -> CompiledMap:
         pmap = self._maps[key]
         slots = {}
-        for index, slot in self._base[key].items():
+        for index, base in self._base[key].items():
             mine = SlotKey(key, index)
             if mine in losers:
                 names = ", ".join(str(r) for r in sorted(contenders[mine]))
-                slot = CompiledSlot(slot.index, slot.node, slot.devices, slot.device_indices,
-                                    slot.declared, CONFLICT,
-                                    f"GPU {slot.declared} on node {slot.node} is also claimed by {names}")
-            slots[index] = slot
-        return CompiledMap(key, slots, pmap.sharing, pmap.indexing, pmap.env_mode, generation,
-                           self._versions.get(key, ""))
+                message = f"GPU {base.declared} on node {base.node} is also claimed by {names}"
+                slots[index] = replace(base, blocked=CONFLICT, message=message)
+            else:
+                slots[index] = base
+        return CompiledMap(
+            key,
+            slots,
+            pmap.sharing,
+            pmap.indexing,
+            pmap.env_mode,
+            generation,
+            self._versions.get(key, ""),
+        )
 
-    def _report(self, key: MapKey, cmap: CompiledMap,
-                contenders: Mapping[SlotKey, set[SlotKey]]) -> MapReport:
+    def _report(
+        self, key: MapKey, cmap: CompiledMap, contenders: Mapping[SlotKey, set[SlotKey]]
+    ) -> MapReport:
         problems = tuple(self._problems.get(key, ()))
         rivals: set[MapKey] = set()
         conflict_lines = []
@@ -370,8 +421,9 @@ class Compiler:
             phase, message = Phase.DEGRADED, "; ".join(problems)
         else:
             phase, message = Phase.VALID, f"{total} slots"
-        return MapReport(key, phase, message, problems, tuple(sorted(rivals - {key})),
-                         total, total - blocked)
+        return MapReport(
+            key, phase, message, problems, tuple(sorted(rivals - {key})), total, total - blocked
+        )
 
 
 def _claims_of(slot: CompiledSlot, node: NodeName) -> list[Claim]:

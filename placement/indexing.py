@@ -48,8 +48,11 @@ def resolve_index(pod: PodIdentity, indexing: Indexing) -> IndexChoice:
             return IndexChoice(None, IndexSource.LABEL, parsed)
         return IndexChoice(parsed, IndexSource.LABEL)
     if indexing is Indexing.LABEL:
-        return IndexChoice(None, IndexSource.LABEL,
-                           f"map uses 'indexing: label' but the pod has no {INDEX_LABEL} label")
+        return IndexChoice(
+            None,
+            IndexSource.LABEL,
+            f"map uses 'indexing: label' but the pod has no {INDEX_LABEL} label",
+        )
     if indexing in (Indexing.AUTO, Indexing.ORDINAL):
         if STATEFULSET_INDEX_LABEL in pod.labels:
             parsed = _parse(pod.labels[STATEFULSET_INDEX_LABEL], f"label {STATEFULSET_INDEX_LABEL}")
@@ -61,9 +64,11 @@ def resolve_index(pod: PodIdentity, indexing: Indexing) -> IndexChoice:
             if ordinal is not None and ordinal <= MAX_INDEX:
                 return IndexChoice(ordinal, IndexSource.NAME)
             if indexing is Indexing.ORDINAL:
-                return IndexChoice(None, IndexSource.NAME,
-                                   f"map uses 'indexing: ordinal' but pod name {pod.name!r} has no "
-                                   "'-<n>' suffix")
+                return IndexChoice(
+                    None,
+                    IndexSource.NAME,
+                    f"map uses 'indexing: ordinal' but pod name {pod.name!r} has no '-<n>' suffix",
+                )
     return IndexChoice(None, IndexSource.ALLOCATE)
 
 

@@ -116,10 +116,20 @@ class DeviceCheck:
     message: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"map": self.map, "index": self.index, "ok": self.ok, "reason": self.reason,
-                "message": self.message}
+        return {
+            "map": self.map,
+            "index": self.index,
+            "ok": self.ok,
+            "reason": self.reason,
+            "message": self.message,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DeviceCheck:
-        return cls(str(data["map"]), int(data["index"]), bool(data["ok"]),
-                   str(data.get("reason", "")), str(data.get("message", "")))
+        return cls(
+            str(data["map"]),
+            int(data["index"]),
+            bool(data["ok"]),
+            str(data.get("reason", "")),
+            str(data.get("message", "")),
+        )

@@ -68,7 +68,12 @@ def parse_legacy(
         node = node_text.strip()
         node_col = rest_col + (len(node_text) - len(node_text.lstrip()))
         if not colon:
-            err(lineno, rest_col, f"missing ':' between node and devices in {stripped!r}", FORMAT_HINT)
+            err(
+                lineno,
+                rest_col,
+                f"missing ':' between node and devices in {stripped!r}",
+                FORMAT_HINT,
+            )
             continue
         if not node:
             err(lineno, rest_col, "empty node name", FORMAT_HINT)
@@ -87,7 +92,11 @@ def parse_legacy(
             offset += len(token) + 1
             device = parse_device(tok)
             if device is None:
-                what = "empty device" if not tok else f"device {tok!r} is neither an index nor a GPU UUID"
+                what = (
+                    "empty device"
+                    if not tok
+                    else f"device {tok!r} is neither an index nor a GPU UUID"
+                )
                 err(lineno, tok_col, what, FORMAT_HINT)
                 ok = False
                 break

@@ -64,7 +64,9 @@ class CompiledMap:
 
     def content_equal(self, other: CompiledMap) -> bool:
         """Equal apart from the generation stamp."""
-        return encode_map(self, include_generation=False) == encode_map(other, include_generation=False)
+        return encode_map(self, include_generation=False) == encode_map(
+            other, include_generation=False
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +91,15 @@ def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[st
         "sourceVersion": cmap.source_version,
         # One compact row a slot keeps 80,000 slots within a few MiB.
         "slots": [
-            [s.index, s.node, ",".join(s.devices), ",".join(map(str, s.device_indices)),
-             s.declared, s.blocked, s.message]
+            [
+                s.index,
+                s.node,
+                ",".join(s.devices),
+                ",".join(map(str, s.device_indices)),
+                s.declared,
+                s.blocked,
+                s.message,
+            ]
             for s in (cmap.slots[i] for i in cmap.sorted_indices)
         ],
     }
@@ -129,11 +138,15 @@ def _shard_of(key: MapKey, count: int) -> int:
 
 def encode_model(model: Model) -> dict[str, dict[str, str]]:
     """ConfigMap name -> data for the manifest and every shard; each shard under MAX_SHARD_BYTES."""
-    encoded = {key: json.dumps(encode_map(m), separators=(",", ":"), sort_keys=True)
-               for key, m in model.maps.items()}
+    encoded = {
+        key: json.dumps(encode_map(m), separators=(",", ":"), sort_keys=True)
+        for key, m in model.maps.items()
+    }
     for key, text in encoded.items():
         if len(text) + 64 > MAX_SHARD_BYTES:
-            raise ValueError(f"map {key} alone encodes to {len(text)} bytes, over {MAX_SHARD_BYTES}")
+            raise ValueError(
+                f"map {key} alone encodes to {len(text)} bytes, over {MAX_SHARD_BYTES}"
+            )
     count = 1
     while True:
         buckets: list[list[tuple[str, str]]] = [[] for _ in range(count)]

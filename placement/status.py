@@ -43,8 +43,12 @@ class MapStatus:
             "servingVersion": self.serving_version,
             "message": self.message,
             "errors": [d.to_json() for d in self.errors],
-            "slots": {"total": self.slots.total, "served": self.slots.served,
-                      "bound": self.slots.bound, "blocked": self.slots.blocked},
+            "slots": {
+                "total": self.slots.total,
+                "served": self.slots.served,
+                "bound": self.slots.bound,
+                "blocked": self.slots.blocked,
+            },
         }
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -58,7 +62,11 @@ class MapStatus:
             observed_version=str(data.get("observedVersion", "")),
             message=str(data.get("message", "")),
             errors=tuple(Diagnostic.from_json(e) for e in data.get("errors", [])),
-            slots=SlotCounts(int(slots.get("total", 0)), int(slots.get("served", 0)),
-                             int(slots.get("bound", 0)), int(slots.get("blocked", 0))),
+            slots=SlotCounts(
+                int(slots.get("total", 0)),
+                int(slots.get("served", 0)),
+                int(slots.get("bound", 0)),
+                int(slots.get("blocked", 0)),
+            ),
             serving_version=str(data.get("servingVersion", "")),
         )

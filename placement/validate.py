@@ -37,14 +37,36 @@ from placement.yamlsource import Document, Path, format_path, load_documents
 #: NVML numbers devices from 0; no machine has anywhere near this many GPUs.
 MAX_DEVICE_INDEX = 255
 _KNOWN_FIELDS = (
-    "apiVersion", "kind", "metadata", "spec", "name", "namespace", "labels", "annotations",
-    "sharing", "indexing", "envMode", "placements", "map", "index", "node", "devices", "count",
-    "require", "product", "minMemoryMiB",
+    "apiVersion",
+    "kind",
+    "metadata",
+    "spec",
+    "name",
+    "namespace",
+    "labels",
+    "annotations",
+    "sharing",
+    "indexing",
+    "envMode",
+    "placements",
+    "map",
+    "index",
+    "node",
+    "devices",
+    "count",
+    "require",
+    "product",
+    "minMemoryMiB",
 )
 _TYPE_NAMES = {
-    "int_type": "an integer", "int_parsing": "an integer", "string_type": "a string",
-    "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
-    "model_attributes_type": "a mapping", "bool_type": "a boolean",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "bool_type": "a boolean",
 }
 
 
@@ -60,8 +82,14 @@ class LoadResult:
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
-            dict: "mapping"}.get(type(value), type(value).__name__)
+    kind = {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        dict: "mapping",
+    }.get(type(value), type(value).__name__)
     if isinstance(value, list | dict):
         return kind
     shown = repr(value)
@@ -76,9 +104,11 @@ def _pydantic_diagnostics(doc: Document, exc: ValidationError) -> list[Diagnosti
         path: Path = ()
         for part in raw_loc:
             candidate = (*path, part)
-            if candidate in doc.values or candidate in doc.keys:
-                path = candidate
-            elif error["type"] in ("missing", "extra_forbidden") and part == raw_loc[-1]:
+            if (
+                candidate in doc.values
+                or candidate in doc.keys
+                or (error["type"] in ("missing", "extra_forbidden") and part == raw_loc[-1])
+            ):
                 path = candidate
             else:
                 break
@@ -110,7 +140,9 @@ def _check_device(doc: Document, path: Path, raw: object) -> DeviceRef | Diagnos
         if raw < 0:
             return Diagnostic(doc.locate(path), f"device index {raw} is negative")
         if raw > MAX_DEVICE_INDEX:
-            return Diagnostic(doc.locate(path), f"device index {raw} is larger than {MAX_DEVICE_INDEX}")
+            return Diagnostic(
+                doc.locate(path), f"device index {raw} is larger than {MAX_DEVICE_INDEX}"
+            )
         return raw
     text = str(raw)
     if GPU_UUID_RE.match(text):
@@ -122,29 +154,46 @@ def _check_device(doc: Document, path: Path, raw: object) -> DeviceRef | Diagnos
     )
 
 
-def _entry_slots(doc: Document, entries: list[PlacementSpec]) -> tuple[list[DeclaredSlot], list[Diagnostic]]:
+def _entry_slots(
+    doc: Document, entries: list[PlacementSpec]
+) -> tuple[list[DeclaredSlot], list[Diagnostic]]:
     slots: list[DeclaredSlot] = []
     errors: list[Diagnostic] = []
     for i, entry in enumerate(entries):
         base: Path = ("spec", "placements", i)
         loc = doc.locate(base)
         if entry.devices is not None and entry.count is not None:
-            errors.append(Diagnostic(doc.locate((*base, "count"), key=True),
-                                     "'devices' and 'count' are mutually exclusive",
-                                     hint="list the devices, or let the controller pick 'count' of them"))
+            errors.append(
+                Diagnostic(
+                    doc.locate((*base, "count"), key=True),
+                    "'devices' and 'count' are mutually exclusive",
+                    hint="list the devices, or let the controller pick 'count' of them",
+                )
+            )
             continue
         if entry.devices is None and entry.count is None:
-            errors.append(Diagnostic(loc, f"placement index {entry.index} needs 'devices' or 'count'"))
+            errors.append(
+                Diagnostic(loc, f"placement index {entry.index} needs 'devices' or 'count'")
+            )
             continue
         if not DNS_SUBDOMAIN_RE.match(entry.node):
-            errors.append(Diagnostic(doc.locate((*base, "node")),
-                                     f"node {entry.node!r} is not a valid node name (RFC 1123)"))
+            errors.append(
+                Diagnostic(
+                    doc.locate((*base, "node")),
+                    f"node {entry.node!r} is not a valid node name (RFC 1123)",
+                )
+            )
             continue
         devices: list[DeviceRef] = []
         if entry.devices is not None:
             if not entry.devices:
-                errors.append(Diagnostic(doc.locate((*base, "devices")), "empty device list",
-                                         hint="list at least one device, or use 'count'"))
+                errors.append(
+                    Diagnostic(
+                        doc.locate((*base, "devices")),
+                        "empty device list",
+                        hint="list at least one device, or use 'count'",
+                    )
+                )
                 continue
             seen: dict[DeviceRef, int] = {}
             for j, raw in enumerate(entry.devices):
@@ -155,16 +204,22 @@ def _entry_slots(doc: Document, entries: list[PlacementSpec]) -> tuple[list[Decl
                     continue
                 if checked in seen:
                     first = doc.locate((*base, "devices", seen[checked]))
-                    errors.append(Diagnostic(doc.locate(dpath),
-                                             f"device {checked} listed twice in this entry (first at "
-                                             f"line {first.line}, column {first.column})"))
+                    errors.append(
+                        Diagnostic(
+                            doc.locate(dpath),
+                            f"device {checked} listed twice in this entry (first at "
+                            f"line {first.line}, column {first.column})",
+                        )
+                    )
                     continue
                 seen[checked] = j
                 devices.append(checked)
         require = None
         if entry.require is not None:
             require = Requirement(entry.require.product, entry.require.min_memory_mib)
-        slots.append(DeclaredSlot(entry.index, entry.node, tuple(devices), entry.count, require, loc))
+        slots.append(
+            DeclaredSlot(entry.index, entry.node, tuple(devices), entry.count, require, loc)
+        )
     return slots, errors
 
 
@@ -177,8 +232,9 @@ def _legacy_slots(doc: Document, text: str) -> tuple[list[DeclaredSlot], list[Di
         first_line, indent = doc.block_scalars[path]
         line_offset, col_offset = first_line - 1, indent
     try:
-        entries = parse_legacy(text, doc.source, line_offset=line_offset,
-                               column_offset=col_offset, path="spec.map")
+        entries = parse_legacy(
+            text, doc.source, line_offset=line_offset, column_offset=col_offset, path="spec.map"
+        )
     except PlacementError as exc:
         return [], list(exc.diagnostics)
     return [_legacy_to_slot(doc.source, e, line_offset, col_offset) for e in entries], []
@@ -197,8 +253,13 @@ def cross_entry_checks(slots: Iterable[DeclaredSlot], sharing: Sharing) -> list[
     for slot in slots:
         if slot.index in by_index:
             first = by_index[slot.index].location
-            errors.append(Diagnostic(slot.location, f"duplicate index {slot.index} (first at line "
-                                     f"{first.line}, column {first.column})"))
+            errors.append(
+                Diagnostic(
+                    slot.location,
+                    f"duplicate index {slot.index} (first at line "
+                    f"{first.line}, column {first.column})",
+                )
+            )
             continue
         by_index[slot.index] = slot
         if sharing is Sharing.SHARED:
@@ -206,12 +267,14 @@ def cross_entry_checks(slots: Iterable[DeclaredSlot], sharing: Sharing) -> list[
         for device in slot.devices:
             owner = claims.get((slot.node, device))
             if owner is not None:
-                errors.append(Diagnostic(
-                    slot.location,
-                    f"device {device} on node {slot.node} is already given to index {owner.index} "
-                    f"(line {owner.location.line}); an exclusive map gives each GPU to one slot",
-                    hint="use another device, or set 'sharing: shared'",
-                ))
+                errors.append(
+                    Diagnostic(
+                        slot.location,
+                        f"device {device} on node {slot.node} is already given to index {owner.index} "
+                        f"(line {owner.location.line}); an exclusive map gives each GPU to one slot",
+                        hint="use another device, or set 'sharing: shared'",
+                    )
+                )
             else:
                 claims[(slot.node, device)] = slot
     return errors
@@ -225,20 +288,34 @@ def document_to_map(doc: Document) -> PlacementMap:
         raise PlacementError(tuple(_pydantic_diagnostics(doc, exc))) from None
     errors: list[Diagnostic] = []
     if parsed.api_version != EXPECTED_API_VERSION:
-        errors.append(Diagnostic(doc.locate(("apiVersion",)),
-                                 f"apiVersion must be {EXPECTED_API_VERSION!r}, got {parsed.api_version!r}"))
+        errors.append(
+            Diagnostic(
+                doc.locate(("apiVersion",)),
+                f"apiVersion must be {EXPECTED_API_VERSION!r}, got {parsed.api_version!r}",
+            )
+        )
     if parsed.kind != KIND:
-        errors.append(Diagnostic(doc.locate(("kind",)), f"kind must be {KIND!r}, got {parsed.kind!r}"))
+        errors.append(
+            Diagnostic(doc.locate(("kind",)), f"kind must be {KIND!r}, got {parsed.kind!r}")
+        )
     for fname in ("name", "namespace"):
         value = getattr(parsed.metadata, fname)
         if not DNS_LABEL_RE.match(value):
-            errors.append(Diagnostic(doc.locate(("metadata", fname)),
-                                     f"metadata.{fname} {value!r} is not a valid DNS label (RFC 1123)"))
+            errors.append(
+                Diagnostic(
+                    doc.locate(("metadata", fname)),
+                    f"metadata.{fname} {value!r} is not a valid DNS label (RFC 1123)",
+                )
+            )
     spec = parsed.spec
     slots: list[DeclaredSlot] = []
     if spec.placements is not None and spec.map is not None:
-        errors.append(Diagnostic(doc.locate(("spec", "map"), key=True),
-                                 "'placements' and 'map' are mutually exclusive"))
+        errors.append(
+            Diagnostic(
+                doc.locate(("spec", "map"), key=True),
+                "'placements' and 'map' are mutually exclusive",
+            )
+        )
     elif spec.placements is None and spec.map is None:
         errors.append(Diagnostic(doc.locate(("spec",)), "spec needs 'placements' or 'map'"))
     elif spec.placements is not None:

@@ -70,8 +70,12 @@ class _Builder:
                 if not isinstance(key, str | int | float | bool) or key is None:
                     self.errors.append(
                         Diagnostic(
-                            Location(self.doc.source, key_node.start_mark.line + 1,
-                                     key_node.start_mark.column + 1, format_path(path)),
+                            Location(
+                                self.doc.source,
+                                key_node.start_mark.line + 1,
+                                key_node.start_mark.column + 1,
+                                format_path(path),
+                            ),
                             "mapping keys must be plain scalars",
                         )
                     )
@@ -81,13 +85,20 @@ class _Builder:
                     first = self.doc.keys.get(child, (0, 0))
                     self.errors.append(
                         Diagnostic(
-                            Location(self.doc.source, key_node.start_mark.line + 1,
-                                     key_node.start_mark.column + 1, format_path(child)),
+                            Location(
+                                self.doc.source,
+                                key_node.start_mark.line + 1,
+                                key_node.start_mark.column + 1,
+                                format_path(child),
+                            ),
                             f"duplicate key {key!r} (first at line {first[0]})",
                         )
                     )
                     continue
-                self.doc.keys[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                self.doc.keys[child] = (
+                    key_node.start_mark.line + 1,
+                    key_node.start_mark.column + 1,
+                )
                 out[key] = self.build(value_node, child)
             return out
         if isinstance(node, yaml.SequenceNode):
@@ -95,10 +106,10 @@ class _Builder:
         if isinstance(node, yaml.ScalarNode) and node.style in ("|", ">"):
             # Content starts on the line after the indicator; record that line and its indent.
             lines = node.start_mark.buffer.split("\n") if node.start_mark.buffer else []
-            first = node.start_mark.line + 1
-            while first < len(lines) and not lines[first].strip():
-                first += 1
-            indent = len(lines[first]) - len(lines[first].lstrip(" ")) if first < len(lines) else 0
+            row = node.start_mark.line + 1
+            while row < len(lines) and not lines[row].strip():
+                row += 1
+            indent = len(lines[row]) - len(lines[row].lstrip(" ")) if row < len(lines) else 0
             self.doc.block_scalars[path] = (node.start_mark.line + 2, indent)
         return self.loader.construct_object(node, deep=True)
 

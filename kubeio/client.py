@@ -1,0 +1,187 @@
+"""A thin JSON client for the Kubernetes API.
+
+The official `kubernetes` package loads the configuration (kubeconfig, in-cluster service account
+with token refresh); requests go through one urllib3 pool and return plain dicts. Typed models are
+skipped on purpose: deserializing every watched object into generated classes costs more than the
+rest of a bind, and the Binding response cannot be deserialized by that client at all.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from kubeio.errors import APIError, APITransportError, error_for
+
+Obj = dict[str, Any]
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    kubeconfig: str | None = None  # None: $KUBECONFIG / ~/.kube/config, else in-cluster
+    context: str | None = None
+    qps_pool: int = 64  # concurrent connections kept open
+    timeout_seconds: float = 30.0
+    user_agent: str = "gpuplace"
+
+
+class Kube:
+    """Sends requests to one apiserver. Thread-safe."""
+
+    def __init__(self, configuration: k8s_client.Configuration, settings: ClientSettings) -> None:
+        self._config = configuration
+        self._settings = settings
+        self.host = str(configuration.host).rstrip("/")
+        ctx = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+        if not configuration.verify_ssl:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if configuration.cert_file:
+            ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
+        self._pool = urllib3.PoolManager(
+            num_pools=4,
+            maxsize=settings.qps_pool,
+            block=False,
+            ssl_context=ctx,
+            server_hostname=configuration.tls_server_name or None,
+            retries=False,
+        )
+        self._lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, settings: ClientSettings | None = None) -> Kube:
+        settings = settings or ClientSettings()
+        configuration = k8s_client.Configuration()
+        try:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=settings.kubeconfig,
+                context=settings.context,
+                client_configuration=configuration,
+            )
+        except (k8s_config.ConfigException, FileNotFoundError, TypeError):
+            if settings.kubeconfig:
+                raise
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        return cls(configuration, settings)
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": JSON, "User-Agent": self._settings.user_agent}
+        if content_type:
+            headers["Content-Type"] = content_type
+        with self._lock:  # the refresh hook rewrites the token in place
+            token = self._config.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
+        url = self.host + path
+        if query:
+            clean = {k: v for k, v in query.items() if v is not None and v != ""}
+            if clean:
+                url += "?" + urlencode(clean)
+        return url
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Obj:
+        """Sends one request; returns the decoded JSON body ({} when empty); raises APIError."""
+        data: bytes | None = None
+        if body is not None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            content_type = content_type or JSON
+        try:
+            response = self._pool.request(
+                method,
+                self._url(path, query),
+                body=data,
+                headers=self._headers(content_type),
+                timeout=timeout or self._settings.timeout_seconds,
+                preload_content=True,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise APITransportError(0, "Transport", f"{method} {path}: {exc}") from exc
+        if response.status >= 300:
+            raise error_for(response.status, response.data)
+        if not response.data:
+            return {}
+        try:
+            decoded: Obj = json.loads(response.data)
+        except ValueError as exc:
+            raise APIError(response.status, "BadResponse", f"{method} {path}: not JSON") from exc
+        return decoded
+
+    def get(self, path: str, **query: Any) -> Obj:
+        return self.request("GET", path, query=query)
+
+    def create(self, path: str, body: Obj) -> Obj:
+        return self.request("POST", path, body=body)
+
+    def patch(self, path: str, body: Any, content_type: str = MERGE_PATCH, **query: Any) -> Obj:
+        return self.request("PATCH", path, body=body, content_type=content_type, query=query)
+
+    def put(self, path: str, body: Obj) -> Obj:
+        return self.request("PUT", path, body=body)
+
+    def delete(self, path: str, **query: Any) -> Obj:
+        return self.request("DELETE", path, query=query)
+
+    def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> Iterator[Obj]:
+        """Yields the events of a watch (one JSON object a line) until the server ends it."""
+        try:
+            response = self._pool.request(
+                "GET",
+                self._url(path, {**query, "watch": "true"}),
+                headers=self._headers(None),
+                timeout=urllib3.Timeout(connect=10.0, read=timeout),
+                preload_content=False,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise APITransportError(0, "Transport", f"WATCH {path}: {exc}") from exc
+        try:
+            if response.status >= 300:
+                raise error_for(response.status, response.read())
+            buffer = b""
+            for chunk in response.stream(64 * 1024, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise APITransportError(0, "Transport", f"WATCH {path}: {exc}") from exc
+        finally:
+            response.release_conn()
+
+
+def obj_key(obj: Obj) -> tuple[str, str]:
+    meta = obj.get("metadata", {})
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+def is_error(exc: BaseException) -> bool:
+    return isinstance(exc, APIError)

@@ -1,0 +1,180 @@
+"""Watch-fed caches: list once, then watch from the list's resourceVersion, resume on expiry.
+
+Handlers run on the informer's thread and must be quick (enqueue, don't work). After a relist the
+informer emits the difference to its store, so a handler never misses a delete it slept through.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubeio.client import Kube, Obj, obj_key
+from kubeio.errors import APIError, APIGoneError, status_error
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, Obj, Obj | None], None]  # (ADDED|MODIFIED|DELETED|SYNC, obj, old)
+ADDED, MODIFIED, DELETED, SYNC = "ADDED", "MODIFIED", "DELETED", "SYNC"
+
+
+class Informer:
+    def __init__(
+        self,
+        kube: Kube,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        name: str = "",
+        resync_seconds: float = 0.0,
+        watch_timeout_seconds: int = 300,
+        page_size: int = 500,
+    ) -> None:
+        self.kube = kube
+        self.path = path
+        self.name = name or path
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.resync_seconds = resync_seconds
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.page_size = page_size
+        self.store: dict[tuple[str, str], Obj] = {}
+        self.synced = threading.Event()
+        self._handlers: list[Handler] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rv = ""
+        self.lock = threading.RLock()  # held while the store changes and handlers run
+
+    def add_handler(self, handler: Handler) -> None:
+        self._handlers.append(handler)
+
+    def start(self) -> Informer:
+        self._thread = threading.Thread(target=self._run, name=f"informer:{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self.synced.wait(timeout)
+
+    def get(self, namespace: str, name: str) -> Obj | None:
+        return self.store.get((namespace, name))
+
+    def _selectors(self) -> dict[str, Any]:
+        return {"labelSelector": self.label_selector, "fieldSelector": self.field_selector}
+
+    def _emit(self, event: str, obj: Obj, old: Obj | None) -> None:
+        for handler in self._handlers:
+            try:
+                handler(event, obj, old)
+            except Exception:
+                log.exception("handler failed", extra={"informer": self.name, "event": event})
+
+    def _list(self) -> None:
+        items: list[Obj] = []
+        cont = ""
+        while True:
+            page = self.kube.get(
+                self.path, limit=self.page_size, **{"continue": cont}, **self._selectors()
+            )
+            items.extend(page.get("items", []))
+            meta = page.get("metadata", {})
+            cont = meta.get("continue", "")
+            if not cont:
+                self._rv = str(meta.get("resourceVersion", ""))
+                break
+        fresh = {obj_key(o): o for o in items}
+        with self.lock:
+            for key, obj in fresh.items():
+                old = self.store.get(key)
+                self.store[key] = obj
+                if old is None:
+                    self._emit(ADDED, obj, None)
+                elif old.get("metadata", {}).get("resourceVersion") != obj["metadata"].get(
+                    "resourceVersion"
+                ):
+                    self._emit(MODIFIED, obj, old)
+            for key in [k for k in self.store if k not in fresh]:
+                self._emit(DELETED, self.store.pop(key), None)
+        self.synced.set()
+
+    def _watch(self) -> None:
+        last_resync = time.monotonic()
+        while not self._stop.is_set():
+            query = {
+                **self._selectors(),
+                "resourceVersion": self._rv,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": self.watch_timeout_seconds,
+            }
+            for event in self.kube.stream(
+                self.path, query, timeout=self.watch_timeout_seconds + 30
+            ):
+                if self._stop.is_set():
+                    return
+                kind = event.get("type")
+                obj = event.get("object", {})
+                if kind == "ERROR":
+                    raise status_error(obj)
+                rv = obj.get("metadata", {}).get("resourceVersion")
+                if rv:
+                    self._rv = str(rv)
+                if kind == "BOOKMARK":
+                    continue
+                key = obj_key(obj)
+                with self.lock:
+                    old = self.store.get(key)
+                    if kind == DELETED:
+                        self.store.pop(key, None)
+                        self._emit(DELETED, obj, old)
+                    else:
+                        self.store[key] = obj
+                        self._emit(ADDED if old is None else MODIFIED, obj, old)
+                if self.resync_seconds and time.monotonic() - last_resync > self.resync_seconds:
+                    self.resync()
+                    last_resync = time.monotonic()
+            if self.resync_seconds and time.monotonic() - last_resync > self.resync_seconds:
+                self.resync()
+                last_resync = time.monotonic()
+
+    def resync(self) -> None:
+        """Re-delivers every cached object, so level-triggered handlers converge."""
+        with self.lock:
+            for obj in list(self.store.values()):
+                self._emit(SYNC, obj, obj)
+
+    def _run(self) -> None:
+        backoff = 0.2
+        need_list = True
+        while not self._stop.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                self._watch()
+                backoff = 0.2
+            except APIGoneError:
+                log.info("watch expired, listing again", extra={"informer": self.name})
+                need_list = True
+            except APIError as exc:
+                log.warning("watch failed: %s", exc, extra={"informer": self.name})
+                need_list = need_list or exc.status in (0, 500, 503)
+                self._stop.wait(backoff * (1 + random.random()))  # noqa: S311 - jitter only
+                backoff = min(backoff * 2, 10.0)
+            except Exception:
+                log.exception("informer crashed; restarting", extra={"informer": self.name})
+                need_list = True
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)

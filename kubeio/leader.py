@@ -1,0 +1,143 @@
+"""Leader election on a coordination.k8s.io Lease, as client-go does it.
+
+Expiry is judged by the local clock from when this process last saw the record change, never from
+the remote renewTime, so clock skew between replicas cannot make two leaders.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from kubeio.client import Kube, Obj
+from kubeio.errors import APIConflictError, APIError, APINotFoundError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderSettings:
+    namespace: str
+    name: str
+    identity: str
+    lease_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_seconds: float = 2.0
+
+
+def _now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: LeaderSettings,
+        on_started: Callable[[], None],
+        on_stopped: Callable[[], None],
+    ) -> None:
+        self.kube = kube
+        self.s = settings
+        self.on_started = on_started
+        self.on_stopped = on_stopped
+        self.is_leader = threading.Event()
+        self._stop = threading.Event()
+        self._observed: tuple[str, str] = ("", "")  # (holder, renewTime) last seen
+        self._observed_at = 0.0
+        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases"
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Blocks: campaigns, leads until the lease is lost or stop() is called, then returns."""
+        while not self._stop.is_set() and not self._try_acquire():
+            self._stop.wait(self.s.retry_seconds)
+        if self._stop.is_set():
+            return
+        self.is_leader.set()
+        log.info("became leader", extra={"lease": self.s.name, "identity": self.s.identity})
+        self.on_started()
+        last_renew = time.monotonic()
+        try:
+            while not self._stop.wait(self.s.retry_seconds):
+                if self._try_acquire():
+                    last_renew = time.monotonic()
+                elif time.monotonic() - last_renew > self.s.renew_deadline_seconds:
+                    log.error("lost leadership", extra={"lease": self.s.name})
+                    break
+        finally:
+            self.is_leader.clear()
+            if self._stop.is_set():
+                self._release()
+            self.on_stopped()
+
+    def _spec(self, acquire_time: str | None, transitions: int) -> Obj:
+        now = _now_micro()
+        return {
+            "holderIdentity": self.s.identity,
+            "leaseDurationSeconds": int(self.s.lease_seconds),
+            "acquireTime": acquire_time or now,
+            "renewTime": now,
+            "leaseTransitions": transitions,
+        }
+
+    def _try_acquire(self) -> bool:
+        try:
+            lease = self.kube.get(f"{self._path}/{self.s.name}")
+        except APINotFoundError:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.s.name, "namespace": self.s.namespace},
+                "spec": self._spec(None, 0),
+            }
+            try:
+                self.kube.create(self._path, body)
+                return True
+            except APIError as exc:
+                log.info("lease create failed: %s", exc)
+                return False
+        except APIError as exc:
+            log.warning("lease read failed: %s", exc)
+            return False
+        spec = lease.get("spec", {})
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, str(spec.get("renewTime", "")))
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = time.monotonic()
+        duration = float(spec.get("leaseDurationSeconds") or self.s.lease_seconds)
+        expired = time.monotonic() - self._observed_at > duration
+        if holder and holder != self.s.identity and not expired:
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0) + (
+            0 if holder == self.s.identity else 1
+        )
+        acquire = spec.get("acquireTime") if holder == self.s.identity else None
+        lease["spec"] = self._spec(acquire, transitions)
+        try:
+            self.kube.put(f"{self._path}/{self.s.name}", lease)
+        except APIConflictError:
+            return False
+        except APIError as exc:
+            log.warning("lease update failed: %s", exc)
+            return False
+        return True
+
+    def _release(self) -> None:
+        """Gives the lease up on a clean stop so a standby takes over at once."""
+        try:
+            lease = self.kube.get(f"{self._path}/{self.s.name}")
+            if lease.get("spec", {}).get("holderIdentity") != self.s.identity:
+                return
+            lease["spec"]["holderIdentity"] = ""
+            lease["spec"]["leaseDurationSeconds"] = 1
+            self.kube.put(f"{self._path}/{self.s.name}", lease)
+        except APIError as exc:
+            log.info("lease release failed: %s", exc)
