@@ -29,6 +29,7 @@ Claim = tuple[str, str]
 
 CONFLICT = "SlotConflict"
 INSUFFICIENT = "InsufficientDevices"
+DEVICE_MISSING = "DeviceMissing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,10 @@ def select_devices(candidates: Iterable[GpuDevice], count: int) -> tuple[GpuDevi
 
 
 class Compiler:
-    def __init__(self, alias_label: str = LEGACY_NODE_LABEL) -> None:
+    def __init__(self, alias_label: str = LEGACY_NODE_LABEL, previous: Model | None = None) -> None:
+        """`previous` is the model in service (e.g. read back after a restart): its generation
+        continues, its slots stay incumbents in conflicts and its `count` choices are kept. Maps of
+        it that are not set before the first build are dropped from the model."""
         self.alias_label = alias_label
         self._maps: dict[MapKey, PlacementMap] = {}
         self._versions: dict[MapKey, str] = {}
@@ -75,7 +79,8 @@ class Compiler:
         self._dirty: set[MapKey] = set()
         self._reports: dict[MapKey, MapReport] = {}
         self._in_conflict: set[MapKey] = set()  # maps with a contested slot in the last build
-        self._model = Model()
+        self._model = previous if previous is not None else Model()
+        self._dirty |= set(self._model.maps)
 
     # -- inputs ------------------------------------------------------------------------------
     def set_map(self, pmap: PlacementMap, source_version: str = "") -> None:
@@ -136,6 +141,12 @@ class Compiler:
         if alias:
             self._dirty |= self._by_node.get(alias, set())
 
+    def seed(self, model: Model) -> None:
+        """Continues from a stored model (after a restart or failover): its generation, its `count`
+        choices and its incumbents carry over; maps it has that no source has are dropped."""
+        self._model = model
+        self._dirty |= set(model.maps)
+
     @property
     def model(self) -> Model:
         return self._model
@@ -172,11 +183,9 @@ class Compiler:
                 touched_claims.add(claim)
             self._base.pop(key, None)
             self._problems.pop(key, None)
-        # Explicit devices first, so that `count` entries pick around them.
-        for key in sorted(dirty):
-            pmap = self._maps.get(key)
-            if pmap is not None:
-                self._compile_map(pmap, touched_claims)
+        self._compile_maps(
+            [self._maps[k] for k in sorted(dirty) if k in self._maps], touched_claims
+        )
         for claim in touched_claims:
             holders = self._claims.get(claim)
             if holders is not None and len(holders) > 1:
@@ -209,31 +218,87 @@ class Compiler:
             self._model = Model(generation, maps)
         return self._model, self._reports
 
-    def _compile_map(self, pmap: PlacementMap, touched: set[Claim]) -> None:
-        problems: list[str] = []
-        base: dict[int, CompiledSlot] = {}
-        claims: list[tuple[Claim, SlotKey]] = []
-        previous = self._model.maps.get(pmap.key)
-        for slot in sorted(pmap.slots, key=lambda s: (s.count is not None, s.index)):
-            node, problem = self.resolve_node(slot.node)
-            if problem:
-                problems.append(f"index {slot.index}: {problem}")
-            target = node or NodeName(slot.node)
-            inventory = self._inventories.get(target) if node else None
-            prev_slot = previous.slots.get(slot.index) if previous else None
-            compiled, slot_problems = self._resolve_devices(
-                pmap, slot, target, inventory, prev_slot
-            )
-            problems.extend(slot_problems)
-            base[slot.index] = compiled
-            slot_key = SlotKey(pmap.key, slot.index)
-            for claim in _claims_of(compiled, target):
-                claims.append((claim, slot_key))
-                self._claims[claim].add(slot_key)
-                touched.add(claim)
-        self._base[pmap.key] = base
-        self._problems[pmap.key] = problems
-        self._slot_claims[pmap.key] = claims
+    def _compile_maps(self, pmaps: list[PlacementMap], touched: set[Claim]) -> None:
+        """Compiles in three passes over all changed maps: explicit devices; then `count` entries
+        that keep the devices they were given; then new `count` picks, which choose around every
+        claim made so far. So a pick never takes a device that another entry names or holds."""
+        pending: list[tuple[PlacementMap, DeclaredSlot]] = []
+        for pmap in pmaps:
+            self._base[pmap.key] = {}
+            self._problems[pmap.key] = []
+            self._slot_claims[pmap.key] = []
+            for slot in pmap.slots:
+                if slot.count is None:
+                    self._compile_slot(pmap, slot, touched, pick=False)
+                else:
+                    pending.append((pmap, slot))
+        picks = [(m, s) for m, s in pending if not self._compile_slot(m, s, touched, pick=False)]
+        for pmap, slot in picks:
+            self._compile_slot(pmap, slot, touched, pick=True)
+        for pmap in pmaps:
+            base = self._base[pmap.key]
+            self._base[pmap.key] = {i: base[i] for i in sorted(base)}
+
+    def _compile_slot(
+        self, pmap: PlacementMap, slot: DeclaredSlot, touched: set[Claim], *, pick: bool
+    ) -> bool:
+        """Resolves one slot and records its claims; a `count` slot with `pick=False` is only
+        resolved if it keeps its previous devices (returns False otherwise)."""
+        node, problem = self.resolve_node(slot.node)
+        target = node or NodeName(slot.node)
+        inventory = self._inventories.get(target) if node else None
+        if slot.count is not None and not pick:
+            compiled = self._keep_count(pmap, slot, target, inventory)
+            if compiled is None:
+                return False
+            slot_problems: list[str] = []
+        else:
+            compiled, slot_problems = self._resolve_devices(pmap, slot, target, inventory)
+        problems = self._problems[pmap.key]
+        if problem:
+            problems.append(f"index {slot.index}: {problem}")
+        problems.extend(slot_problems)
+        self._base[pmap.key][slot.index] = compiled
+        slot_key = SlotKey(pmap.key, slot.index)
+        for claim in _claims_of(compiled, target):
+            self._slot_claims[pmap.key].append((claim, slot_key))
+            self._claims[claim].add(slot_key)
+            touched.add(claim)
+        return True
+
+    def _keep_count(
+        self,
+        pmap: PlacementMap,
+        slot: DeclaredSlot,
+        node: NodeName,
+        inventory: NodeInventory | None,
+    ) -> CompiledSlot | None:
+        """The devices this `count` entry was given in the model in service, if they are still
+        present, healthy and matching. Claims by others do not matter here: the entry is their
+        incumbent and keeps them, as any slot would."""
+        previous = self._model.slot(pmap.key, slot.index)
+        if (
+            inventory is None
+            or previous is None
+            or previous.blocked
+            or previous.node != node
+            or previous.declared != f"count={slot.count}"
+            or len(previous.devices) != slot.count
+        ):
+            return None
+        kept: list[GpuDevice] = []
+        for uuid in previous.devices:
+            device = inventory.by_uuid.get(uuid)
+            if device is None or not device.healthy or not device.satisfies(slot.require):
+                return None
+            kept.append(device)
+        return CompiledSlot(
+            slot.index,
+            node,
+            tuple(d.uuid for d in kept),
+            tuple(d.index for d in kept),
+            f"count={slot.count}",
+        )
 
     def _resolve_devices(
         self,
@@ -241,7 +306,6 @@ class Compiler:
         slot: DeclaredSlot,
         node: NodeName,
         inventory: NodeInventory | None,
-        previous: CompiledSlot | None,
     ) -> tuple[CompiledSlot, list[str]]:
         where = f"index {slot.index} on node {node}"
         if slot.count is not None:
@@ -254,7 +318,7 @@ class Compiler:
                     blocked=INSUFFICIENT,
                     message=f"no inventory for node {node} yet",
                 ), [f"{where}: no inventory for node {node} to pick {slot.count} devices from"]
-            return self._resolve_count(pmap, slot, node, inventory, previous, declared)
+            return self._resolve_count(pmap, slot, node, inventory, declared)
         declared = ",".join(str(d) for d in slot.devices)
         if inventory is None:
             indices = tuple(d for d in slot.devices if isinstance(d, int))
@@ -288,7 +352,10 @@ class Compiler:
                 )
             found.append(device)
         if len(found) != len(slot.devices):
-            return CompiledSlot(slot.index, node, declared=declared), problems
+            message = "; ".join(p for p in problems if "not found" in p)
+            return CompiledSlot(
+                slot.index, node, declared=declared, blocked=DEVICE_MISSING, message=message
+            ), problems
         return CompiledSlot(
             slot.index, node, tuple(d.uuid for d in found), tuple(d.index for d in found), declared
         ), problems
@@ -299,7 +366,6 @@ class Compiler:
         slot: DeclaredSlot,
         node: NodeName,
         inventory: NodeInventory,
-        previous: CompiledSlot | None,
         declared: str,
     ) -> tuple[CompiledSlot, list[str]]:
         assert slot.count is not None
@@ -314,19 +380,6 @@ class Compiler:
             )
 
         usable = [d for d in inventory.devices if d.healthy and d.satisfies(slot.require)]
-        if previous is not None and previous.node == node and previous.devices:
-            kept = [inventory.by_uuid.get(u) for u in previous.devices]
-            if len(kept) == slot.count and all(
-                d is not None and d in usable and free(d) for d in kept
-            ):
-                chosen = tuple(d for d in kept if d is not None)
-                return CompiledSlot(
-                    slot.index,
-                    node,
-                    tuple(d.uuid for d in chosen),
-                    tuple(d.index for d in chosen),
-                    declared,
-                ), []
         picked = select_devices([d for d in usable if free(d)], slot.count)
         if picked is None:
             want = slot.require.describe() if slot.require else "any GPU"

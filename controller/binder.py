@@ -1,0 +1,246 @@
+"""The binder: one decision thread, bounded concurrent Binding calls.
+
+Decisions are serialized (slot and GPU choices never race); each accepted decision is assumed in the
+cache before its Binding is sent, and forgotten if the Binding fails. A pod that cannot be placed gets
+PodScheduled=False with the reason, an Event, and waits for the objects its status names.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+from controller import podfacts
+from controller.metrics import ControllerMetrics
+from controller.queue import SchedulingQueue
+from controller.settings import BinderSettings
+from controller.slotcache import SlotCache
+from kubeio.client import Kube, Obj
+from kubeio.errors import APIConflictError, APIError, APINotFoundError
+from kubeio.events import WARNING, EventRecorder, ObjectRef
+from placement.annotations import encode_binding
+from placement.binding import Cluster, Code, Placement, Status, plan
+from placement.types import SlotKey
+
+log = logging.getLogger(__name__)
+
+
+def binding_body(pod: Obj, placement: Placement) -> Obj:
+    meta = pod["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        # The uid makes the apiserver refuse the bind if the pod was recreated under the same name.
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "annotations": encode_binding(placement.decision),
+        },
+        "target": {"apiVersion": "v1", "kind": "Node", "name": placement.decision.node},
+    }
+
+
+class Binder:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: BinderSettings,
+        metrics: ControllerMetrics,
+        events: EventRecorder,
+        cluster: Callable[[], Cluster],
+        on_bound: Callable[[SlotKey], None] = lambda _key: None,
+    ) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self.events = events
+        self.cluster = cluster
+        self.on_bound = on_bound
+        self.cache = SlotCache()
+        self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
+        self._pods: dict[str, Obj] = {}
+        self._in_flight: set[str] = set()
+        self._reported: dict[str, tuple[str, str]] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(settings.bind_workers, thread_name_prefix="bind")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.active = threading.Event()
+
+    # -- feeding -------------------------------------------------------------------------------
+    def rebuild(self, pods: Iterable[Obj], shared_maps: set[str]) -> int:
+        """Rebuilds the slot cache from bound pods' annotations; queues the unbound ones."""
+        count = 0
+        for pod in pods:
+            self.on_pod("ADDED", pod, shared_maps)
+            if podfacts.is_bound(pod):
+                count += 1
+        return count
+
+    def on_pod(self, event: str, pod: Obj, shared_maps: set[str] | None = None) -> None:
+        uid = podfacts.uid_of(pod)
+        if event == "DELETED" or podfacts.is_finished(pod):
+            with self._lock:
+                self._pods.pop(uid, None)
+            self._release(uid)
+            return
+        if podfacts.is_bound(pod):
+            with self._lock:
+                self._pods.pop(uid, None)
+            self.queue.remove(uid)
+            self._reported.pop(uid, None)
+            if self.cache.holding(uid) is not None:
+                self.cache.confirm(uid)
+            else:
+                holding = podfacts.holding_from_bound(pod, shared_maps or set())
+                if holding is not None:
+                    self.cache.add_bound(holding)
+            return
+        if podfacts.is_deleting(pod):
+            return
+        with self._lock:
+            self._pods[uid] = pod
+            if uid in self._in_flight:
+                return
+        self.queue.add(uid)
+        self.metrics.pending.set(len(self._pods))
+
+    def _release(self, uid: str) -> None:
+        self.queue.remove(uid)
+        self._reported.pop(uid, None)
+        holding = self.cache.release(uid)
+        if holding is not None:
+            keys = [f"slot:{holding.slot}", f"map:{holding.slot.map}"]
+            keys += [f"gpu:{holding.node}/{gpu}" for gpu in holding.gpus]
+            self.queue.wake(keys)
+
+    def wake(self, keys: Iterable[str]) -> None:
+        self.queue.wake(keys)
+
+    # -- running ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.active.set()
+        self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.queue.close()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self) -> None:
+        last_flush = time.monotonic()
+        while not self._stop.is_set():
+            uid = self.queue.pop(timeout=1.0)
+            if time.monotonic() - last_flush > self.settings.flush_seconds:
+                self.queue.wake_all()
+                last_flush = time.monotonic()
+            if uid is None:
+                continue
+            with self._lock:
+                pod = self._pods.get(uid)
+                if pod is None or uid in self._in_flight:
+                    continue
+            try:
+                self._decide(uid, pod)
+            except Exception:
+                log.exception("decision failed", extra={"pod": podfacts.name_of(pod)})
+                self.queue.backoff(uid)
+
+    def _decide(self, uid: str, pod: Obj) -> None:
+        outcome = plan(podfacts.facts(pod, self.settings.legacy), self.cluster(), self.cache)
+        if isinstance(outcome, Status):
+            self.metrics.unschedulable.labels(outcome.reason).inc()
+            if outcome.code is Code.UNRESOLVABLE and not outcome.waits_for:
+                self.queue.unschedulable(uid, frozenset({f"pod:{uid}"}))
+            else:
+                self.queue.unschedulable(uid, outcome.waits_for)
+            self._report(pod, outcome)
+            return
+        self.cache.assume(uid, podfacts.name_of(pod), outcome)
+        with self._lock:
+            self._in_flight.add(uid)
+        self._executor.submit(self._bind, uid, pod, outcome)
+
+    def _bind(self, uid: str, pod: Obj, placement: Placement) -> None:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding"
+        try:
+            self.kube.create(path, binding_body(pod, placement))
+        except (APINotFoundError, APIConflictError) as exc:
+            # Gone, recreated, or already bound by someone else: the pod's next event decides.
+            self.metrics.binds.labels("conflict").inc()
+            log.info("bind refused: %s", exc, extra={"pod": podfacts.name_of(pod)})
+            self.cache.forget(uid)
+            self._finish(uid, requeue=False)
+            return
+        except APIError as exc:
+            self.metrics.binds.labels("error").inc()
+            log.warning("bind failed: %s", exc, extra={"pod": podfacts.name_of(pod)})
+            self.cache.forget(uid)
+            self._finish(uid, requeue=True)
+            return
+        self.metrics.binds.labels("bound").inc()
+        started = self.queue.added_at.get(uid)
+        if started is not None:
+            self.metrics.bind_latency.observe(time.monotonic() - started)
+        self.queue.remove(uid)
+        self.queue.succeeded(uid)
+        self.cache.confirm(uid)
+        with self._lock:
+            self._in_flight.discard(uid)
+            self._pods.pop(uid, None)
+            self.metrics.pending.set(len(self._pods))
+        self._reported.pop(uid, None)
+        self.on_bound(placement.slot)
+
+    def _finish(self, uid: str, requeue: bool) -> None:
+        with self._lock:
+            self._in_flight.discard(uid)
+            still_pending = uid in self._pods
+        if requeue and still_pending:
+            self.queue.backoff(uid)
+
+    def _report(self, pod: Obj, status: Status) -> None:
+        uid = podfacts.uid_of(pod)
+        if self._reported.get(uid) == (status.reason, status.message):
+            return
+        self._reported[uid] = (status.reason, status.message)
+        self._executor.submit(self._write_condition, pod, status)
+
+    def _write_condition(self, pod: Obj, status: Status) -> None:
+        meta = pod["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": status.reason,
+                        "message": status.message,
+                        "lastTransitionTime": now,
+                        "lastProbeTime": None,
+                    }
+                ]
+            }
+        }
+        try:
+            self.kube.patch(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                body,
+                content_type="application/strategic-merge-patch+json",
+            )
+        except APIError as exc:
+            log.info("condition not written: %s", exc)
+        self.events.emit(
+            ObjectRef("Pod", meta["namespace"], meta["name"], meta["uid"]),
+            WARNING,
+            status.reason,
+            status.message,
+        )

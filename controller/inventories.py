@@ -1,0 +1,87 @@
+"""Node inventories: the agents' ConfigMaps, judged fresh or stale by their Leases.
+
+A Lease is stale when this process has not seen it renewed for its leaseDurationSeconds (agents set
+that to three renewal intervals). Time is this process's own clock from the last observed change,
+so clock skew between nodes does not matter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from placement.binding import InventoryState
+from placement.inventory import INVENTORY_KEY, NodeInventory
+from placement.types import NodeName
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+class InventoryTracker:
+    def __init__(self, on_change: Callable[[NodeName, NodeInventory | None], None]) -> None:
+        self.on_change = on_change  # called with the inventory to serve, or None when gone/stale
+        self.states: dict[NodeName, InventoryState] = {}
+        self._inventories: dict[NodeName, NodeInventory] = {}
+        self._renewed: dict[NodeName, tuple[str, float, float]] = {}  # renewTime, seen, duration
+        self._lock = threading.RLock()
+
+    def on_configmap(self, event: str, obj: Obj, _old: Obj | None) -> None:
+        node = NodeName(obj["metadata"]["name"])
+        with self._lock:
+            if event == "DELETED":
+                self._inventories.pop(node, None)
+            else:
+                text = (obj.get("data") or {}).get(INVENTORY_KEY, "")
+                try:
+                    inventory = NodeInventory.from_json(text)
+                except ValueError as exc:
+                    log.warning("ignoring inventory of %s: %s", node, exc)
+                    return
+                if inventory.node != node:
+                    log.warning("inventory %s names node %s; ignored", node, inventory.node)
+                    return
+                if self._inventories.get(node) == inventory:
+                    return
+                self._inventories[node] = inventory
+            self._publish(node)
+
+    def on_lease(self, event: str, obj: Obj, _old: Obj | None) -> None:
+        node = NodeName(obj["metadata"]["name"])
+        with self._lock:
+            if event == "DELETED":
+                self._renewed.pop(node, None)
+            else:
+                spec = obj.get("spec") or {}
+                renew = str(spec.get("renewTime", ""))
+                duration = float(spec.get("leaseDurationSeconds") or 30)
+                last = self._renewed.get(node)
+                if last is None or last[0] != renew:
+                    self._renewed[node] = (renew, time.monotonic(), duration)
+            self._publish(node)
+
+    def _fresh(self, node: NodeName) -> bool:
+        last = self._renewed.get(node)
+        return last is not None and time.monotonic() - last[1] <= last[2]
+
+    def _publish(self, node: NodeName) -> None:
+        inventory = self._inventories.get(node)
+        before = self.states.get(node)
+        if inventory is None:
+            if before is not None:
+                del self.states[node]
+                self.on_change(node, None)
+            return
+        state = InventoryState(inventory, self._fresh(node))
+        if before != state:
+            self.states[node] = state
+            self.on_change(node, inventory if state.fresh else None)
+
+    def check_expiry(self) -> None:
+        """Re-judges freshness; run every second or so by a timer (no API calls)."""
+        with self._lock:
+            for node in list(self._inventories):
+                self._publish(node)

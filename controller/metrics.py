@@ -1,0 +1,36 @@
+"""The controller's Prometheus metrics (prefix gpuplace_), on a registry owned by the process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass
+class ControllerMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.binds = Counter("gpuplace_binds", "Bind attempts by result", ["result"], registry=r)
+        self.bind_latency = Histogram(
+            "gpuplace_bind_duration_seconds",
+            "From the pod entering the queue to its Binding being accepted",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.pending = Gauge("gpuplace_pending_pods", "Pods waiting to be bound", registry=r)
+        self.unschedulable = Counter(
+            "gpuplace_unschedulable", "Pods found unschedulable by reason", ["reason"], registry=r
+        )
+        self.maps = Gauge("gpuplace_maps", "Placement maps by phase", ["phase"], registry=r)
+        self.slots = Gauge("gpuplace_slots", "Slots by state", ["state"], registry=r)
+        self.compile_seconds = Histogram(
+            "gpuplace_compile_duration_seconds",
+            "Time to compile the model after a change",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+            registry=r,
+        )
+        self.model_generation = Gauge("gpuplace_model_generation", "Model generation", registry=r)
+        self.leader = Gauge("gpuplace_leader", "1 while this replica leads", registry=r)

@@ -1,0 +1,50 @@
+"""Settings of the controller process: one object, built from flags and GPUPLACE_* env in main()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from placement.annotations import LEGACY_NODE_LABEL
+from placement.inventory import INVENTORY_NAMESPACE
+from placement.model import MODEL_NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class BinderSettings:
+    scheduler_name: str = "gpuplace"
+    legacy_scheduler_names: tuple[str, ...] = ("gpu-scheduler",)
+    legacy: bool = True
+    require_inventory: bool = True
+    bind_workers: int = 32
+    #: Unschedulable pods are re-examined at least this often even with no triggering event.
+    flush_seconds: float = 30.0
+    max_backoff_seconds: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class GitSourceSettings:
+    repo: str = ""
+    branch: str = "main"
+    path: str = ""
+    interval_seconds: float = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    kubeconfig: str | None = None
+    identity: str = ""
+    system_namespace: str = MODEL_NAMESPACE
+    inventory_namespace: str = INVENTORY_NAMESPACE
+    lease_name: str = "gpuplace-controller"
+    lease_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_seconds: float = 2.0
+    alias_label: str = LEGACY_NODE_LABEL
+    source: str = "configmap"  # configmap | git
+    git: GitSourceSettings = field(default_factory=GitSourceSettings)
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - a pod's metrics port listens on all interfaces
+    metrics_port: int = 8080
+    resync_seconds: float = 300.0
+    binder: BinderSettings = field(default_factory=BinderSettings)
+    log_level: str = "info"
+    log_json: bool = False

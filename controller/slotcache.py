@@ -1,0 +1,117 @@
+"""The binder's cache of who holds which slot and GPU, in kube-scheduler's vocabulary.
+
+Invariants: every `assume` is followed by `confirm` (the pod showed up bound) or `forget` (the bind
+failed); `release` is idempotent. Only the binder's decision thread writes; readers take the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from placement.binding import Placement
+from placement.types import MapKey, NodeName, Sharing, SlotKey
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    uid: str
+    pod: str  # namespace/name
+    slot: SlotKey
+    node: NodeName
+    gpus: tuple[str, ...]
+    sharing: Sharing
+    assumed: bool  # True until the pod is seen bound
+
+
+class SlotCache:
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._by_uid: dict[str, Holding] = {}
+        self._slots: dict[SlotKey, str] = {}
+        self._by_map: dict[MapKey, dict[int, str]] = defaultdict(dict)
+        self._gpus: dict[tuple[NodeName, str], dict[str, Sharing]] = defaultdict(dict)
+
+    # SlotView
+    def slot_holder(self, slot: SlotKey) -> str | None:
+        return self._slots.get(slot)
+
+    def gpu_holders(self, node: NodeName, gpu: str) -> Mapping[str, Sharing]:
+        return self._gpus.get((node, gpu), {})
+
+    def taken_indices(self, key: MapKey) -> Mapping[int, str]:
+        return self._by_map.get(key, {})
+
+    def holding(self, uid: str) -> Holding | None:
+        return self._by_uid.get(uid)
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def holdings(self) -> list[Holding]:
+        with self._lock:
+            return list(self._by_uid.values())
+
+    def assume(self, uid: str, pod: str, placement: Placement) -> None:
+        self._add(
+            Holding(
+                uid,
+                pod,
+                placement.slot,
+                placement.decision.node,
+                placement.gpus,
+                placement.sharing,
+                assumed=True,
+            )
+        )
+
+    def add_bound(self, holding: Holding) -> None:
+        self._add(holding)
+
+    def _add(self, holding: Holding) -> None:
+        with self._lock:
+            self.release(holding.uid)
+            self._by_uid[holding.uid] = holding
+            self._slots[holding.slot] = holding.uid
+            self._by_map[holding.slot.map][holding.slot.index] = holding.uid
+            for gpu in holding.gpus:
+                self._gpus[(holding.node, gpu)][holding.uid] = holding.sharing
+
+    def confirm(self, uid: str) -> None:
+        with self._lock:
+            holding = self._by_uid.get(uid)
+            if holding is not None and holding.assumed:
+                self._by_uid[uid] = Holding(
+                    holding.uid,
+                    holding.pod,
+                    holding.slot,
+                    holding.node,
+                    holding.gpus,
+                    holding.sharing,
+                    assumed=False,
+                )
+
+    def forget(self, uid: str) -> None:
+        self.release(uid)
+
+    def release(self, uid: str) -> Holding | None:
+        with self._lock:
+            holding = self._by_uid.pop(uid, None)
+            if holding is None:
+                return None
+            if self._slots.get(holding.slot) == uid:
+                del self._slots[holding.slot]
+                taken = self._by_map.get(holding.slot.map)
+                if taken is not None:
+                    taken.pop(holding.slot.index, None)
+                    if not taken:
+                        del self._by_map[holding.slot.map]
+            for gpu in holding.gpus:
+                users = self._gpus.get((holding.node, gpu))
+                if users is not None:
+                    users.pop(uid, None)
+                    if not users:
+                        del self._gpus[(holding.node, gpu)]
+            return holding

@@ -1,0 +1,83 @@
+"""Source maps: parse each ConfigMap, keep its last valid version, and say what its status is.
+
+A map that turns invalid keeps serving its last valid version; its status says Invalid, with the
+located errors, and which version is still in service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from placement.annotations import PLACEMENT_KEY
+from placement.compile import MapReport
+from placement.errors import Diagnostic, Location, PlacementError
+from placement.maps import PlacementMap
+from placement.status import MapStatus, Phase, SlotCounts
+from placement.types import MapKey
+from placement.validate import parse_map_for
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceState:
+    key: MapKey
+    version: str  # resourceVersion of the ConfigMap last read
+    valid: PlacementMap | None = None  # last valid version, still served when the current is not
+    valid_version: str = ""
+    errors: tuple[Diagnostic, ...] = ()
+
+
+def source_name(key: MapKey) -> str:
+    return f"configmap {key.namespace}/{key.name} {PLACEMENT_KEY}"
+
+
+def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
+    meta = obj["metadata"]
+    key = MapKey(meta["namespace"], meta["name"])
+    version = str(meta.get("resourceVersion", ""))
+    text = (obj.get("data") or {}).get(PLACEMENT_KEY)
+    base = previous or SourceState(key, version)
+    if text is None:
+        error = Diagnostic(
+            Location(source_name(key), 0, 0, f"data.{PLACEMENT_KEY}"),
+            f"ConfigMap has no key {PLACEMENT_KEY!r}",
+        )
+        return replace(base, version=version, errors=(error,))
+    try:
+        pmap = parse_map_for(text, source_name(key), key)
+    except PlacementError as exc:
+        return replace(base, version=version, errors=tuple(exc.diagnostics))
+    return SourceState(key, version, pmap, version, ())
+
+
+def map_status(
+    state: SourceState, report: MapReport | None, generation: int, bound: int
+) -> MapStatus:
+    total = report.total if report else 0
+    served = report.served if report else 0
+    counts = SlotCounts(total=total, served=served, bound=bound, blocked=total - served)
+    if state.errors:
+        serving = (
+            f"; still serving version {state.valid_version}"
+            if state.valid is not None
+            else "; nothing served"
+        )
+        first = state.errors[0].format()
+        return MapStatus(
+            Phase.INVALID,
+            generation,
+            state.version,
+            f"{len(state.errors)} error(s): {first}{serving}",
+            state.errors,
+            counts,
+            state.valid_version,
+        )
+    if report is None:
+        return MapStatus(
+            Phase.VALID, generation, state.version, "compiling", (), counts, state.valid_version
+        )
+    return MapStatus(
+        report.phase, generation, state.version, report.message, (), counts, state.valid_version
+    )

@@ -1,0 +1,318 @@
+"""The binder's decision for one pod, as a pure function of the model and the cluster's state.
+
+Expected rejections are not errors: each is a `Status` with a reason that becomes the pod's
+PodScheduled condition and Event, plus the keys of the objects whose change may unblock it, so the
+binder retries at once when one of them changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from placement.annotations import BindingDecision, legacy_map_key, name_ordinal
+from placement.errors import PlacementError
+from placement.indexing import IndexSource, PodIdentity, lowest_free, resolve_index
+from placement.inventory import NodeInventory
+from placement.legacy import parse_legacy
+from placement.model import CompiledSlot, Model
+from placement.types import EnvMode, GpuUuid, MapKey, NodeName, Sharing, SlotKey
+
+
+class Code(StrEnum):
+    SUCCESS = "Success"
+    UNSCHEDULABLE = "Unschedulable"  # waits for a change in the cluster
+    UNRESOLVABLE = "UnschedulableAndUnresolvable"  # waits for the pod or the map to change
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    code: Code
+    reason: str
+    message: str
+    #: What may unblock it: "model", "slot:<ns>/<map>[i]", "node:<n>", "inventory:<n>", "gpu:<n>/<id>"
+    waits_for: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    name: NodeName
+    ready: bool = True
+    schedulable: bool = True
+    alias: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryState:
+    inventory: NodeInventory
+    fresh: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    namespace: str
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    owner_kind: str | None = None
+    map_name: str | None = None  # label gpuplace.io/map
+    legacy_map: str | None = None  # annotation gpu-scheduling-map
+
+
+class SlotView(Protocol):
+    """What the binder's cache knows: which pod holds a slot, which pods use a GPU."""
+
+    def slot_holder(self, slot: SlotKey) -> str | None: ...
+
+    def gpu_holders(self, node: NodeName, gpu: str) -> Mapping[str, Sharing]: ...
+
+    def taken_indices(self, key: MapKey) -> Mapping[int, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    slot: SlotKey
+    decision: BindingDecision
+    sharing: Sharing
+    gpus: tuple[str, ...]  # the GPU identities this pod will hold (UUIDs, or "#<index>")
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    model: Model
+    nodes: Mapping[NodeName, NodeState]
+    aliases: Mapping[str, frozenset[NodeName]]
+    inventories: Mapping[NodeName, InventoryState]
+    require_inventory: bool = True
+
+
+def _wait(reason: str, message: str, *keys: str) -> Status:
+    return Status(Code.UNSCHEDULABLE, reason, message, frozenset(keys))
+
+
+def _fail(reason: str, message: str) -> Status:
+    return Status(Code.UNRESOLVABLE, reason, message, frozenset({"model"}))
+
+
+def resolve_node(declared: str, cluster: Cluster) -> NodeName | None:
+    if declared in cluster.nodes:
+        return NodeName(declared)
+    matches = cluster.aliases.get(declared, frozenset())
+    return next(iter(matches)) if len(matches) == 1 else None
+
+
+def plan(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status:
+    if pod.map_name is not None:
+        return _plan_map_pod(pod, cluster, slots)
+    if pod.legacy_map is not None:
+        return _plan_legacy_pod(pod, cluster, slots)
+    return _fail(
+        "NoPlacement", "pod has neither label gpuplace.io/map nor annotation gpu-scheduling-map"
+    )
+
+
+def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status:
+    assert pod.map_name is not None
+    key = MapKey(pod.namespace, pod.map_name)
+    cmap = cluster.model.maps.get(key)
+    if cmap is None:
+        return _wait("MapNotFound", f"placement map {key} is not in the model", "model")
+    choice = resolve_index(PodIdentity(pod.name, pod.labels, pod.owner_kind), cmap.indexing)
+    if choice.error:
+        return _fail("IndexInvalid", f"map {key}: {choice.error}")
+    taken = slots.taken_indices(key)
+    if choice.source is IndexSource.ALLOCATE:
+        mine = [i for i, uid in taken.items() if uid == pod.uid]
+        if mine:
+            index: int | None = mine[0]
+        else:
+            servable = [i for i in cmap.sorted_indices if not cmap.slots[i].blocked]
+            index = lowest_free(servable, taken)
+        if index is None:
+            return _wait(
+                "NoFreeSlot",
+                f"map {key}: all {len(cmap.slots)} slots are taken or blocked",
+                f"map:{key}",
+                "model",
+            )
+    else:
+        index = choice.index
+    assert index is not None
+    slot = cmap.slots.get(index)
+    if slot is None:
+        return _wait(
+            "IndexNotInMap", f"map {key} has no index {index} ({choice.source.value})", "model"
+        )
+    slot_key = SlotKey(key, index)
+    holder = taken.get(index)
+    if holder is not None and holder != pod.uid:
+        return _wait(
+            "SlotTaken",
+            f"map {key} index {index} is held by pod uid {holder}",
+            f"slot:{slot_key}",
+            "model",
+        )
+    if slot.blocked:
+        return _wait(slot.blocked, f"map {key} index {index}: {slot.message}", "model")
+    return _check_and_place(
+        pod, slot_key, slot, cmap.env_mode, cmap.sharing, cmap.generation, cluster, slots
+    )
+
+
+def _check_and_place(
+    pod: PodFacts,
+    slot_key: SlotKey,
+    slot: CompiledSlot,
+    env_mode: EnvMode,
+    sharing: Sharing,
+    generation: int,
+    cluster: Cluster,
+    slots: SlotView,
+) -> Placement | Status:
+    where = f"map {slot_key.map} index {slot_key.index}"
+    node = cluster.nodes.get(slot.node)
+    if node is None:
+        return _wait(
+            "NodeNotFound",
+            f"{where}: node {slot.node} does not exist",
+            f"node:{slot.node}",
+            "model",
+        )
+    if not node.ready:
+        return _wait("NodeNotReady", f"{where}: node {slot.node} is not Ready", f"node:{slot.node}")
+    if not node.schedulable:
+        return _wait("NodeCordoned", f"{where}: node {slot.node} is cordoned", f"node:{slot.node}")
+    inv = cluster.inventories.get(slot.node)
+    if inv is None or not inv.fresh:
+        if cluster.require_inventory:
+            why = (
+                "has no GPU inventory (is the agent running?)"
+                if inv is None
+                else ("has a stale GPU inventory (agent stopped renewing its lease)")
+            )
+            return _wait(
+                "InventoryMissing" if inv is None else "InventoryStale",
+                f"{where}: node {slot.node} {why}",
+                f"inventory:{slot.node}",
+                "model",
+            )
+    else:
+        if not slot.resolved:
+            return _wait(
+                "DeviceMissing",
+                f"{where}: devices {slot.declared} not found on node {slot.node}",
+                f"inventory:{slot.node}",
+                "model",
+            )
+        for uuid in slot.devices:
+            device = inv.inventory.by_uuid.get(uuid)
+            if device is None:
+                return _wait(
+                    "DeviceMissing",
+                    f"{where}: device {uuid} not found on node {slot.node}",
+                    f"inventory:{slot.node}",
+                    "model",
+                )
+            if not device.healthy:
+                return _wait(
+                    "DeviceUnhealthy",
+                    f"{where}: device {device.index} ({uuid}) on node "
+                    f"{slot.node} is unhealthy: {device.health_reason or 'unknown'}",
+                    f"inventory:{slot.node}",
+                    "model",
+                )
+    gpus = tuple(slot.devices) if slot.devices else tuple(f"#{i}" for i in slot.device_indices)
+    for gpu in gpus:
+        for holder, their_sharing in slots.gpu_holders(slot.node, gpu).items():
+            if holder == pod.uid:
+                continue
+            if sharing is Sharing.EXCLUSIVE or their_sharing is Sharing.EXCLUSIVE:
+                return _wait(
+                    "DeviceBusy",
+                    f"{where}: GPU {gpu} on node {slot.node} is still used by pod uid {holder}",
+                    f"gpu:{slot.node}/{gpu}",
+                )
+    cvd = slot.cuda_visible_devices(env_mode)
+    if not cvd:
+        return _wait(
+            "DeviceMissing",
+            f"{where}: {env_mode.value} of devices {slot.declared} unknown "
+            f"without an inventory of node {slot.node}",
+            f"inventory:{slot.node}",
+            "model",
+        )
+    decision = BindingDecision(
+        slot_key.map,
+        slot_key.index,
+        slot.node,
+        tuple(GpuUuid(u) for u in slot.devices),
+        cvd,
+        generation,
+    )
+    return Placement(slot_key, decision, sharing, gpus)
+
+
+def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status:
+    assert pod.legacy_map is not None
+    source = f"pod {pod.namespace}/{pod.name} annotation gpu-scheduling-map"
+    try:
+        entries = parse_legacy(pod.legacy_map, source)
+    except PlacementError as exc:
+        return Status(Code.UNRESOLVABLE, "MapInvalid", exc.format(), frozenset())
+    index = name_ordinal(pod.name)
+    if index is None:
+        return Status(
+            Code.UNRESOLVABLE,
+            "IndexInvalid",
+            f"{source}: pod name has no '-<n>' suffix to pick a line by",
+            frozenset(),
+        )
+    entry = next((e for e in entries if e.index == index), None)
+    if entry is None:
+        return Status(
+            Code.UNRESOLVABLE, "IndexNotInMap", f"{source}: no line for index {index}", frozenset()
+        )
+    key = legacy_map_key(pod.namespace, pod.name)
+    slot_key = SlotKey(key, index)
+    holder = slots.slot_holder(slot_key)
+    if holder is not None and holder != pod.uid:
+        return _wait(
+            "SlotTaken", f"legacy slot {slot_key} is held by pod uid {holder}", f"slot:{slot_key}"
+        )
+    node = resolve_node(entry.node, cluster)
+    if node is None:
+        return _wait(
+            "NodeNotFound",
+            f"{source}: no node named {entry.node!r} or labelled gpu-node-name={entry.node}",
+            f"node:{entry.node}",
+            "nodes",
+        )
+    inv = cluster.inventories.get(node)
+    uuids: list[GpuUuid] = []
+    indices: list[int] = []
+    if inv is not None:
+        for ref in entry.devices:
+            device = inv.inventory.find(ref)
+            if device is None:
+                return _wait(
+                    "DeviceMissing",
+                    f"{source}: device {ref} not found on node {node}",
+                    f"inventory:{node}",
+                )
+            uuids.append(device.uuid)
+            indices.append(device.index)
+    else:
+        indices = [d for d in entry.devices if isinstance(d, int)]
+        uuids = [GpuUuid(d) for d in entry.devices if not isinstance(d, int)]
+    slot = CompiledSlot(
+        index,
+        node,
+        tuple(uuids) if len(uuids) == len(entry.devices) else (),
+        tuple(indices) if len(indices) == len(entry.devices) else (),
+        ",".join(str(d) for d in entry.devices),
+    )
+    return _check_and_place(
+        pod, slot_key, slot, EnvMode.INDEX, Sharing.EXCLUSIVE, 0, cluster, slots
+    )

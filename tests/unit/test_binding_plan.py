@@ -1,0 +1,258 @@
+"""The binder's pure decision: every reason a pod waits, and the placement it gets otherwise."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from controller.slotcache import SlotCache
+from placement.annotations import INDEX_LABEL, STATEFULSET_INDEX_LABEL
+from placement.binding import (
+    Cluster,
+    Code,
+    InventoryState,
+    NodeState,
+    Placement,
+    PodFacts,
+    Status,
+    plan,
+)
+from placement.compile import Compiler
+from placement.inventory import GpuDevice, NodeInventory
+from placement.maps import DeclaredSlot, PlacementMap
+from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName, Sharing
+
+KEY = MapKey("ml", "llm")
+
+
+def uuid_of(node: int, index: int) -> GpuUuid:
+    return GpuUuid(f"GPU-{node:08x}-0000-0000-0000-{index:012x}")
+
+
+def inventory(node: str, n: int, unhealthy: tuple[int, ...] = ()) -> NodeInventory:
+    number = int(node.rsplit("-", 1)[-1])
+    return NodeInventory(
+        NodeName(node),
+        tuple(
+            GpuDevice(
+                i,
+                uuid_of(number, i),
+                "H100",
+                81559,
+                f"0000:{i:02x}:00.0",
+                healthy=i not in unhealthy,
+                health_reason="XID 79" if i in unhealthy else "",
+            )
+            for i in range(n)
+        ),
+    )
+
+
+def build(
+    slots: list[DeclaredSlot],
+    *,
+    indexing: Indexing = Indexing.AUTO,
+    env_mode: EnvMode = EnvMode.INDEX,
+    sharing: Sharing = Sharing.EXCLUSIVE,
+    nodes: Mapping[str, NodeState] | None = None,
+    inventories: Mapping[str, InventoryState] | None = None,
+    require_inventory: bool = True,
+) -> Cluster:
+    compiler = Compiler()
+    node_states = (
+        nodes
+        if nodes is not None
+        else {f"gpu-{i}": NodeState(NodeName(f"gpu-{i}")) for i in range(1, 3)}
+    )
+    invs = (
+        inventories
+        if inventories is not None
+        else {name: InventoryState(inventory(name, 4)) for name in node_states}
+    )
+    for name in node_states:
+        compiler.set_node(NodeName(name), {})
+    for state in invs.values():
+        compiler.set_inventory(state.inventory)
+    compiler.set_map(PlacementMap(KEY, tuple(slots), sharing, indexing, env_mode))
+    model, _ = compiler.build()
+    return Cluster(
+        model,
+        {NodeName(k): v for k, v in node_states.items()},
+        {},
+        {NodeName(k): v for k, v in invs.items()},
+        require_inventory,
+    )
+
+
+def pod(
+    name: str,
+    uid: str = "",
+    labels: dict[str, str] | None = None,
+    owner: str | None = "StatefulSet",
+) -> PodFacts:
+    return PodFacts("ml", name, uid or f"uid-{name}", labels or {}, owner, "llm", None)
+
+
+TWO_SLOTS = [DeclaredSlot(0, "gpu-1", (0, 1)), DeclaredSlot(1, "gpu-2", (2,))]
+
+
+def test_statefulset_ordinal_gets_its_declared_node_and_devices() -> None:
+    result = plan(pod("web-1"), build(TWO_SLOTS), SlotCache())
+    assert isinstance(result, Placement)
+    assert result.decision.node == "gpu-2"
+    assert result.decision.index == 1
+    assert result.decision.devices == (uuid_of(2, 2),)
+    assert result.decision.cuda_visible_devices == "2"
+
+
+def test_uuid_env_mode_exposes_uuids() -> None:
+    result = plan(pod("web-0"), build(TWO_SLOTS, env_mode=EnvMode.UUID), SlotCache())
+    assert isinstance(result, Placement)
+    assert result.decision.cuda_visible_devices == f"{uuid_of(1, 0)},{uuid_of(1, 1)}"
+
+
+def test_pod_index_label_wins_over_name() -> None:
+    result = plan(
+        pod("web-0", labels={STATEFULSET_INDEX_LABEL: "1"}), build(TWO_SLOTS), SlotCache()
+    )
+    assert isinstance(result, Placement) and result.decision.index == 1
+    result = plan(pod("web-0", labels={INDEX_LABEL: "1"}), build(TWO_SLOTS), SlotCache())
+    assert isinstance(result, Placement) and result.decision.index == 1
+
+
+def wait_reason(result: Placement | Status) -> str:
+    assert isinstance(result, Status), result
+    return result.reason
+
+
+def test_slot_taken_names_the_slot() -> None:
+    cluster = build(TWO_SLOTS)
+    cache = SlotCache()
+    first = plan(pod("web-0", uid="a"), cluster, cache)
+    assert isinstance(first, Placement)
+    cache.assume("a", "ml/web-0", first)
+    second = plan(pod("web-0", uid="b"), cluster, cache)
+    assert isinstance(second, Status)
+    assert second.reason == "SlotTaken"
+    assert f"slot:{KEY}[0]" in second.waits_for
+
+
+def test_allocate_takes_lowest_free_and_reports_no_free_slot() -> None:
+    cluster = build(TWO_SLOTS, indexing=Indexing.ALLOCATE)
+    cache = SlotCache()
+    taken = []
+    for uid in ("a", "b"):
+        result = plan(pod(f"dep-{uid}", uid=uid, owner="ReplicaSet"), cluster, cache)
+        assert isinstance(result, Placement)
+        cache.assume(uid, f"ml/dep-{uid}", result)
+        taken.append(result.decision.index)
+    assert taken == [0, 1]
+    third = plan(pod("dep-c", uid="c", owner="ReplicaSet"), cluster, cache)
+    assert wait_reason(third) == "NoFreeSlot"
+    cache.release("a")
+    again = plan(pod("dep-c", uid="c", owner="ReplicaSet"), cluster, cache)
+    assert isinstance(again, Placement) and again.decision.index == 0
+
+
+@pytest.mark.parametrize(
+    ("nodes", "reason"),
+    [
+        ({"gpu-2": NodeState(NodeName("gpu-2"))}, "NodeNotFound"),
+        ({"gpu-1": NodeState(NodeName("gpu-1"), ready=False)}, "NodeNotReady"),
+        ({"gpu-1": NodeState(NodeName("gpu-1"), schedulable=False)}, "NodeCordoned"),
+    ],
+)
+def test_node_problems(nodes: dict[str, NodeState], reason: str) -> None:
+    cluster = build(TWO_SLOTS, nodes=nodes)
+    result = plan(pod("web-0"), cluster, SlotCache())
+    assert wait_reason(result) == reason
+    assert isinstance(result, Status) and "node:gpu-1" in result.waits_for
+
+
+def test_missing_device_and_unhealthy_device() -> None:
+    slots = [DeclaredSlot(0, "gpu-1", (7,))]
+    result = plan(pod("web-0"), build(slots), SlotCache())
+    assert wait_reason(result) == "DeviceMissing"
+    assert isinstance(result, Status) and "7" in result.message and "gpu-1" in result.message
+    unhealthy = {"gpu-1": InventoryState(inventory("gpu-1", 4, unhealthy=(1,)))}
+    result = plan(
+        pod("web-0"),
+        build(TWO_SLOTS, nodes={"gpu-1": NodeState(NodeName("gpu-1"))}, inventories=unhealthy),
+        SlotCache(),
+    )
+    assert wait_reason(result) == "DeviceUnhealthy"
+    assert isinstance(result, Status) and "XID 79" in result.message
+
+
+def test_inventory_missing_or_stale_blocks_unless_not_required() -> None:
+    nodes = {"gpu-1": NodeState(NodeName("gpu-1"))}
+    result = plan(pod("web-0"), build(TWO_SLOTS, nodes=nodes, inventories={}), SlotCache())
+    assert wait_reason(result) == "InventoryMissing"
+    stale = {"gpu-1": InventoryState(inventory("gpu-1", 4), fresh=False)}
+    result = plan(pod("web-0"), build(TWO_SLOTS, nodes=nodes, inventories=stale), SlotCache())
+    assert wait_reason(result) == "InventoryStale"
+    relaxed = build(TWO_SLOTS, nodes=nodes, inventories={}, require_inventory=False)
+    placed = plan(pod("web-0"), relaxed, SlotCache())
+    assert isinstance(placed, Placement)
+    assert placed.decision.cuda_visible_devices == "0,1"
+    assert placed.gpus == ("#0", "#1")
+
+
+def test_unknown_map_and_index_outside_map() -> None:
+    cluster = build(TWO_SLOTS)
+    other = PodFacts("ml", "x-0", "u", {}, "StatefulSet", "nope", None)
+    assert wait_reason(plan(other, cluster, SlotCache())) == "MapNotFound"
+    assert wait_reason(plan(pod("web-5"), cluster, SlotCache())) == "IndexNotInMap"
+
+
+def test_invalid_index_label_is_unresolvable() -> None:
+    result = plan(pod("web-0", labels={INDEX_LABEL: "abc"}), build(TWO_SLOTS), SlotCache())
+    assert isinstance(result, Status)
+    assert result.code is Code.UNRESOLVABLE and result.reason == "IndexInvalid"
+
+
+def test_gpu_held_by_an_old_pod_is_busy_until_released() -> None:
+    cluster = build(TWO_SLOTS)
+    cache = SlotCache()
+    first = plan(pod("web-0", uid="a"), cluster, cache)
+    assert isinstance(first, Placement)
+    cache.assume("a", "ml/web-0", first)
+    moved = build([DeclaredSlot(0, "gpu-1", (2,)), DeclaredSlot(1, "gpu-1", (1,))])
+    busy = plan(pod("web-1", uid="b"), moved, cache)
+    assert wait_reason(busy) == "DeviceBusy"
+    cache.release("a")
+    assert isinstance(plan(pod("web-1", uid="b"), moved, cache), Placement)
+
+
+def test_shared_maps_may_share_gpus() -> None:
+    slots = [DeclaredSlot(0, "gpu-1", (0,)), DeclaredSlot(1, "gpu-1", (0,))]
+    cluster = build(slots, sharing=Sharing.SHARED)
+    cache = SlotCache()
+    for uid, name in (("a", "web-0"), ("b", "web-1")):
+        result = plan(pod(name, uid=uid), cluster, cache)
+        assert isinstance(result, Placement)
+        cache.assume(uid, f"ml/{name}", result)
+
+
+def test_legacy_pod_resolves_logical_node_by_alias() -> None:
+    nodes = {
+        "gpu-1": NodeState(NodeName("gpu-1"), alias="node1"),
+        "gpu-2": NodeState(NodeName("gpu-2"), alias="node2"),
+    }
+    cluster = build(TWO_SLOTS, nodes=nodes)
+    cluster = Cluster(
+        cluster.model,
+        cluster.nodes,
+        {"node1": frozenset({NodeName("gpu-1")}), "node2": frozenset({NodeName("gpu-2")})},
+        cluster.inventories,
+    )
+    legacy = PodFacts("ml", "webhook-test-1", "u1", {}, None, None, "0=node1:0,1\n1=node2:2\n")
+    result = plan(legacy, cluster, SlotCache())
+    assert isinstance(result, Placement)
+    assert result.decision.node == "gpu-2"
+    assert result.decision.cuda_visible_devices == "2"
+    broken = PodFacts("ml", "webhook-test-1", "u2", {}, None, None, "1=node2:x\n")
+    status = plan(broken, cluster, SlotCache())
+    assert isinstance(status, Status) and status.reason == "MapInvalid"
+    assert ":1:" in status.message
