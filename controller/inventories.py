@@ -35,7 +35,9 @@ class InventoryTracker:
             if event == "DELETED":
                 self._inventories.pop(node, None)
             else:
-                text = (obj.get("data") or {}).get(INVENTORY_KEY, "")
+                text = (obj.get("data") or {}).get(INVENTORY_KEY)
+                if text is None:  # not an inventory (e.g. kube-root-ca.crt)
+                    return
                 try:
                     inventory = NodeInventory.from_json(text)
                 except ValueError as exc:

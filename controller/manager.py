@@ -343,7 +343,7 @@ class Controller:
 
     def _stop_leading(self) -> None:
         self.metrics.leader.set(0)
-        if self._leading.is_set():
+        if self._leading.is_set() and not self._stop.is_set():
             self.lost_leadership.set()
         self._leading.clear()
         self.binder.stop()

@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(gpuplace.commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
         module = cast(CommandModule, importlib.import_module(f"gpuplace.commands.{info.name}"))
         module.register(subparsers)
     return parser

@@ -24,6 +24,7 @@ log = logging.getLogger("gpuplace.controller")
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("controller", help="run the controller and binder")
     p.add_argument("--kubeconfig", default=env_str("KUBECONFIG", None))
+    p.add_argument("--lease-name", default=env_str("GPUPLACE_LEASE_NAME", "gpuplace-controller"))
     p.add_argument(
         "--identity",
         default=env_str("GPUPLACE_IDENTITY", ""),
@@ -90,6 +91,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         kubeconfig=args.kubeconfig,
         identity=args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
         system_namespace=args.namespace,
+        lease_name=args.lease_name,
         inventory_namespace=args.inventory_namespace,
         lease_seconds=args.lease_seconds,
         renew_deadline_seconds=args.renew_deadline_seconds,

@@ -1,0 +1,214 @@
+"""Helpers for controller tests: run `gpuplace controller` as a real process, publish inventories
+as an agent would, and wait for pods and statuses through the real apiserver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpuplace.localcluster import LocalCluster
+from placement.annotations import PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
+from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
+from placement.types import GpuUuid, NodeName
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    digest = uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{index}")
+    return f"GPU-{digest}"
+
+
+def inventory_for(node: str, gpus: int, unhealthy: Iterable[int] = ()) -> NodeInventory:
+    bad = set(unhealthy)
+    return NodeInventory(
+        NodeName(node),
+        tuple(
+            GpuDevice(
+                i,
+                GpuUuid(gpu_uuid(node, i)),
+                "NVIDIA H100 80GB HBM3",
+                81559,
+                f"00000000:{0x10 + i:02X}:00.0",
+                healthy=i not in bad,
+                health_reason="XID 79" if i in bad else "",
+                numa_node=i // 4,
+            )
+            for i in range(gpus)
+        ),
+        driver_version="550.54.15",
+        cuda_driver_version="12.4",
+    )
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def publish_inventory(cluster: LocalCluster, inventory: NodeInventory) -> None:
+    """Writes what an agent writes: ConfigMap <node> and a long Lease <node> in gpuplace-inventory."""
+    ns = INVENTORY_NAMESPACE
+    cluster.create_namespace(ns)
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": inventory.node, "namespace": ns},
+        "data": {INVENTORY_KEY: inventory.to_json()},
+    }
+    status, _ = cluster.request("PUT", f"/api/v1/namespaces/{ns}/configmaps/{inventory.node}", body)
+    if status == 404:
+        status, _ = cluster.request("POST", f"/api/v1/namespaces/{ns}/configmaps", body)
+    assert status in (200, 201), status
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": inventory.node, "namespace": ns},
+        "spec": {
+            "holderIdentity": f"agent-{inventory.node}",
+            "leaseDurationSeconds": 3600,
+            "renewTime": now(),
+        },
+    }
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    status, _ = cluster.request("POST", path, lease)
+    if status == 409:
+        status, _ = cluster.request("PATCH", f"{path}/{inventory.node}", {"spec": lease["spec"]})
+    assert status in (200, 201), status
+
+
+def placement_configmap(namespace: str, name: str, text: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": {PLACEMENT_MAP_LABEL: "true"}},
+        "data": {"placement.yaml": text},
+    }
+
+
+def apply_map(cluster: LocalCluster, namespace: str, name: str, text: str) -> None:
+    body = placement_configmap(namespace, name, text)
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    status, current = cluster.request("GET", f"{path}/{name}")
+    if status == 200:
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        body["metadata"]["annotations"] = current["metadata"].get("annotations") or {}
+        status, resp = cluster.request("PUT", f"{path}/{name}", body)
+    else:
+        status, resp = cluster.request("POST", path, body)
+    assert status in (200, 201), resp
+
+
+def map_status(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    status, body = cluster.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+    if status != 200:
+        return None
+    text = (body["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)
+    return json.loads(text) if text else None
+
+
+def wait_for(
+    what: str | Callable[[], str],
+    check: Callable[[], Any],
+    timeout: float = 60.0,
+    interval: float = 0.2,
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+        time.sleep(interval)
+
+
+def list_pods(cluster: LocalCluster, namespace: str) -> list[dict[str, Any]]:
+    status, body = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods")
+    assert status == 200, body
+    return list(body["items"])
+
+
+def get_pod(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    status, body = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    return body if status == 200 else None
+
+
+def describe_pending(cluster: LocalCluster, namespace: str) -> str:
+    """Pending pods with their PodScheduled reason and message, for timeout messages."""
+    out = []
+    for pod in list_pods(cluster, namespace):
+        if not pod["spec"].get("nodeName"):
+            cond = scheduled_condition(pod) or {}
+            out.append(f"{pod['metadata']['name']}: {cond.get('reason')} {cond.get('message')}")
+    return "; ".join(out) or "no pending pods"
+
+
+def scheduled_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled":
+            return dict(cond)
+    return None
+
+
+def pending_reason(cluster: LocalCluster, namespace: str, name: str) -> str:
+    pod = get_pod(cluster, namespace, name)
+    if pod is None or pod["spec"].get("nodeName"):
+        return ""
+    cond = scheduled_condition(pod)
+    return str(cond.get("reason", "")) if cond and cond.get("status") == "False" else ""
+
+
+class ControllerProcess:
+    """`gpuplace controller` in its own process, logging to the cluster's log directory."""
+
+    def __init__(self, cluster: LocalCluster, name: str, *extra: str, lease: str = "") -> None:
+        self.name = name
+        self.log_path = Path(cluster.logs_dir) / f"controller-{name}.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "gpuplace",
+            "controller",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--identity={name}",
+            f"--lease-name={lease or 'gpuplace-controller-' + name}",
+            "--lease-seconds=3",
+            "--renew-deadline-seconds=2",
+            "--retry-seconds=0.5",
+            "--metrics-address=127.0.0.1:0",
+            *extra,
+        ]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")

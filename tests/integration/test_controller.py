@@ -1,0 +1,497 @@
+"""The controller and binder against the real apiserver and kwok nodes (issue: controller/binder)."""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuplace.localcluster import FakeNode, LocalCluster
+from placement.annotations import (
+    CUDA_ANNOTATION,
+    DEVICES_ANNOTATION,
+    INDEX_ANNOTATION,
+    MAP_LABEL,
+    NODE_ANNOTATION,
+)
+from tests.integration.controllerkit import (
+    ControllerProcess,
+    apply_map,
+    describe_pending,
+    get_pod,
+    gpu_uuid,
+    inventory_for,
+    list_pods,
+    map_status,
+    now,
+    pending_reason,
+    publish_inventory,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(autouse=True)
+def system_namespaces(cluster: LocalCluster) -> None:
+    for name in ("gpuplace-system", "gpuplace-inventory"):
+        cluster.create_namespace(name)
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster) -> Iterator[str]:
+    name = unique("ctl")
+    cluster.create_namespace(name)
+    yield name
+    cluster.delete_namespace(name)
+
+
+def gpu_nodes(
+    cluster: LocalCluster,
+    prefix: str,
+    count: int,
+    gpus: int = 4,
+    inventories: bool = True,
+    labels: dict[str, str] | None = None,
+) -> list[str]:
+    names = [f"{prefix}-{i}" for i in range(1, count + 1)]
+    cluster.create_nodes([FakeNode(n, gpus=gpus, labels=dict(labels or {})) for n in names])
+    if inventories:
+        for n in names:
+            publish_inventory(cluster, inventory_for(n, gpus))
+    return names
+
+
+def map_yaml(
+    namespace: str, name: str, entries: list[tuple[int, str, list[int]]], **spec: str
+) -> str:
+    lines = [
+        "apiVersion: gpuplace.io/v1alpha1",
+        "kind: PlacementMap",
+        "metadata:",
+        f"  name: {name}",
+        f"  namespace: {namespace}",
+        "spec:",
+        *[f"  {k}: {v}" for k, v in spec.items()],
+        "  placements:",
+    ]
+    for index, node, devices in entries:
+        lines += [
+            f"    - index: {index}",
+            f"      node: {node}",
+            f"      devices: [{', '.join(map(str, devices))}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def statefulset(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
+    labels = {"app": name, MAP_LABEL: map_name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "schedulerName": "gpuplace",
+                    "containers": [{"name": "main", "image": "busybox"}],
+                },
+            },
+        },
+    }
+
+
+def deployment(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
+    body = statefulset(namespace, name, map_name, replicas)
+    body["kind"] = "Deployment"
+    del body["spec"]["serviceName"], body["spec"]["podManagementPolicy"]
+    return body
+
+
+def create(cluster: LocalCluster, path: str, body: dict[str, Any]) -> None:
+    status, resp = cluster.request("POST", path, body)
+    assert status == 201, resp
+
+
+def bound_pods(cluster: LocalCluster, namespace: str) -> dict[str, dict[str, Any]]:
+    return {
+        p["metadata"]["name"]: p
+        for p in list_pods(cluster, namespace)
+        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+@pytest.fixture
+def controller(cluster: LocalCluster) -> Iterator[ControllerProcess]:
+    proc = ControllerProcess(cluster, unique("c"))
+    yield proc
+    proc.stop()
+    print(proc.log()[-4000:])  # shown by pytest when the test failed
+
+
+def test_statefulset_pods_bound_exactly_as_declared(
+    cluster: LocalCluster, namespace: str, controller: ControllerProcess
+) -> None:
+    nodes = gpu_nodes(cluster, unique("sts"), 2)
+    entries = [
+        (0, nodes[0], [0, 1]),
+        (1, nodes[0], [2]),
+        (2, nodes[1], [3]),
+        (3, nodes[1], [0, 1, 2]),
+    ]
+    apply_map(cluster, namespace, "llm", map_yaml(namespace, "llm", entries))
+    create(
+        cluster,
+        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+        statefulset(namespace, "web", "llm", 4),
+    )
+    pods = wait_for(
+        "4 bound pods", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 4 and p
+    )
+    for index, node, devices in entries:
+        pod = pods[f"web-{index}"]
+        ann = pod["metadata"]["annotations"]
+        assert pod["spec"]["nodeName"] == node
+        assert ann[NODE_ANNOTATION] == node
+        assert ann[INDEX_ANNOTATION] == str(index)
+        assert ann[DEVICES_ANNOTATION] == ",".join(gpu_uuid(node, d) for d in devices)
+        assert ann[CUDA_ANNOTATION] == ",".join(map(str, devices))
+    wait_for(
+        "pods Running under kwok",
+        lambda: all(p["status"].get("phase") == "Running" for p in list_pods(cluster, namespace)),
+        timeout=60,
+    )
+    status = wait_for(
+        "status with 4 bound",
+        lambda: (s := map_status(cluster, namespace, "llm")) and s["slots"]["bound"] == 4 and s,
+    )
+    assert status["phase"] == "Valid"
+
+
+def test_deployment_allocates_lowest_free_slots(
+    cluster: LocalCluster, namespace: str, controller: ControllerProcess
+) -> None:
+    nodes = gpu_nodes(cluster, unique("dep"), 1)
+    entries = [(i, nodes[0], [i]) for i in range(3)]
+    apply_map(
+        cluster, namespace, "batch", map_yaml(namespace, "batch", entries, indexing="allocate")
+    )
+    create(
+        cluster,
+        f"/apis/apps/v1/namespaces/{namespace}/deployments",
+        deployment(namespace, "work", "batch", 2),
+    )
+    pods = wait_for("2 bound", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 2 and p)
+    assert sorted(p["metadata"]["annotations"][INDEX_ANNOTATION] for p in pods.values()) == [
+        "0",
+        "1",
+    ]
+    cluster.kubectl("-n", namespace, "scale", "deployment/work", "--replicas=4")
+    wait_for("3 bound", lambda: len(bound_pods(cluster, namespace)) == 3)
+
+    def extra_pending() -> bool:
+        pending = [
+            p["metadata"]["name"]
+            for p in list_pods(cluster, namespace)
+            if not p["spec"].get("nodeName")
+        ]
+        return len(pending) == 1 and pending_reason(cluster, namespace, pending[0]) == "NoFreeSlot"
+
+    wait_for("the 4th pod Pending with NoFreeSlot", extra_pending)
+    cluster.kubectl("-n", namespace, "scale", "deployment/work", "--replicas=1")
+    wait_for("one pod left", lambda: len(list_pods(cluster, namespace)) == 1, timeout=90)
+    cluster.kubectl("-n", namespace, "scale", "deployment/work", "--replicas=3")
+    pods = wait_for(
+        "3 bound again", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p
+    )
+    assert sorted(p["metadata"]["annotations"][INDEX_ANNOTATION] for p in pods.values()) == [
+        "0",
+        "1",
+        "2",
+    ]
+
+
+def test_invalid_update_keeps_serving_last_valid_version(
+    cluster: LocalCluster, namespace: str, controller: ControllerProcess
+) -> None:
+    nodes = gpu_nodes(cluster, unique("inv"), 1)
+    good = map_yaml(namespace, "svc", [(0, nodes[0], [0]), (1, nodes[0], [1])])
+    apply_map(cluster, namespace, "svc", good)
+    create(
+        cluster,
+        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+        statefulset(namespace, "svc", "svc", 1),
+    )
+    wait_for("svc-0 bound", lambda: "svc-0" in bound_pods(cluster, namespace))
+    broken = good.replace("devices: [1]", "devices: [1, 1]")
+    apply_map(cluster, namespace, "svc", broken)
+    status = wait_for(
+        "Invalid status",
+        lambda: (s := map_status(cluster, namespace, "svc")) and s["phase"] == "Invalid" and s,
+    )
+    error = status["errors"][0]
+    line = broken.splitlines().index("      devices: [1, 1]") + 1
+    column = "      devices: [1, 1]".index("1]") + 1  # the second 1
+    assert (error["line"], error["column"]) == (line, column)
+    assert "listed twice" in error["message"]
+    assert "still serving" in status["message"]
+    # The last valid version still serves: a new replica takes index 1 as declared before.
+    cluster.kubectl("-n", namespace, "scale", "statefulset/svc", "--replicas=2")
+    pods = wait_for(
+        "svc-1 bound", lambda: (p := bound_pods(cluster, namespace)) and "svc-1" in p and p
+    )
+    assert pods["svc-1"]["metadata"]["annotations"][CUDA_ANNOTATION] == "1"
+    assert pods["svc-0"]["spec"]["nodeName"] == nodes[0]
+    apply_map(cluster, namespace, "svc", good)
+    wait_for(
+        "Valid again",
+        lambda: (s := map_status(cluster, namespace, "svc")) and s["phase"] == "Valid",
+    )
+
+
+def test_conflicting_maps_name_each_other_and_never_share_a_gpu(
+    cluster: LocalCluster, controller: ControllerProcess
+) -> None:
+    ns_a, ns_b = unique("ca"), unique("cb")
+    for ns in (ns_a, ns_b):
+        cluster.create_namespace(ns)
+    nodes = gpu_nodes(cluster, unique("cfl"), 1)
+    apply_map(cluster, ns_a, "a", map_yaml(ns_a, "a", [(0, nodes[0], [0])]))
+    wait_for("a Valid", lambda: (s := map_status(cluster, ns_a, "a")) and s["phase"] == "Valid")
+    apply_map(cluster, ns_b, "b", map_yaml(ns_b, "b", [(0, nodes[0], [0])]))
+    sa = wait_for(
+        "a Conflict",
+        lambda: (s := map_status(cluster, ns_a, "a")) and s["phase"] == "Conflict" and s,
+    )
+    sb = wait_for(
+        "b Conflict",
+        lambda: (s := map_status(cluster, ns_b, "b")) and s["phase"] == "Conflict" and s,
+    )
+    assert f"{ns_b}/b[0]" in sa["message"]
+    assert f"{ns_a}/a[0]" in sb["message"]
+    for ns, map_name in ((ns_a, "a"), (ns_b, "b")):
+        create(
+            cluster,
+            f"/apis/apps/v1/namespaces/{ns}/statefulsets",
+            statefulset(ns, "w", map_name, 1),
+        )
+    wait_for("a's pod bound (incumbent)", lambda: "w-0" in bound_pods(cluster, ns_a))
+    wait_for(
+        "b's pod Pending with SlotConflict",
+        lambda: pending_reason(cluster, ns_b, "w-0") == "SlotConflict",
+    )
+    holders = [
+        p
+        for ns in (ns_a, ns_b)
+        for p in bound_pods(cluster, ns).values()
+        if p["metadata"]["annotations"][DEVICES_ANNOTATION] == gpu_uuid(nodes[0], 0)
+    ]
+    assert len(holders) == 1
+    for ns in (ns_a, ns_b):
+        cluster.delete_namespace(ns)
+
+
+def test_node_and_device_problems_wait_then_bind(
+    cluster: LocalCluster, namespace: str, controller: ControllerProcess
+) -> None:
+    prefix = unique("nd")
+    ready_nodes = gpu_nodes(cluster, prefix, 2)
+    late = f"{prefix}-late"
+    # A node no kwok manages has no Ready condition until something reports one.
+    status, _ = cluster.request(
+        "POST",
+        "/api/v1/nodes",
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": late}, "spec": {}},
+    )
+    assert status == 201
+    publish_inventory(cluster, inventory_for(late, 4))
+    entries = [(0, late, [0]), (1, ready_nodes[0], [7]), (2, ready_nodes[1], [0])]
+    apply_map(cluster, namespace, "m", map_yaml(namespace, "m", entries))
+    cluster.kubectl("cordon", ready_nodes[1])
+    create(
+        cluster,
+        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+        statefulset(namespace, "p", "m", 3),
+    )
+    wait_for(
+        "p-0 NodeNotReady", lambda: pending_reason(cluster, namespace, "p-0") == "NodeNotReady"
+    )
+    wait_for(
+        "p-1 DeviceMissing", lambda: pending_reason(cluster, namespace, "p-1") == "DeviceMissing"
+    )
+    wait_for(
+        "p-2 NodeCordoned", lambda: pending_reason(cluster, namespace, "p-2") == "NodeCordoned"
+    )
+    degraded = wait_for(
+        "map Degraded naming the missing device",
+        lambda: (
+            (s := map_status(cluster, namespace, "m"))
+            and s["phase"] == "Degraded"
+            and "device 7 not found" in s["message"]
+            and s
+        ),
+    )
+    assert ready_nodes[0] in degraded["message"]
+    # Act as the node's kubelet would: report Ready.
+    ready = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "test",
+                    "lastHeartbeatTime": now(),
+                    "lastTransitionTime": now(),
+                }
+            ]
+        }
+    }
+    status, body = cluster.request("PATCH", f"/api/v1/nodes/{late}/status", ready)
+    assert status == 200, body
+    cluster.kubectl("uncordon", ready_nodes[1])
+    publish_inventory(cluster, inventory_for(ready_nodes[0], 8))
+    pods = wait_for(
+        lambda: f"all 3 bound ({describe_pending(cluster, namespace)})",
+        lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p,
+        timeout=30,
+    )
+    assert pods["p-0"]["spec"]["nodeName"] == late
+    assert pods["p-1"]["metadata"]["annotations"][CUDA_ANNOTATION] == "7"
+
+
+def test_restart_rebuilds_the_slot_cache_without_rebinding(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    nodes = gpu_nodes(cluster, unique("rs"), 1)
+    apply_map(
+        cluster,
+        namespace,
+        "r",
+        map_yaml(namespace, "r", [(i, nodes[0], [i]) for i in range(3)], indexing="allocate"),
+    )
+    first = ControllerProcess(cluster, unique("c1"), lease="gpuplace-restart")
+    try:
+        create(
+            cluster,
+            f"/apis/apps/v1/namespaces/{namespace}/deployments",
+            deployment(namespace, "d", "r", 2),
+        )
+        before = wait_for(
+            "2 bound", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 2 and p
+        )
+    finally:
+        first.stop()
+    second = ControllerProcess(cluster, unique("c2"), lease="gpuplace-restart")
+    try:
+        cluster.kubectl("-n", namespace, "scale", "deployment/d", "--replicas=3")
+        after = wait_for(
+            "3 bound", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p
+        )
+    finally:
+        second.stop()
+    for name, pod in before.items():
+        assert after[name]["metadata"]["annotations"] == pod["metadata"]["annotations"]
+        assert after[name]["spec"]["nodeName"] == pod["spec"]["nodeName"]
+    assert "bind refused" not in second.log()
+    indices = sorted(p["metadata"]["annotations"][INDEX_ANNOTATION] for p in after.values())
+    assert indices == ["0", "1", "2"]
+
+
+def test_leader_failover_while_pods_are_created(cluster: LocalCluster, namespace: str) -> None:
+    nodes = gpu_nodes(cluster, unique("fo"), 25, gpus=8)
+    entries = [(i, nodes[i // 8], [i % 8]) for i in range(200)]
+    apply_map(cluster, namespace, "big", map_yaml(namespace, "big", entries))
+    lease = unique("gpuplace-failover")
+    a = ControllerProcess(cluster, unique("a"), lease=lease)
+    wait_for("a leads", lambda: "became leader" in a.log())
+    b = ControllerProcess(cluster, unique("b"), lease=lease)
+    try:
+        create(
+            cluster,
+            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+            statefulset(namespace, "big", "big", 200),
+        )
+        wait_for("some pods bound", lambda: len(bound_pods(cluster, namespace)) >= 20, timeout=120)
+        a.kill()
+        wait_for("b takes over", lambda: "became leader" in b.log(), timeout=30)
+        pods = wait_for(
+            "all 200 bound",
+            lambda: (p := bound_pods(cluster, namespace)) and len(p) == 200 and p,
+            timeout=240,
+            interval=1.0,
+        )
+    finally:
+        a.kill() if a.alive() else None
+        b.stop()
+    seen_slots: set[str] = set()
+    seen_gpus: set[tuple[str, str]] = set()
+    for name, pod in pods.items():
+        ann = pod["metadata"]["annotations"]
+        index = int(name.rsplit("-", 1)[1])
+        assert ann[INDEX_ANNOTATION] == str(index)
+        assert pod["spec"]["nodeName"] == nodes[index // 8]
+        assert ann[INDEX_ANNOTATION] not in seen_slots
+        seen_slots.add(ann[INDEX_ANNOTATION])
+        for gpu in ann[DEVICES_ANNOTATION].split(","):
+            assert (pod["spec"]["nodeName"], gpu) not in seen_gpus
+            seen_gpus.add((pod["spec"]["nodeName"], gpu))
+
+
+def test_seed_scenario_legacy_annotation(cluster: LocalCluster, namespace: str) -> None:
+    prefix = unique("seed")
+    for i in (1, 2, 3):
+        cluster.create_nodes(
+            [FakeNode(f"{prefix}-{i}", gpus=4, labels={"gpu-node-name": f"node{i}"})]
+        )
+        publish_inventory(cluster, inventory_for(f"{prefix}-{i}", 4))
+    proc = ControllerProcess(cluster, unique("seed"), "--legacy-scheduler-name=gpu-scheduler")
+    text = textwrap.dedent("""\
+        0=node1:0,1
+        1=node2:2
+        2=node3:0,1,2
+    """)
+    try:
+        for i in range(3):
+            create(
+                cluster,
+                f"/api/v1/namespaces/{namespace}/pods",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"webhook-test-{i}",
+                        "annotations": {"gpu-scheduling-map": text},
+                    },
+                    "spec": {
+                        "schedulerName": "gpu-scheduler",
+                        "containers": [{"name": "main", "image": "busybox"}],
+                    },
+                },
+            )
+        pods = wait_for(
+            "3 legacy pods bound",
+            lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p,
+        )
+    finally:
+        proc.stop()
+    expected = {0: (1, "0,1"), 1: (2, "2"), 2: (3, "0,1,2")}
+    for i, (node, devices) in expected.items():
+        pod = pods[f"webhook-test-{i}"]
+        assert pod["spec"]["nodeName"] == f"{prefix}-{node}"
+        assert pod["metadata"]["annotations"][CUDA_ANNOTATION] == devices
+        uuids = [gpu_uuid(f"{prefix}-{node}", int(d)) for d in devices.split(",")]
+        assert pod["metadata"]["annotations"][DEVICES_ANNOTATION] == ",".join(uuids)
+    assert get_pod(cluster, namespace, "webhook-test-0") is not None
