@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller.binder import Binder
+from controller.gitsource import GitSource
 from controller.inventories import InventoryTracker
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerSettings
@@ -75,6 +76,9 @@ class Controller:
         self.lost_leadership = threading.Event()
         self.ready = threading.Event()
         self.informers = self._make_informers()
+        self.git: GitSource | None = None
+        if settings.source == "git":
+            self.git = GitSource(settings.git, self._enqueue)
         self.elector = LeaderElector(
             kube,
             LeaderSettings(
@@ -93,14 +97,17 @@ class Controller:
     def _make_informers(self) -> dict[str, Informer]:
         s = self.settings
         resync = s.resync_seconds
-        inf = {
-            "sources": Informer(
+        inf: dict[str, Informer] = {}
+        if s.source == "configmap":
+            inf["sources"] = Informer(
                 self.kube,
                 "/api/v1/configmaps",
                 name="sources",
                 label_selector=f"{PLACEMENT_MAP_LABEL}=true",
                 resync_seconds=resync,
-            ),
+            )
+            inf["sources"].add_handler(self._on_source)
+        inf |= {
             "nodes": Informer(self.kube, "/api/v1/nodes", name="nodes"),
             "inventories": Informer(
                 self.kube,
@@ -130,7 +137,6 @@ class Controller:
                 field_selector=f"spec.schedulerName={name}",
                 resync_seconds=resync,
             )
-        inf["sources"].add_handler(self._on_source)
         inf["nodes"].add_handler(self._on_node)
         inf["inventories"].add_handler(self.tracker.on_configmap)
         inf["leases"].add_handler(self.tracker.on_lease)
@@ -282,11 +288,16 @@ class Controller:
             bound = len(self.binder.cache.taken_indices(key))
             status = map_status(state, reports.get(key), self.model.generation, bound)
             text = status.to_json()
-            obj = self.informers["sources"].get(key.namespace, key.name)
+            sources = self.informers.get("sources")
+            obj = sources.get(key.namespace, key.name) if sources else None
             on_object = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(
                 STATUS_ANNOTATION
             )
             if self._statuses.get(key) == text and on_object == text:
+                continue
+            if sources is None:  # git source: no ConfigMap to carry the status
+                self._statuses[key] = text
+                self._phases[key] = status.phase
                 continue
             if patch_status(self.kube, key, status):
                 self._statuses[key] = text
@@ -314,6 +325,8 @@ class Controller:
         self.metrics.leader.set(1)
         for informer in self.informers.values():
             informer.wait_synced()
+        if self.git is not None:
+            self.git.synced.wait()
         stored = {
             name: obj.get("data") or {}
             for (_ns, name), obj in self.informers["model"].store.items()
@@ -353,6 +366,8 @@ class Controller:
         """Blocks until stop() or the loss of leadership."""
         for informer in self.informers.values():
             informer.start()
+        if self.git is not None:
+            self.git.start()
         loop = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
         loop.start()
         self.elector.run()
@@ -360,6 +375,8 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
         self.elector.stop()
+        if self.git is not None:
+            self.git.stop()
         for informer in self.informers.values():
             informer.stop()
 

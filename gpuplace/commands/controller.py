@@ -76,6 +76,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--repo", default=env_str("GPUPLACE_GIT_REPO", ""))
     p.add_argument("--branch", default=env_str("GPUPLACE_GIT_BRANCH", "main"))
     p.add_argument("--path", default=env_str("GPUPLACE_GIT_PATH", ""))
+    p.add_argument(
+        "--git-interval-seconds",
+        type=float,
+        default=env_float("GPUPLACE_GIT_INTERVAL_SECONDS", 15.0),
+    )
     p.add_argument("--metrics-address", default=env_str("GPUPLACE_METRICS_ADDRESS", "0.0.0.0:8080"))
     p.add_argument("--log-level", default=env_str("GPUPLACE_LOG_LEVEL", "info"))
     p.add_argument("--log-json", action="store_true", default=env_bool("GPUPLACE_LOG_JSON", False))
@@ -98,7 +103,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         retry_seconds=args.retry_seconds,
         alias_label=args.node_alias_label,
         source=args.source,
-        git=GitSourceSettings(args.repo, args.branch, args.path),
+        git=GitSourceSettings(args.repo, args.branch, args.path, args.git_interval_seconds),
         metrics_host=host or "0.0.0.0",  # noqa: S104
         metrics_port=int(port),
         binder=BinderSettings(
@@ -116,11 +121,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     logs.configure(settings.log_level, settings.log_json)
-    if settings.source == "git":
-        log.error(
-            "--source git: reading maps from git inside the controller is not available; "
-            "sync them with ArgoCD or `gpuplace render | kubectl apply -f -`"
-        )
+    if settings.source == "git" and not settings.git.repo:
+        log.error("--source git needs --repo URL (and optionally --branch, --path)")
         return 2
     kube = Kube.connect(
         ClientSettings(

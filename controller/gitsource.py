@@ -1,0 +1,102 @@
+"""Placement maps read straight from a git repository (for clusters without ArgoCD).
+
+A thread clones the repository once, then fetches the branch every interval and, when its head
+moved, hands every PlacementMap document under the path to the controller exactly as if it had
+arrived in a source ConfigMap (resourceVersion = commit). Maps that disappear from git are removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import git
+import yaml
+
+from controller.settings import GitSourceSettings
+from placement.annotations import PLACEMENT_KEY
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+_SEPARATOR = re.compile(r"^---\s*$", re.MULTILINE)
+
+
+def documents(text: str) -> list[str]:
+    return [d for d in _SEPARATOR.split(text) if d.strip()]
+
+
+def map_objects(root: Path, commit: str) -> dict[tuple[str, str], Obj]:
+    """Source-ConfigMap-shaped objects for every PlacementMap document under `root`."""
+    found: dict[tuple[str, str], Obj] = {}
+    for path in sorted([*root.rglob("*.yaml"), *root.rglob("*.yml")]):
+        if ".git" in path.parts:
+            continue
+        for doc in documents(path.read_text(errors="replace")):
+            try:
+                value = yaml.safe_load(doc)
+            except yaml.YAMLError:
+                log.warning("%s: unreadable YAML document skipped", path)
+                continue
+            if not isinstance(value, dict) or value.get("kind") != "PlacementMap":
+                continue
+            meta = value.get("metadata") or {}
+            name, namespace = meta.get("name"), meta.get("namespace")
+            if not isinstance(name, str) or not isinstance(namespace, str):
+                log.warning("%s: PlacementMap without metadata.name/namespace skipped", path)
+                continue
+            found[(namespace, name)] = {
+                "metadata": {"namespace": namespace, "name": name, "resourceVersion": commit},
+                "data": {PLACEMENT_KEY: doc.lstrip("\n")},
+            }
+    return found
+
+
+class GitSource:
+    def __init__(self, settings: GitSourceSettings, emit: Callable[[str, Obj], None]) -> None:
+        self.settings = settings
+        self.emit = emit  # ("source" | "source-deleted", object)
+        self._stop = threading.Event()
+        self._head = ""
+        self._known: dict[tuple[str, str], Obj] = {}
+        self.synced = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="git-source", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        workdir = Path(tempfile.mkdtemp(prefix="gpuplace-git-"))
+        repo: git.Repo | None = None
+        while not self._stop.is_set():
+            try:
+                if repo is None:
+                    repo = git.Repo.clone_from(
+                        self.settings.repo, workdir / "repo", branch=self.settings.branch, depth=1
+                    )
+                else:
+                    repo.remotes.origin.fetch(self.settings.branch, depth=1)
+                    repo.git.reset("--hard", f"origin/{self.settings.branch}")
+                head = repo.head.commit.hexsha
+                if head != self._head:
+                    self._publish(Path(repo.working_dir) / self.settings.path, head[:12])
+                    self._head = head
+                self.synced.set()
+            except (git.GitCommandError, OSError, ValueError) as exc:
+                log.warning("git source %s: %s", self.settings.repo, exc)
+            self._stop.wait(self.settings.interval_seconds)
+
+    def _publish(self, root: Path, commit: str) -> None:
+        found = map_objects(root, commit)
+        for obj in found.values():
+            self.emit("source", obj)
+        for key in set(self._known) - set(found):
+            self.emit("source-deleted", self._known[key])
+        self._known = found
+        log.info("git source at %s: %d maps", commit, len(found))
