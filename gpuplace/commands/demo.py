@@ -1,0 +1,21 @@
+"""`gpuplace demo`: the whole GitOps flow on a local control plane (what `make demo` runs)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuplace.demo.scenario import main
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("demo", help="run the whole flow on a local control plane")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the cluster and components up and print the KUBECONFIG export",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return main(keep=bool(args.keep))

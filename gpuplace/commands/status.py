@@ -1,0 +1,37 @@
+"""`gpuplace status`: maps, slots, bound pods and degraded devices of a cluster, as tables."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuplace import inspect
+from gpuplace.commands._env import env_str
+from kubeio.client import ClientSettings, Kube
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("status", help="show maps, slots, bound pods, degraded devices")
+    p.add_argument("--kubeconfig", default=env_str("KUBECONFIG", None))
+    p.add_argument(
+        "--scheduler-name",
+        action="append",
+        dest="schedulers",
+        help="binder schedulerName(s) whose pods to list (default gpuplace, gpu-scheduler)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    kube = Kube.connect(ClientSettings(kubeconfig=args.kubeconfig))
+    print("Placement maps")
+    print(inspect.map_table(inspect.map_statuses(kube)))
+    print("\nPods")
+    print(
+        inspect.pod_table(
+            inspect.gpuplace_pods(kube, args.schedulers or ["gpuplace", "gpu-scheduler"])
+        )
+    )
+    degraded = inspect.degraded_devices(kube)
+    print("\nDegraded devices")
+    print(inspect.table(("NODE", "DEVICE"), degraded) if degraded else "none")
+    return 0

@@ -1,0 +1,164 @@
+"""gpuplace's own components as local processes: agents (fake NVML), controller, webhook."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from gpuplace.localcluster import LocalCluster
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAKE_NVML_DIR = REPO_ROOT / "tests" / "fakenvml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def demo_uuid(node_number: int, index: int) -> str:
+    """The UUIDs the example maps name: node number and device index, readable on purpose."""
+    return f"GPU-{node_number:08x}-0000-4000-8000-{index:012x}"
+
+
+def fake_gpus(node: str, count: int) -> dict[str, object]:
+    """A fake NVML configuration: `count` H100s with UUIDs derived from the node's number."""
+    number = int(node.rsplit("-", 1)[-1])
+    devices = []
+    for index in range(count):
+        devices.append(
+            {
+                "index": index,
+                "uuid": demo_uuid(number, index),
+                "name": "NVIDIA H100 80GB HBM3",
+                "memoryTotalMiB": 81559,
+                "memoryUsedMiB": 0,
+                "pciBusId": f"00000000:{0x18 + 0x10 * index:02X}:00.0",
+                "numaNode": index // 2,
+            }
+        )
+    return {"driverVersion": "550.54.15", "cudaDriverVersion": "12.4", "devices": devices}
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    def start(self) -> Component:
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            start_new_session=True,
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self._log is not None:
+            self._log.close()
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Components:
+    """Starts and stops everything gpuplace runs, against one local cluster."""
+
+    def __init__(self, cluster: LocalCluster, workdir: Path) -> None:
+        self.cluster = cluster
+        self.workdir = workdir
+        self.items: list[Component] = []
+        self.webhook_port = 0
+
+    def _gpuplace(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "gpuplace", *args, f"--kubeconfig={self.cluster.kubeconfig}"]
+
+    def _add(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Component:
+        component = Component(name, argv, self.cluster.logs_dir / f"{name}.log", env or {})
+        self.items.append(component.start())
+        return component
+
+    def agent(self, node: str, gpus: int, interval: float = 2.0) -> Path:
+        config = self.workdir / f"nvml-{node}.json"
+        config.write_text(json.dumps(fake_gpus(node, gpus), indent=1))
+        env = {
+            "LD_LIBRARY_PATH": str(FAKE_NVML_DIR / "build"),
+            "GPUPLACE_FAKE_NVML_CONFIG": str(config),
+            "NODE_NAME": node,
+        }
+        self._add(
+            f"agent-{node}",
+            self._gpuplace(
+                "agent", f"--node={node}", f"--interval={interval}", "--metrics-address=127.0.0.1:0"
+            ),
+            env,
+        )
+        return config
+
+    def controller(self) -> Component:
+        return self._add(
+            "controller",
+            self._gpuplace(
+                "controller",
+                "--identity=demo",
+                "--metrics-address=127.0.0.1:0",
+                "--lease-seconds=5",
+                "--renew-deadline-seconds=3",
+                "--retry-seconds=1",
+            ),
+        )
+
+    def webhook(self) -> Component:
+        """The webhook over HTTPS on loopback, with a serving certificate from the cluster's CA,
+        registered with the apiserver (objectSelector on the gpuplace labels, failurePolicy Fail)."""
+        self.webhook_port = free_port()
+        pair = self.cluster.ca.issue_server("gpuplace-webhook")
+        cert, key = self.workdir / "webhook.crt", self.workdir / "webhook.key"
+        pair.write(cert, key)
+        return self._add(
+            "webhook",
+            self._gpuplace(
+                "webhook",
+                "--host=127.0.0.1",
+                f"--port={self.webhook_port}",
+                f"--tls-cert-file={cert}",
+                f"--tls-key-file={key}",
+                f"--tls-ca-file={self.cluster.ca_file}",
+                f"--register=https://127.0.0.1:{self.webhook_port}",
+            ),
+        )
+
+    def check_alive(self) -> None:
+        for component in self.items:
+            if not component.alive():
+                raise RuntimeError(f"{component.name} exited:\n{component.log_tail()}")
+
+    def stop(self) -> None:
+        for component in reversed(self.items):
+            component.stop()

@@ -1,0 +1,71 @@
+"""A throw-away GitOps repository and a sync that does what ArgoCD does with it: build the
+committed revision with kustomize and server-side apply the result."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from gpuplace.localcluster import LocalCluster
+
+
+@dataclass
+class SyncResult:
+    ok: bool
+    output: str
+
+
+class GitOpsRepo:
+    def __init__(self, path: Path, source: Path) -> None:
+        shutil.copytree(source, path)
+        self.path = path
+        self.repo = git.Repo.init(path, initial_branch="main")
+        with self.repo.config_writer() as config:
+            config.set_value("user", "name", "Platform Team")
+            config.set_value("user", "email", "platform@example.com")
+
+    def commit(self, message: str) -> str:
+        self.repo.git.add(A=True)
+        return self.repo.index.commit(message).hexsha[:12]
+
+    def edit(self, relative: str, old: str, new: str) -> None:
+        target = self.path / relative
+        text = target.read_text()
+        if old not in text:
+            raise ValueError(f"{relative}: {old!r} not found")
+        target.write_text(text.replace(old, new, 1))
+
+    def sync(self, cluster: LocalCluster, directory: str, revision: str = "HEAD") -> SyncResult:
+        """kustomize build of `directory` at `revision`, then kubectl apply --server-side."""
+        with tempfile.TemporaryDirectory(prefix="gpuplace-sync-") as tmp:
+            checkout = Path(tmp) / "rev"
+            self.repo.git.worktree("add", "--detach", str(checkout), revision)
+            try:
+                built = cluster.kubectl("kustomize", str(checkout / directory), check=False)
+                if built.returncode != 0:
+                    return SyncResult(False, built.stderr)
+                applied = cluster.kubectl(
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "--field-manager=gpuplace-demo-sync",
+                    "-f",
+                    "-",
+                    input=built.stdout,
+                    check=False,
+                )
+                return SyncResult(applied.returncode == 0, applied.stdout + applied.stderr)
+            finally:
+                self.repo.git.worktree("remove", "--force", str(checkout))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuplace", *args], capture_output=True, text=True, check=False
+    )

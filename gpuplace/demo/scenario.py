@@ -1,0 +1,296 @@
+"""The demo scenario: every step prints what it does, and every claim it makes is checked."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuplace import inspect
+from gpuplace.demo.components import REPO_ROOT, Components, demo_uuid
+from gpuplace.demo.gitops import GitOpsRepo, run_cli
+from gpuplace.localcluster import FakeNode, LocalCluster, find_binaries
+from kubeio.client import ClientSettings, Kube
+
+NODES = 4
+GPUS = 4
+CLUSTER_DIR = "clusters/dev"
+LLM_MAP = f"{CLUSTER_DIR}/maps/llm-serving.yaml"
+
+
+class DemoError(Exception):
+    pass
+
+
+class Demo:
+    def __init__(self, keep: bool = False, out: Callable[[str], None] = print) -> None:
+        self.keep = keep
+        self.out = out
+        self.workdir = Path(tempfile.mkdtemp(prefix="gpuplace-demo-"))
+        self.cluster: LocalCluster | None = None
+        self.components: Components | None = None
+        self.checks: list[str] = []
+        self.started = time.monotonic()
+
+    # -- output and checks ----------------------------------------------------------------------
+    def step(self, text: str) -> None:
+        self.out(f"\n==> [{time.monotonic() - self.started:5.1f}s] {text}")
+
+    def check(self, condition: bool, claim: str) -> None:
+        if not condition:
+            raise DemoError(f"check failed: {claim}")
+        self.checks.append(claim)
+        self.out(f"    ok  {claim}")
+
+    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 90.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.components is not None:
+                self.components.check_alive()
+            result = probe()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.3)
+
+    # -- helpers --------------------------------------------------------------------------------
+    @property
+    def kube(self) -> Kube:
+        assert self.cluster is not None
+        return Kube.connect(ClientSettings(kubeconfig=str(self.cluster.kubeconfig)))
+
+    def pods(self) -> dict[str, inspect.PodRow]:
+        rows = inspect.gpuplace_pods(self.kube, ["gpuplace", "gpu-scheduler"])
+        return {f"{r.namespace}/{r.name}": r for r in rows}
+
+    def all_running(self, names: list[str]) -> dict[str, inspect.PodRow] | None:
+        pods = self.pods()
+        if all(n in pods and pods[n].node and pods[n].phase == "Running" for n in names):
+            return pods
+        return None
+
+    # -- the scenario ---------------------------------------------------------------------------
+    def run(self) -> None:
+        self.step("Local control plane: building the binaries if missing (cached after that)")
+        binaries = find_binaries()
+        self.out(f"    binaries in {binaries.bin_dir}")
+        self.cluster = LocalCluster(self.workdir / "cluster", detach=self.keep)
+        self.cluster.start()
+        self.out(
+            f"    kube-apiserver {self.cluster.server} up in {self.cluster.startup_seconds:.1f}s"
+        )
+        for ns in ("gpuplace-system", "gpuplace-inventory"):
+            self.cluster.create_namespace(ns)
+
+        self.step(f"{NODES} fake GPU nodes (kwok), {GPUS} GPUs each, one NVML agent per node")
+        names = [f"gpu-node-{i}" for i in range(1, NODES + 1)]
+        self.cluster.create_nodes(
+            [
+                FakeNode(n, gpus=GPUS, labels={"gpu-node-name": f"node{i}"})
+                for i, n in enumerate(names, start=1)
+            ]
+        )
+        self.components = Components(self.cluster, self.workdir)
+        for name in names:
+            self.components.agent(name, GPUS)
+        self.wait(
+            "4 inventories",
+            lambda: (
+                len(
+                    [
+                        cm
+                        for cm in self.kube.get("/api/v1/namespaces/gpuplace-inventory/configmaps")[
+                            "items"
+                        ]
+                        if "inventory.json" in (cm.get("data") or {})
+                    ]
+                )
+                == NODES
+            ),
+        )
+        self.check(True, "every agent published its inventory")
+
+        self.step("Controller (leader-elected binder) and webhook (HTTPS, registered)")
+        self.components.controller()
+        self.components.webhook()
+        self.wait("webhook registration", self._webhook_registered)
+        self.check(True, "webhook configurations registered with the apiserver")
+
+        self.step("A GitOps repository with the placement maps: commit and sync (as ArgoCD would)")
+        repo = GitOpsRepo(self.workdir / "gitops", REPO_ROOT / "examples" / "gitops")
+        commit = repo.commit("Placement maps for the dev cluster")
+        self.out(f"    committed {commit}")
+        result = repo.sync(self.cluster, CLUSTER_DIR)
+        self.check(result.ok, f"sync of {commit} applied: {result.output.strip().splitlines()[-1]}")
+        statuses = self.wait(
+            "a status on every map",
+            lambda: (
+                (s := inspect.map_statuses(self.kube)) and all(st is not None for _, st in s) and s
+            ),
+        )
+        self.out(inspect.map_table(statuses))
+        self.check(
+            all(st is not None and st.phase.value == "Valid" for _, st in statuses),
+            "every map is Valid",
+        )
+
+        self.step("Workloads: a StatefulSet, a Deployment and the earlier tools' legacy pods")
+        for manifest in sorted((REPO_ROOT / "examples" / "workloads").glob("*.yaml")):
+            self.cluster.kubectl("apply", "-f", str(manifest))
+            self.out(f"    kubectl apply -f examples/workloads/{manifest.name}")
+        expected = [
+            "inference/llm-serving-0",
+            "inference/llm-serving-1",
+            "legacy/webhook-test-0",
+            "legacy/webhook-test-1",
+            "legacy/webhook-test-2",
+        ]
+        pods = self.wait(
+            "every pod bound and Running",
+            lambda: self.all_running(expected) and self._trainer_running(),
+        )
+        self.out(inspect.pod_table(pods.values()))
+        self._check_declared(pods)
+
+        self.step("Commit a change that moves llm-serving index 1 to gpu-node-4, GPU 2")
+        repo.edit(
+            LLM_MAP,
+            "      node: gpu-node-2\n      devices: [0, 1]",
+            "      node: gpu-node-4\n      devices: [2]",
+        )
+        moved = repo.commit("Move llm-serving index 1 to gpu-node-4")
+        diff = run_cli(
+            "diff", f"{commit}", f"{moved}", f"--repo={repo.path}", f"--path={CLUSTER_DIR}"
+        )
+        self.out("    $ gpuplace diff " + f"{commit} {moved}\n" + _indent(diff.stdout))
+        self.check(
+            diff.returncode in (0, 1) and "gpu-node-4" in diff.stdout,
+            "gpuplace diff shows the moved slot",
+        )
+        result = repo.sync(self.cluster, CLUSTER_DIR)
+        self.check(result.ok, f"sync of {moved} applied")
+        self.wait("the model to move the slot", self._model_has_move)
+        self.cluster.kubectl("-n", "inference", "delete", "pod", "llm-serving-1", "--wait=false")
+        self.out(
+            "    kubectl -n inference delete pod llm-serving-1  (the StatefulSet recreates it)"
+        )
+        pods = self.wait(
+            "llm-serving-1 re-placed",
+            lambda: (
+                (p := self.all_running(expected))
+                and p["inference/llm-serving-1"].node == "gpu-node-4"
+                and p
+            ),
+        )
+        self.out(inspect.pod_table(pods.values()))
+        self.check(
+            pods["inference/llm-serving-1"].devices == demo_uuid(4, 2)
+            and pods["inference/llm-serving-1"].cuda_visible_devices == "2",
+            "llm-serving-1 now runs on gpu-node-4 with CUDA_VISIBLE_DEVICES=2",
+        )
+
+        self.step("Commit a broken map: the sync is refused with its line and column")
+        before = self.pods()
+        repo.edit(LLM_MAP, "      devices: [2, 3]", "      devices: [2, 2]")
+        broken = repo.commit("A typo: device 2 twice")
+        result = repo.sync(self.cluster, CLUSTER_DIR)
+        self.out(_indent(result.output.strip()))
+        self.check(not result.ok, f"sync of {broken} was rejected by the validating webhook")
+        self.check(
+            "placement.yaml:" in result.output and "listed twice" in result.output,
+            "the rejection names file, line and column",
+        )
+        after = self.pods()
+        self.check(
+            all(
+                after[k].node == v.node and after[k].devices == v.devices for k, v in before.items()
+            ),
+            "the running placement is unchanged",
+        )
+        statuses = inspect.map_statuses(self.kube)
+        self.check(
+            dict(statuses)["inference/llm-serving"] is not None
+            and dict(statuses)["inference/llm-serving"].phase.value == "Valid",  # type: ignore[union-attr]
+            "llm-serving still serves its last valid version",
+        )
+
+        self.step(f"All {len(self.checks)} checks passed")
+
+    def _webhook_registered(self) -> bool:
+        items = self.kube.get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+        return bool(items["items"])
+
+    def _trainer_running(self) -> bool:
+        rows = [r for r in self.pods().values() if r.namespace == "ml-training"]
+        return len(rows) == 2 and all(r.node and r.phase == "Running" for r in rows)
+
+    def _model_has_move(self) -> bool:
+        cm = self.kube.get(
+            "/api/v1/namespaces/gpuplace-system/configmaps", labelSelector="gpuplace.io/model=true"
+        )
+        return any(
+            "gpu-node-4" in (c.get("data") or {}).get("model.json", "")
+            and '"inference/llm-serving"' in (c.get("data") or {}).get("model.json", "")
+            and '[1,"gpu-node-4"' in (c.get("data") or {}).get("model.json", "")
+            for c in cm["items"]
+        )
+
+    def _check_declared(self, pods: dict[str, Any]) -> None:
+        declared = {
+            "inference/llm-serving-0": ("gpu-node-1", [2, 3]),
+            "inference/llm-serving-1": ("gpu-node-2", [0, 1]),
+            "legacy/webhook-test-0": ("gpu-node-1", [0, 1]),
+            "legacy/webhook-test-1": ("gpu-node-2", [2]),
+            "legacy/webhook-test-2": ("gpu-node-3", [0, 1, 2]),
+        }
+        for key, (node, devices) in declared.items():
+            row = pods[key]
+            number = int(node.rsplit("-", 1)[1])
+            uuids = ",".join(demo_uuid(number, d) for d in devices)
+            cvd = ",".join(map(str, devices))
+            self.check(
+                row.node == node and row.devices == uuids and row.cuda_visible_devices == cvd,
+                f"{key} on {node}, GPUs {cvd}, CUDA_VISIBLE_DEVICES={cvd}",
+            )
+
+    def close(self, failed: bool) -> None:
+        if self.components is not None and (failed or not self.keep):
+            if failed:
+                for component in self.components.items:
+                    self.out(f"--- {component.name} log (tail) ---\n{component.log_tail(15)}")
+            self.components.stop()
+        if self.cluster is not None:
+            if self.keep and not failed:
+                self.out(
+                    f"\nThe cluster stays up. export KUBECONFIG={self.cluster.kubeconfig}\n"
+                    f"Stop it with: gpuplace cluster down --dir {self.cluster.directory}"
+                )
+                return
+            self.cluster.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"      {line}" for line in text.splitlines())
+
+
+def main(keep: bool = False) -> int:
+    demo = Demo(keep=keep)
+    failed = True
+    try:
+        demo.run()
+        failed = False
+        return 0
+    except DemoError as exc:
+        print(f"\nDEMO FAILED: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted; tearing down", file=sys.stderr)
+        return 130
+    finally:
+        demo.close(failed)

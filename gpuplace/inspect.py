@@ -1,0 +1,211 @@
+"""What `gpuplace status`, `gpuplace explain` and the demo show: read from any cluster."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubeio.client import Kube
+from kubeio.errors import APINotFoundError
+from placement.annotations import (
+    CUDA_ANNOTATION,
+    DEVICES_ANNOTATION,
+    ENV_CUDA_VISIBLE_DEVICES,
+    INDEX_ANNOTATION,
+    LEGACY_ANNOTATION,
+    MAP_ANNOTATION,
+    MAP_LABEL,
+    PLACEMENT_MAP_LABEL,
+    STATUS_ANNOTATION,
+)
+from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
+from placement.status import MapStatus
+
+Obj = dict[str, Any]
+_FIELD_REF = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    rows = [list(map(str, r)) for r in rows]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line.rstrip()]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(out)
+
+
+def container_env(pod: Obj, name: str, container: int = 0) -> str:
+    """The value a container will see for env var `name`: literal, or resolved like the kubelet
+    resolves an annotation fieldRef (empty when the pod is not bound yet)."""
+    containers = pod.get("spec", {}).get("containers") or []
+    if len(containers) <= container:
+        return ""
+    annotations = pod["metadata"].get("annotations") or {}
+    for env in containers[container].get("env") or []:
+        if env.get("name") != name:
+            continue
+        if "value" in env:
+            return str(env["value"])
+        path = (env.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath", "")
+        match = _FIELD_REF.match(path)
+        return str(annotations.get(match.group(1), "")) if match else f"<{path}>"
+    return "(not set)"
+
+
+@dataclass(frozen=True)
+class PodRow:
+    namespace: str
+    name: str
+    map: str
+    index: str
+    node: str
+    devices: str
+    cuda_visible_devices: str
+    phase: str
+    reason: str
+
+    @classmethod
+    def of(cls, pod: Obj) -> PodRow:
+        meta = pod["metadata"]
+        ann = meta.get("annotations") or {}
+        labels = meta.get("labels") or {}
+        map_name = (
+            labels.get(MAP_LABEL)
+            or ann.get(MAP_ANNOTATION)
+            or ("(legacy)" if LEGACY_ANNOTATION in ann else "")
+        )
+        reason = ""
+        if not pod["spec"].get("nodeName"):
+            for cond in pod.get("status", {}).get("conditions") or []:
+                if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                    reason = f"{cond.get('reason')}: {cond.get('message')}"
+        return cls(
+            meta["namespace"],
+            meta["name"],
+            map_name,
+            ann.get(INDEX_ANNOTATION, ""),
+            pod["spec"].get("nodeName", ""),
+            ann.get(DEVICES_ANNOTATION, ""),
+            container_env(pod, ENV_CUDA_VISIBLE_DEVICES),
+            pod.get("status", {}).get("phase", ""),
+            reason,
+        )
+
+
+def gpuplace_pods(kube: Kube, scheduler_names: Sequence[str]) -> list[PodRow]:
+    rows: list[PodRow] = []
+    for name in scheduler_names:
+        items = kube.get("/api/v1/pods", fieldSelector=f"spec.schedulerName={name}")["items"]
+        rows.extend(PodRow.of(p) for p in items)
+    return sorted(rows, key=lambda r: (r.namespace, r.name))
+
+
+def pod_table(rows: Iterable[PodRow]) -> str:
+    return table(
+        ("NAMESPACE", "POD", "MAP", "INDEX", "NODE", "GPU UUIDS", "CUDA_VISIBLE_DEVICES", "PHASE"),
+        [
+            (
+                r.namespace,
+                r.name,
+                r.map,
+                r.index,
+                r.node or "-",
+                r.devices or "-",
+                r.cuda_visible_devices or "-",
+                r.phase,
+            )
+            for r in rows
+        ],
+    )
+
+
+def map_statuses(kube: Kube) -> list[tuple[str, MapStatus | None]]:
+    items = kube.get("/api/v1/configmaps", labelSelector=f"{PLACEMENT_MAP_LABEL}=true")["items"]
+    out: list[tuple[str, MapStatus | None]] = []
+    for cm in items:
+        meta = cm["metadata"]
+        text = (meta.get("annotations") or {}).get(STATUS_ANNOTATION)
+        status = MapStatus.from_json(text) if text else None
+        out.append((f"{meta['namespace']}/{meta['name']}", status))
+    return sorted(out, key=lambda x: x[0])
+
+
+def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
+    rows = []
+    for key, s in statuses:
+        if s is None:
+            rows.append((key, "Pending", "-", "-", "-", "no status yet"))
+        else:
+            rows.append(
+                (
+                    key,
+                    s.phase.value,
+                    str(s.slots.total),
+                    str(s.slots.bound),
+                    str(s.slots.blocked),
+                    s.message[:100],
+                )
+            )
+    return table(("MAP", "PHASE", "SLOTS", "BOUND", "BLOCKED", "MESSAGE"), rows)
+
+
+def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for cm in kube.get(f"/api/v1/namespaces/{namespace}/configmaps")["items"]:
+        text = (cm.get("data") or {}).get(INVENTORY_KEY)
+        if text is None:
+            continue
+        try:
+            inv = NodeInventory.from_json(text)
+        except ValueError:
+            continue
+        for dev in inv.devices:
+            if not dev.healthy:
+                out.append((inv.node, f"{dev.index} {dev.uuid}: {dev.health_reason}"))
+    return out
+
+
+def explain(kube: Kube, namespace: str, name: str) -> str:
+    """Why a pod is where it is, or why it is Pending, in a few lines."""
+    try:
+        pod = kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    except APINotFoundError:
+        return f"pod {namespace}/{name} not found"
+    row = PodRow.of(pod)
+    ann = pod["metadata"].get("annotations") or {}
+    lines = [f"pod {namespace}/{name}"]
+    if row.node:
+        if CUDA_ANNOTATION in ann:
+            lines.append(f"  bound to node {row.node} by gpuplace: map {row.map} index {row.index}")
+            lines.append(f"  GPUs: {row.devices or '(indices only)'}")
+            lines.append(f"  CUDA_VISIBLE_DEVICES in the container: {row.cuda_visible_devices}")
+            lines.append(f"  model generation: {ann.get('gpuplace.io/model-generation', '?')}")
+        else:
+            lines.append(f"  bound to node {row.node}, not by gpuplace (no placement annotations)")
+    else:
+        lines.append(f"  Pending: {row.reason or 'not examined by the binder yet'}")
+    labels = pod["metadata"].get("labels") or {}
+    if MAP_LABEL in labels:
+        try:
+            cm = kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{labels[MAP_LABEL]}")
+            text = (cm["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)
+            if text:
+                status = MapStatus.from_json(text)
+                lines.append(
+                    f"  map {namespace}/{labels[MAP_LABEL]}: {status.phase.value}: {status.message}"
+                )
+        except APINotFoundError:
+            lines.append(f"  map {namespace}/{labels[MAP_LABEL]}: no such placement ConfigMap")
+    events = kube.get(
+        f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={name}"
+    )["items"]
+    for event in sorted(events, key=lambda e: e.get("lastTimestamp") or "")[-5:]:
+        lines.append(f"  event {event.get('type')} {event.get('reason')}: {event.get('message')}")
+    return "\n".join(lines)
+
+
+def dumps(rows: Iterable[PodRow]) -> str:
+    return json.dumps([r.__dict__ for r in rows], indent=2)
