@@ -1,0 +1,34 @@
+"""`make demo` end to end: the demo's own checks must all pass (it exits 0 only then)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_runs_every_step_and_every_check_passes() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuplace", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        check=False,
+    )
+    print(result.stdout[-8000:])
+    print(result.stderr[-4000:], file=sys.stderr)
+    assert result.returncode == 0
+    assert "checks passed" in result.stdout
+    for step in (
+        "sync of",
+        "llm-serving-1 now runs on gpu-node-4",
+        "rejected by the validating webhook",
+        "the running placement is unchanged",
+        "names file, line and column",
+    ):
+        assert step in result.stdout
