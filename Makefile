@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: help venv control-plane fakenvml lint test unit integration e2e demo bench cluster-up cluster-down clean
+.PHONY: help venv control-plane tools fakenvml lint test unit integration e2e demo bench cluster-up cluster-down clean
 
 help:
 	@echo "make test | demo | lint | bench | cluster-up | cluster-down | control-plane | clean"
@@ -22,6 +22,10 @@ venv: $(STAMP)
 control-plane:
 	@hack/build-control-plane.sh >/dev/null
 
+# helm (built from its Go module) and the third-party CRDs the chart and argocd/ are checked against.
+tools:
+	@hack/build-tools.sh >/dev/null
+
 fakenvml:
 	@$(MAKE) --no-print-directory -C tests/fakenvml
 
@@ -31,16 +35,16 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-unit: $(STAMP) fakenvml
+unit: $(STAMP) tools fakenvml
 	$(BIN)/pytest tests/unit -q
 
-integration: $(STAMP) control-plane fakenvml
+integration: $(STAMP) control-plane tools fakenvml
 	$(BIN)/pytest tests/integration -q
 
 e2e: $(STAMP) control-plane fakenvml
 	$(BIN)/pytest tests/e2e -q
 
-test: $(STAMP) control-plane fakenvml
+test: $(STAMP) control-plane tools fakenvml
 	$(BIN)/pytest tests -q
 
 demo: $(STAMP) control-plane fakenvml

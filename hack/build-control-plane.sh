@@ -2,51 +2,192 @@
 # Builds the local control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
 # etcd, kwok) from Go modules into a cache outside the repository, skipping what is already there.
 #
-#   hack/build-control-plane.sh            # build what is missing, print the bin directory
-#   GPUPLACE_CACHE=/path hack/build-control-plane.sh
+#   hack/build-control-plane.sh        build what is missing; stdout carries only the bin directory
+#
+# Environment:
+#   GPUPLACE_CACHE=/path       cache root (default ${XDG_CACHE_HOME:-~/.cache}/gpuplace); binaries go
+#                              to $GPUPLACE_CACHE/k8s-<version>/bin, build logs to .../logs
+#   KUBEBUILDER_ASSETS=/dir    binaries found in /dir (envtest layout: etcd, kube-apiserver, kubectl)
+#                              are used as they are and not built
+#   TEST_ASSET_KUBE_APISERVER, TEST_ASSET_KUBE_CONTROLLER_MANAGER, TEST_ASSET_KUBE_SCHEDULER,
+#   TEST_ASSET_KUBECTL, TEST_ASSET_ETCD, TEST_ASSET_KWOK
+#                              path of one component's binary; it is used and not built
+#
+# Progress goes to stderr. Concurrent runs wait for each other (flock), and binaries are moved into
+# place only when complete, so an interrupted build never leaves a half-written binary behind.
+# gpuplace.localcluster.binaries resolves binaries by the same rules.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# Versions are read from the wrapper modules so that one place pins them.
-k8s_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/k8s/go.mod")
-etcd_version=$(grep -oE 'go.etcd.io/etcd/server/v3 v[^ ]+' "$here/etcd/go.mod" | head -n1 | cut -d" " -f2)
-kwok_version=$(cat "$here/kwok.version")
-cache=${GPUPLACE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuplace}
-bin="$cache/k8s-$k8s_version/bin"
-mkdir -p "$bin"
+k8s_components=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
 
-minor=${k8s_version#v1.}; minor=${minor%%.*}
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
+# override NAME -> prints the binary to use instead of building NAME, or nothing.
+override() {
+  local name=$1 var path
+  var="TEST_ASSET_$(printf '%s' "$name" | tr 'a-z-' 'A-Z_')"
+  path=${!var:-}
+  if [ -n "$path" ]; then
+    [ -x "$path" ] || die "$var=$path is not an executable file; fix the path or unset $var"
+    printf '%s\n' "$path"
+  elif [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/$name" ]; then
+    printf '%s\n' "$KUBEBUILDER_ASSETS/$name"
+  fi
+}
 
-missing=()
-for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-  [ -x "$bin/$c" ] || missing+=("./cmd/$c")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "building ${missing[*]#./cmd/} $k8s_version (first build takes a while; cached in $bin)"
-  start=$SECONDS
-  (cd "$here/k8s" && go build -trimpath -ldflags "$ldflags" -o "$bin/" "${missing[@]}")
-  log "built in $((SECONDS - start))s"
-fi
+# built NAME -> true when the cache holds NAME at the pinned version. The Kubernetes binaries live
+# in a versioned directory; etcd and kwok are pinned separately, so ask them.
+built() {
+  local name=$1 reported
+  [ -x "$bin/$name" ] || return 1
+  # Capture first: piping into `grep -q` could kill the binary with SIGPIPE and, under pipefail,
+  # fail the check at random.
+  case $name in
+    etcd)
+      reported=$("$bin/etcd" --version 2>/dev/null) || return 1
+      [[ $reported == *"etcd Version: ${etcd_version#v}"$'\n'* ]]
+      ;;
+    kwok)
+      reported=$("$bin/kwok" --version 2>/dev/null) || return 1
+      [[ $reported == "kwok version $kwok_version "* ]]
+      ;;
+    *) true ;;
+  esac
+}
 
-if [ ! -x "$bin/etcd" ]; then
-  log "building etcd $etcd_version"
-  start=$SECONDS
-  (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$bin/etcd" .)
-  log "built in $((SECONDS - start))s"
-fi
+# wanted NAME... -> the names among NAME... that are neither overridden nor built.
+wanted() {
+  local name
+  for name in "$@"; do
+    if [ -z "$(override "$name")" ] && ! built "$name"; then printf '%s\n' "$name"; fi
+  done
+}
 
-if [ ! -x "$bin/kwok" ]; then
-  log "building kwok $kwok_version"
-  start=$SECONDS
-  GOBIN="$bin" GOFLAGS=-trimpath go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
-  log "built in $((SECONDS - start))s"
-fi
+# run_build LABEL LOGFILE COMMAND... -> runs a build in the background and reports progress every
+# 15 seconds: modules downloaded and packages compiled so far (go build -v names each package;
+# once all are compiled, the remaining time is linking).
+run_build() {
+  local label=$1 logfile=$2 start=$SECONDS next=15 rc=0 compiled downloaded
+  shift 2
+  "$@" >"$logfile" 2>&1 &
+  builder=$!
+  while kill -0 "$builder" 2>/dev/null; do
+    sleep 1
+    if [ $((SECONDS - start)) -ge $next ]; then
+      compiled=$(grep -cvE '^(go: |#)' "$logfile" || true)
+      downloaded=$(grep -c '^go: downloading' "$logfile" || true)
+      log "  $label: $((SECONDS - start))s, $downloaded modules downloaded, $compiled packages compiled"
+      next=$((next + 15))
+    fi
+  done
+  wait "$builder" || rc=$?
+  builder=
+  if [ $rc -ne 0 ]; then
+    log "building $label failed after $((SECONDS - start))s; last lines of $logfile:"
+    tail -n 30 "$logfile" >&2
+    exit $rc
+  fi
+  log "built $label in $((SECONDS - start))s"
+}
 
-echo "$bin"
+# install_built NAME... -> moves finished binaries from the staging directory into the cache.
+install_built() {
+  local name
+  for name in "$@"; do mv -f "$staging/$name" "$bin/$name"; done
+}
+
+cleanup() {
+  if [ -n "${builder:-}" ]; then kill "$builder" 2>/dev/null || true; fi
+  if [ -n "${staging:-}" ]; then rm -rf "$staging"; fi
+}
+
+# Everything runs inside main, so bash has read the whole file before it starts: editing the script
+# (a git pull, say) while a long build runs cannot change what the running build executes.
+main() {
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  # Versions are read from the wrapper modules so that one place pins them.
+  k8s_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/k8s/go.mod")
+  etcd_version=$(awk '$1 == "go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2; exit}
+                      $1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3; exit}' \
+    "$here/etcd/go.mod")
+  kwok_version=$(tr -d '[:space:]' <"$here/kwok.version")
+  [ -n "$k8s_version" ] || die "$here/k8s/go.mod: no 'k8s.io/kubernetes vX.Y.Z' requirement"
+  [ -n "$etcd_version" ] || die "$here/etcd/go.mod: no 'go.etcd.io/etcd/server/v3 vX.Y.Z' requirement"
+  [ -n "$kwok_version" ] || die "$here/kwok.version is empty; write the kwok release there (v0.7.0)"
+
+  cache=${GPUPLACE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuplace}
+  bin="$cache/k8s-$k8s_version/bin"
+  logs="$cache/k8s-$k8s_version/logs"
+
+  # Check overrides here, in this shell, so that a bad path stops the script (not just a subshell).
+  local name
+  for name in "${k8s_components[@]}" etcd kwok; do override "$name" >/dev/null; done
+  local missing
+  mapfile -t missing < <(wanted "${k8s_components[@]}" etcd kwok)
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "$bin"
+    return 0
+  fi
+
+  command -v go >/dev/null ||
+    die "go not found on PATH; install Go 1.25 or newer, or point KUBEBUILDER_ASSETS / TEST_ASSET_* at prebuilt binaries"
+  mkdir -p "$bin" "$logs"
+
+  # One build at a time per cache; whoever waited re-checks what is still missing afterwards.
+  exec 9>"$cache/k8s-$k8s_version/.build.lock"
+  if ! flock -n 9; then
+    log "another build is running in $cache; waiting for it"
+    flock 9
+  fi
+  mapfile -t missing < <(wanted "${k8s_components[@]}" etcd kwok)
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "$bin"
+    return 0
+  fi
+
+  log "building ${missing[*]} into $bin (a first build takes several minutes; logs in $logs)"
+  staging=$(mktemp -d "$bin/.staging.XXXXXX")
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+  local total_start=$SECONDS
+
+  local k8s_missing
+  mapfile -t k8s_missing < <(wanted "${k8s_components[@]}")
+  if [ ${#k8s_missing[@]} -gt 0 ]; then
+    local minor=${k8s_version#v1.} ldflags="-s -w" pkg pkgs=()
+    minor=${minor%%.*}
+    # Stamp the version as the upstream release build does, so /version reports the real release.
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+      ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    done
+    for name in "${k8s_missing[@]}"; do pkgs+=("./cmd/$name"); done
+    run_build "kubernetes $k8s_version" "$logs/kubernetes.log" \
+      bash -c 'cd "$0" && exec go build -v -trimpath -ldflags "$1" -o "$2/" "${@:3}"' \
+      "$here/k8s" "$ldflags" "$staging" "${pkgs[@]}"
+    install_built "${k8s_missing[@]}"
+  fi
+
+  if [ -n "$(wanted etcd)" ]; then
+    run_build "etcd $etcd_version" "$logs/etcd.log" \
+      bash -c 'cd "$0" && exec go build -v -trimpath -ldflags "-s -w" -o "$1/etcd" .' \
+      "$here/etcd" "$staging"
+    install_built etcd
+  fi
+
+  if [ -n "$(wanted kwok)" ]; then
+    run_build "kwok $kwok_version" "$logs/kwok.log" \
+      env GOBIN="$staging" GOFLAGS=-trimpath \
+      go install -v -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
+    install_built kwok
+  fi
+
+  log "control plane ready in $bin ($((SECONDS - total_start))s)"
+  echo "$bin"
+}
+
+main "$@"

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from placement.annotations import LEGACY_NODE_LABEL
+from placement.bulk import without_cycle_collection
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot, Model
@@ -80,6 +81,9 @@ class Compiler:
         self._reports: dict[MapKey, MapReport] = {}
         self._in_conflict: set[MapKey] = set()  # maps with a contested slot in the last build
         self._model = previous if previous is not None else Model()
+        # The model's maps as a plain dict, updated in place: copying a 10,000-map mapping
+        # proxy on every build would rehash every key.
+        self._served: dict[MapKey, CompiledMap] = dict(self._model.maps)
         self._dirty |= set(self._model.maps)
 
     # -- inputs ------------------------------------------------------------------------------
@@ -174,6 +178,10 @@ class Compiler:
 
     def build(self) -> tuple[Model, Mapping[MapKey, MapReport]]:
         """Recompiles what changed; returns the model (generation bumped if content changed)."""
+        with without_cycle_collection():
+            return self._build()
+
+    def _build(self) -> tuple[Model, Mapping[MapKey, MapReport]]:
         dirty = self._dirty
         self._dirty = set()
         touched_claims: set[Claim] = set()
@@ -195,12 +203,18 @@ class Compiler:
                 if holders is not None and not holders:
                     del self._claims[claim]
         losers, contenders = self._decide_contests()
-        in_conflict = {sk.map for sk in contenders}
+        # Per map: index -> rival slots, and the indices that lose their GPU.
+        rivals: dict[MapKey, dict[int, set[SlotKey]]] = defaultdict(dict)
+        for slot_key, others in contenders.items():
+            rivals[slot_key.map][slot_key.index] = others
+        lost: dict[MapKey, set[int]] = defaultdict(set)
+        for slot_key in losers:
+            lost[slot_key.map].add(slot_key.index)
         # Maps in a conflict before or now: a change elsewhere may have started or ended it.
-        affected = set(dirty) | in_conflict | self._in_conflict
-        self._in_conflict = in_conflict
+        affected = set(dirty) | set(rivals) | self._in_conflict
+        self._in_conflict = set(rivals)
         generation = self._model.generation + 1
-        maps = dict(self._model.maps)
+        maps = self._served
         changed = False
         for key in affected:
             if key not in self._maps:
@@ -208,12 +222,12 @@ class Compiler:
                     changed = True
                 self._reports.pop(key, None)
                 continue
-            cmap = self._assemble(key, losers, contenders, generation)
+            cmap = self._assemble(key, lost.get(key, set()), rivals.get(key, {}), generation)
             old = maps.get(key)
             if old is None or not old.content_equal(cmap):
                 maps[key] = cmap
                 changed = True
-            self._reports[key] = self._report(key, maps[key], contenders)
+            self._reports[key] = self._report(key, maps[key], rivals.get(key, {}))
         if changed:
             self._model = Model(generation, maps)
         return self._model, self._reports
@@ -222,28 +236,27 @@ class Compiler:
         """Compiles in three passes over all changed maps: explicit devices; then `count` entries
         that keep the devices they were given; then new `count` picks, which choose around every
         claim made so far. So a pick never takes a device that another entry names or holds."""
-        pending: list[tuple[PlacementMap, DeclaredSlot]] = []
+        pending: list[tuple[_MapWork, DeclaredSlot]] = []
         for pmap in pmaps:
-            self._base[pmap.key] = {}
-            self._problems[pmap.key] = []
-            self._slot_claims[pmap.key] = []
+            work = _MapWork(pmap)
+            self._base[pmap.key] = work.base
+            self._problems[pmap.key] = work.problems
+            self._slot_claims[pmap.key] = work.claims
             for slot in pmap.slots:
                 if slot.count is None:
-                    self._compile_slot(pmap, slot, touched, pick=False)
+                    self._compile_slot(work, slot, touched, pick=False)
                 else:
-                    pending.append((pmap, slot))
-        picks = [(m, s) for m, s in pending if not self._compile_slot(m, s, touched, pick=False)]
-        for pmap, slot in picks:
-            self._compile_slot(pmap, slot, touched, pick=True)
-        for pmap in pmaps:
-            base = self._base[pmap.key]
-            self._base[pmap.key] = {i: base[i] for i in sorted(base)}
+                    pending.append((work, slot))
+        picks = [(w, s) for w, s in pending if not self._compile_slot(w, s, touched, pick=False)]
+        for work, slot in picks:
+            self._compile_slot(work, slot, touched, pick=True)
 
     def _compile_slot(
-        self, pmap: PlacementMap, slot: DeclaredSlot, touched: set[Claim], *, pick: bool
+        self, work: _MapWork, slot: DeclaredSlot, touched: set[Claim], *, pick: bool
     ) -> bool:
         """Resolves one slot and records its claims; a `count` slot with `pick=False` is only
         resolved if it keeps its previous devices (returns False otherwise)."""
+        pmap = work.pmap
         node, problem = self.resolve_node(slot.node)
         target = node or NodeName(slot.node)
         inventory = self._inventories.get(target) if node else None
@@ -254,16 +267,22 @@ class Compiler:
             slot_problems: list[str] = []
         else:
             compiled, slot_problems = self._resolve_devices(pmap, slot, target, inventory)
-        problems = self._problems[pmap.key]
         if problem:
-            problems.append(f"index {slot.index}: {problem}")
-        problems.extend(slot_problems)
-        self._base[pmap.key][slot.index] = compiled
+            work.problems.append(f"index {slot.index}: {problem}")
+        work.problems.extend(slot_problems)
+        work.base[slot.index] = compiled
         slot_key = SlotKey(pmap.key, slot.index)
+        claims = self._claims
         for claim in _claims_of(compiled, target):
-            self._slot_claims[pmap.key].append((claim, slot_key))
-            self._claims[claim].add(slot_key)
-            touched.add(claim)
+            work.claims.append((claim, slot_key))
+            holders = claims.get(claim)
+            if holders is None:
+                claims[claim] = {slot_key}
+            else:
+                holders.add(slot_key)
+                # Only a claim held twice can start a contest; build() revisits the rest anyway
+                # when their holders are removed.
+                touched.add(claim)
         return True
 
     def _keep_count(
@@ -307,7 +326,6 @@ class Compiler:
         node: NodeName,
         inventory: NodeInventory | None,
     ) -> tuple[CompiledSlot, list[str]]:
-        where = f"index {slot.index} on node {node}"
         if slot.count is not None:
             declared = f"count={slot.count}"
             if inventory is None:
@@ -317,9 +335,12 @@ class Compiler:
                     declared=declared,
                     blocked=INSUFFICIENT,
                     message=f"no inventory for node {node} yet",
-                ), [f"{where}: no inventory for node {node} to pick {slot.count} devices from"]
+                ), [
+                    f"index {slot.index} on node {node}: no inventory for node {node} to pick "
+                    f"{slot.count} devices from"
+                ]
             return self._resolve_count(pmap, slot, node, inventory, declared)
-        declared = ",".join(str(d) for d in slot.devices)
+        declared = ",".join(map(str, slot.devices))
         if inventory is None:
             indices = tuple(d for d in slot.devices if isinstance(d, int))
             uuids = tuple(d for d in slot.devices if not isinstance(d, int))
@@ -331,6 +352,27 @@ class Compiler:
                 device_indices=indices if len(indices) == len(slot.devices) else (),
                 declared=declared,
             ), []
+        found: list[GpuDevice] = []
+        for ref in slot.devices:
+            device = inventory.find(ref)
+            if device is None or not device.healthy or not device.satisfies(slot.require):
+                break
+            found.append(device)
+        else:
+            # Every device present, healthy and matching: the common case, kept cheap.
+            return CompiledSlot(
+                slot.index,
+                node,
+                tuple([d.uuid for d in found]),
+                tuple([d.index for d in found]),
+                declared,
+            ), []
+        return self._device_problems(slot, node, inventory, declared)
+
+    def _device_problems(
+        self, slot: DeclaredSlot, node: NodeName, inventory: NodeInventory, declared: str
+    ) -> tuple[CompiledSlot, list[str]]:
+        where = f"index {slot.index} on node {node}"
         problems: list[str] = []
         found: list[GpuDevice] = []
         for ref in slot.devices:
@@ -372,11 +414,15 @@ class Compiler:
         me = SlotKey(pmap.key, slot.index)
 
         def free(device: GpuDevice) -> bool:
-            holders = self._claims.get((node, device.uuid), set()) - {me}
+            holders = self._claims.get((node, device.uuid))
+            if not holders or (len(holders) == 1 and me in holders):
+                return True
             if pmap.sharing is Sharing.EXCLUSIVE:
-                return not holders
+                return False
             return all(
-                self._maps[h.map].sharing is Sharing.SHARED for h in holders if h.map in self._maps
+                self._maps[h.map].sharing is Sharing.SHARED
+                for h in holders
+                if h != me and h.map in self._maps
             )
 
         usable = [d for d in inventory.devices if d.healthy and d.satisfies(slot.require)]
@@ -432,20 +478,19 @@ class Compiler:
     def _assemble(
         self,
         key: MapKey,
-        losers: set[SlotKey],
-        contenders: Mapping[SlotKey, set[SlotKey]],
+        lost: set[int],
+        rivals: Mapping[int, set[SlotKey]],
         generation: int,
     ) -> CompiledMap:
         pmap = self._maps[key]
-        slots = {}
-        for index, base in self._base[key].items():
-            mine = SlotKey(key, index)
-            if mine in losers:
-                names = ", ".join(str(r) for r in sorted(contenders[mine]))
+        slots = self._base[key]
+        if lost:
+            slots = dict(slots)
+            for index in lost:
+                base = slots[index]
+                names = ", ".join(str(r) for r in sorted(rivals[index]))
                 message = f"GPU {base.declared} on node {base.node} is also claimed by {names}"
                 slots[index] = replace(base, blocked=CONFLICT, message=message)
-            else:
-                slots[index] = base
         return CompiledMap(
             key,
             slots,
@@ -457,13 +502,13 @@ class Compiler:
         )
 
     def _report(
-        self, key: MapKey, cmap: CompiledMap, contenders: Mapping[SlotKey, set[SlotKey]]
+        self, key: MapKey, cmap: CompiledMap, contenders: Mapping[int, set[SlotKey]]
     ) -> MapReport:
         problems = tuple(self._problems.get(key, ()))
         rivals: set[MapKey] = set()
         conflict_lines = []
-        for index in cmap.sorted_indices:
-            for other in sorted(contenders.get(SlotKey(key, index), ())):
+        for index in sorted(contenders):
+            for other in sorted(contenders[index]):
                 rivals.add(other.map)
                 conflict_lines.append(f"index {index} conflicts with {other}")
         blocked = sum(1 for s in cmap.slots.values() if s.blocked)
@@ -479,9 +524,21 @@ class Compiler:
         )
 
 
+class _MapWork:
+    """What compiling one map produces, filled slot by slot."""
+
+    __slots__ = ("base", "claims", "pmap", "problems")
+
+    def __init__(self, pmap: PlacementMap) -> None:
+        self.pmap = pmap
+        self.base: dict[int, CompiledSlot] = {}
+        self.problems: list[str] = []
+        self.claims: list[tuple[Claim, SlotKey]] = []
+
+
 def _claims_of(slot: CompiledSlot, node: NodeName) -> list[Claim]:
     if slot.devices:
-        return [(node, str(u)) for u in slot.devices]
+        return [(node, u) for u in slot.devices]
     return [(node, f"#{i}") for i in slot.device_indices]
 
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from placement.errors import Diagnostic, Location, PlacementError
-from placement.types import GPU_UUID_RE, MAX_INDEX, DeviceRef, GpuUuid
+from placement.types import (
+    GPU_UUID_RE,
+    MAX_DEVICE_INDEX,
+    MAX_INDEX,
+    DeviceRef,
+    GpuUuid,
+    is_node_ref,
+)
 
 FORMAT_HINT = "expected '<index>=<node>:<device>[,<device>...]', e.g. '0=node1:0,1'"
 
@@ -25,9 +32,14 @@ class LegacyEntry:
     node_column: int
 
 
+def _is_number(token: str) -> bool:
+    return token.isdecimal() and token.isascii()
+
+
 def parse_device(token: str) -> DeviceRef | None:
-    if token.isdecimal() and token.isascii():
-        return int(token)
+    if _is_number(token):
+        # Long digit strings are out of range anyway; int() refuses over 4300 digits.
+        return int(token) if len(token) <= 9 else MAX_DEVICE_INDEX + 1
     if GPU_UUID_RE.match(token):
         return GpuUuid(token)
     return None
@@ -56,13 +68,13 @@ def parse_legacy(
             err(lineno, col, f"missing '=' in {stripped!r}", FORMAT_HINT)
             continue
         index_str = index_text.strip()
-        if not (index_str.isdecimal() and index_str.isascii()):
+        if not _is_number(index_str):
             err(lineno, col, f"index {index_str!r} is not a non-negative integer", FORMAT_HINT)
             continue
-        index = int(index_str)
-        if index > MAX_INDEX:
-            err(lineno, col, f"index {index} is larger than {MAX_INDEX}")
+        if len(index_str) > 9 or int(index_str) > MAX_INDEX:
+            err(lineno, col, f"index {index_str} is larger than {MAX_INDEX}")
             continue
+        index = int(index_str)
         rest_col = col + len(index_text) + 1
         node_text, colon, devices_text = rest.partition(":")
         node = node_text.strip()
@@ -77,6 +89,9 @@ def parse_legacy(
             continue
         if not node:
             err(lineno, rest_col, "empty node name", FORMAT_HINT)
+            continue
+        if not is_node_ref(node):
+            err(lineno, node_col, f"node {node!r} is not a valid node name or label value")
             continue
         dev_col = rest_col + len(node_text) + 1
         devices: list[DeviceRef] = []
@@ -98,6 +113,20 @@ def parse_legacy(
                     else f"device {tok!r} is neither an index nor a GPU UUID"
                 )
                 err(lineno, tok_col, what, FORMAT_HINT)
+                ok = False
+                break
+            if isinstance(device, int) and device > MAX_DEVICE_INDEX:
+                err(lineno, tok_col, f"device index {tok} is larger than {MAX_DEVICE_INDEX}")
+                ok = False
+                break
+            if device in devices:
+                first = columns[devices.index(device)]
+                err(
+                    lineno,
+                    tok_col,
+                    f"device {tok} listed twice in this entry (first at "
+                    f"line {lineno + line_offset}, column {first + column_offset})",
+                )
                 ok = False
                 break
             devices.append(device)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from placement.bulk import without_cycle_collection
 from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName, Sharing
 
 MODEL_NAMESPACE = "gpuplace-system"
@@ -138,6 +139,11 @@ def _shard_of(key: MapKey, count: int) -> int:
 
 def encode_model(model: Model) -> dict[str, dict[str, str]]:
     """ConfigMap name -> data for the manifest and every shard; each shard under MAX_SHARD_BYTES."""
+    with without_cycle_collection():
+        return _encode_model(model)
+
+
+def _encode_model(model: Model) -> dict[str, dict[str, str]]:
     encoded = {
         key: json.dumps(encode_map(m), separators=(",", ":"), sort_keys=True)
         for key, m in model.maps.items()
@@ -178,6 +184,11 @@ def decode_manifest(data: Mapping[str, str]) -> tuple[int, dict[str, str]]:
 def decode_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
     """Rebuilds the model from ConfigMap name -> data; raises ValueError if a shard is missing or
     does not match the manifest (a reader saw a write half-way and should wait for the next event)."""
+    with without_cycle_collection():
+        return _decode_model(configmaps)
+
+
+def _decode_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
     if MANIFEST_NAME not in configmaps:
         raise ValueError(f"model manifest {MANIFEST_NAME} is missing")
     generation, digests = decode_manifest(configmaps[MANIFEST_NAME])

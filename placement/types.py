@@ -17,6 +17,8 @@ KIND = "PlacementMap"
 MAX_INDEX = 99_999
 #: Largest `count` one entry may ask for (NVSwitch systems top out at 16 GPUs a node).
 MAX_COUNT = 64
+#: NVML numbers devices from 0; no machine has anywhere near this many GPUs.
+MAX_DEVICE_INDEX = 255
 
 GPU_UUID_RE = re.compile(
     r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -24,6 +26,16 @@ GPU_UUID_RE = re.compile(
 # RFC 1123 subdomain (node names) and label (namespaces, map names).
 DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# A label value (<= 63 characters): what a logical node name resolved via a node label may be.
+LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def is_node_ref(text: str) -> bool:
+    """Whether a map may name a node so: a node name (RFC 1123 subdomain) or a label value."""
+    if len(text) > 253:
+        return False
+    return bool(DNS_SUBDOMAIN_RE.match(text) or LABEL_VALUE_RE.match(text))
+
 
 #: A device as a map names it: an NVML index or a GPU UUID.
 DeviceRef = int | GpuUuid

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.legacy import LegacyEntry, parse_legacy
@@ -24,18 +25,17 @@ from placement.schema import (
 )
 from placement.types import (
     DNS_LABEL_RE,
-    DNS_SUBDOMAIN_RE,
     GPU_UUID_RE,
     KIND,
+    MAX_DEVICE_INDEX,
     DeviceRef,
     GpuUuid,
     MapKey,
     Sharing,
+    is_node_ref,
 )
 from placement.yamlsource import Document, Path, format_path, load_documents
 
-#: NVML numbers devices from 0; no machine has anywhere near this many GPUs.
-MAX_DEVICE_INDEX = 255
 _KNOWN_FIELDS = (
     "apiVersion",
     "kind",
@@ -96,43 +96,88 @@ def _describe(value: Any) -> str:
     return f"{kind} {shown[:40]}{'...' if len(shown) > 40 else ''}"
 
 
-def _pydantic_diagnostics(doc: Document, exc: ValidationError) -> list[Diagnostic]:
-    out: list[Diagnostic] = []
-    for error in exc.errors():
-        raw_loc = tuple(error["loc"])
-        # Union members add their type name to `loc`; keep only the parts that are real paths.
-        path: Path = ()
-        for part in raw_loc:
-            candidate = (*path, part)
-            if (
-                candidate in doc.values
-                or candidate in doc.keys
-                or (error["type"] in ("missing", "extra_forbidden") and part == raw_loc[-1])
-            ):
-                path = candidate
-            else:
-                break
-        kind = error["type"]
-        last = str(path[-1]) if path else ""
-        hint = ""
-        if kind == "missing":
-            message = f"missing required field '{last}'"
-            loc = doc.locate(path[:-1])
-            loc = Location(loc.source, loc.line, loc.column, format_path(path))
-        elif kind == "extra_forbidden":
-            message = f"unknown field '{last}'"
-            close = difflib.get_close_matches(last, _KNOWN_FIELDS, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else ""
-            loc = doc.locate(path, key=True)
-        elif kind in _TYPE_NAMES:
-            message = f"expected {_TYPE_NAMES[kind]}, got {_describe(error.get('input'))}"
-            loc = doc.locate(path)
+def _error_path(doc: Document, error: ErrorDetails) -> Path:
+    """The part of pydantic's `loc` that names a real place in the document."""
+    raw_loc = tuple(error["loc"])
+    path: Path = ()
+    for part in raw_loc:
+        candidate = (*path, part)
+        # Mapping keys that YAML read as numbers are recorded under their text.
+        spelled = (*path, str(part))
+        if candidate in doc.values or candidate in doc.keys:
+            path = candidate
+        elif spelled in doc.values or spelled in doc.keys:
+            path = spelled
+        elif error["type"] in ("missing", "extra_forbidden") and part == raw_loc[-1]:
+            path = candidate
         else:
-            msg = str(error["msg"])
-            message = msg[0].lower() + msg[1:] if msg else kind
-            loc = doc.locate(path)
-        out.append(Diagnostic(loc, message, hint=hint))
+            # Union members add their type name to `loc`.
+            break
+    return path
+
+
+def _bound_message(name: str, error: ErrorDetails) -> str:
+    ctx = error.get("ctx", {})
+    value = error.get("input")
+    kind = error["type"]
+    if kind == "greater_than_equal":
+        bound = ctx.get("ge")
+        return (
+            f"{name} {value} is negative" if bound == 0 else f"{name} {value} is less than {bound}"
+        )
+    if kind == "less_than_equal":
+        return f"{name} {value} is larger than {ctx.get('le')}"
+    if kind == "string_too_short":
+        return f"{name} must not be empty"
+    if kind == "string_too_long":
+        return f"{name} is longer than {ctx.get('max_length')} characters"
+    if kind == "enum":
+        return f"{name} must be {ctx.get('expected')}, got {_describe(value)}"
+    msg = str(error["msg"])
+    return msg[0].lower() + msg[1:] if msg else kind
+
+
+def _pydantic_diagnostics(doc: Document, exc: ValidationError) -> list[Diagnostic]:
+    located = [(_error_path(doc, error), error) for error in exc.errors()]
+    # A value that fits no member of a union (`devices: [1.5]`) gets one message naming them all.
+    expected: dict[Path, list[str]] = {}
+    for path, error in located:
+        if error["type"] in _TYPE_NAMES:
+            names = expected.setdefault(path, [])
+            if _TYPE_NAMES[error["type"]] not in names:
+                names.append(_TYPE_NAMES[error["type"]])
+    out: list[Diagnostic] = []
+    for path, error in located:
+        if error["type"] in _TYPE_NAMES:
+            if path not in expected:
+                continue
+            out.append(_diagnostic(doc, path, error, expected.pop(path)))
+        else:
+            out.append(_diagnostic(doc, path, error, []))
     return out
+
+
+def _diagnostic(doc: Document, path: Path, error: ErrorDetails, names: list[str]) -> Diagnostic:
+    kind = error["type"]
+    last = str(path[-1]) if path else ""
+    if kind == "missing":
+        loc = doc.locate(path[:-1])
+        return Diagnostic(
+            Location(loc.source, loc.line, loc.column, format_path(path)),
+            f"missing required field '{last}'",
+        )
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(last, _KNOWN_FIELDS, n=1)
+        return Diagnostic(
+            doc.locate(path, key=True),
+            f"unknown field '{last}'",
+            hint=f"did you mean '{close[0]}'?" if close else "",
+        )
+    if kind in _TYPE_NAMES:
+        return Diagnostic(
+            doc.locate(path), f"expected {' or '.join(names)}, got {_describe(error.get('input'))}"
+        )
+    return Diagnostic(doc.locate(path), _bound_message(last, error))
 
 
 def _check_device(doc: Document, path: Path, raw: object) -> DeviceRef | Diagnostic:
@@ -176,11 +221,11 @@ def _entry_slots(
                 Diagnostic(loc, f"placement index {entry.index} needs 'devices' or 'count'")
             )
             continue
-        if not DNS_SUBDOMAIN_RE.match(entry.node):
+        if not is_node_ref(entry.node):
             errors.append(
                 Diagnostic(
                     doc.locate((*base, "node")),
-                    f"node {entry.node!r} is not a valid node name (RFC 1123)",
+                    f"node {entry.node!r} is not a valid node name or label value",
                 )
             )
             continue

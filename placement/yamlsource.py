@@ -54,19 +54,51 @@ def format_path(path: Path) -> str:
     return out
 
 
+def _preview(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
 class _Builder:
     def __init__(self, loader: yaml.SafeLoader, doc: Document) -> None:
         self.loader = loader
         self.doc = doc
         self.errors: list[Diagnostic] = []
+        # Nodes already walked: an alias is not walked again, so anchors that reference anchors
+        # ("billion laughs") cost their size in the text, not their expanded size.
+        self._seen: set[int] = set()
+        self._lines: list[str] | None = None
+
+    def construct(self, node: yaml.Node) -> Any:
+        """A scalar's value; a tag the value does not fit (`!!int foo`) is the user's error."""
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, AttributeError, KeyError, OverflowError) as exc:
+            raise PlacementError.single(
+                Location(self.doc.source, node.start_mark.line + 1, node.start_mark.column + 1),
+                f"value {_preview(node.value)} does not fit its tag "
+                f"{node.tag.replace('tag:yaml.org,2002:', '!!')}",
+                hint="remove the tag or fix the value",
+            ) from exc
+
+    def lines(self, node: yaml.Node) -> list[str]:
+        if self._lines is None:
+            buffer = node.start_mark.buffer
+            self._lines = buffer.split("\n") if buffer else []
+        return self._lines
 
     def build(self, node: yaml.Node, path: Path) -> Any:
         self.doc.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+        if id(node) in self._seen:
+            return self.construct(node)
+        self._seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             self.loader.flatten_mapping(node)
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
-                key = self.loader.construct_object(key_node, deep=True)
+                key = self.construct(key_node)
                 if not isinstance(key, str | int | float | bool) or key is None:
                     self.errors.append(
                         Diagnostic(
@@ -103,20 +135,25 @@ class _Builder:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
-        if isinstance(node, yaml.ScalarNode) and node.style in ("|", ">"):
-            # Content starts on the line after the indicator; record that line and its indent.
-            lines = node.start_mark.buffer.split("\n") if node.start_mark.buffer else []
+        if isinstance(node, yaml.ScalarNode) and node.style == "|":
+            # Literal content starts on the line after the indicator and keeps its line breaks:
+            # record that line and its indent (folded `>` content does not map line for line).
+            lines = self.lines(node)
             row = node.start_mark.line + 1
             while row < len(lines) and not lines[row].strip():
                 row += 1
             indent = len(lines[row]) - len(lines[row].lstrip(" ")) if row < len(lines) else 0
             self.doc.block_scalars[path] = (node.start_mark.line + 2, indent)
-        return self.loader.construct_object(node, deep=True)
+        return self.construct(node)
 
 
 def load_documents(text: str, source: str) -> Iterator[Document]:
     """Yields each document of a YAML stream; raises PlacementError on YAML syntax errors."""
-    loader = yaml.SafeLoader(text)
+    try:
+        # The reader rejects non-printable characters as soon as it is given the text.
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        raise _unreadable(text, source, exc) from exc
     try:
         while loader.check_node():
             node = loader.get_node()
@@ -139,3 +176,15 @@ def load_documents(text: str, source: str) -> Iterator[Document]:
         raise PlacementError.single(Location(source, 1, 1), "YAML nests too deeply") from exc
     finally:
         loader.dispose()
+
+
+def _unreadable(text: str, source: str, exc: yaml.reader.ReaderError) -> PlacementError:
+    before = text[: exc.position]
+    line = before.count("\n") + 1
+    column = exc.position - (before.rfind("\n") + 1) + 1
+    code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+    return PlacementError.single(
+        Location(source, line, column),
+        f"character U+{code:04X} is not allowed in YAML",
+        hint="remove it, or write it as an escape in a double-quoted string",
+    )

@@ -152,7 +152,7 @@ class Demo:
         ]
         pods = self.wait(
             "every pod bound and Running",
-            lambda: self.all_running(expected) and self._trainer_running(),
+            lambda: self._trainer_running() and self.all_running(expected),
         )
         self.out(inspect.pod_table(pods.values()))
         self._check_declared(pods)

@@ -1,0 +1,97 @@
+"""The compiled model as the controller last wrote it, read through a watch (read-only).
+
+The controller writes the model as a manifest and shards; a reader can see a shard of the next
+generation before its manifest. Such a half-written model fails to decode, and the last complete
+one stays in use until the next event completes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kubeio.client import Kube
+from kubeio.informer import Informer
+from placement.model import MODEL_LABEL, CompiledMap, CompiledSlot, decode_model
+from placement.types import MapKey, NodeName
+
+log = logging.getLogger(__name__)
+
+_Versions = tuple[tuple[str, str], ...]
+
+
+class ModelWatch:
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        node: NodeName,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.node = node
+        self.informer = Informer(
+            kube,
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            label_selector=f"{MODEL_LABEL}=true",
+            name="model",
+        )
+        self.informer.add_handler(lambda _event, _obj, _old: on_change())
+        self.generation: int | None = None
+        self._versions: _Versions | None = None
+        self._maps: tuple[CompiledMap, ...] | None = None
+
+    def start(self) -> None:
+        self.informer.start()
+
+    def stop(self) -> None:
+        self.informer.stop()
+
+    def maps(self) -> tuple[CompiledMap, ...] | None:
+        """The maps with a slot on this node from the newest complete model, the same tuple
+        while nothing changed; None until a model (or the absence of one) has been read."""
+        if not self.informer.synced.is_set():
+            return self._maps
+        with self.informer.lock:
+            objects = list(self.informer.store.values())
+        versions = tuple(
+            sorted(
+                (str(o["metadata"]["name"]), str(o["metadata"].get("resourceVersion", "")))
+                for o in objects
+            )
+        )
+        if versions == self._versions:
+            return self._maps
+        self._versions = versions
+        if not objects:
+            # No model yet: the controller has not written one, so nothing targets this node.
+            self.generation = 0
+            self._maps = ()
+            return self._maps
+        configmaps = {str(o["metadata"]["name"]): dict(o.get("data") or {}) for o in objects}
+        try:
+            model = decode_model(configmaps)
+        except (ValueError, KeyError, TypeError) as exc:
+            kept = "none yet" if self.generation is None else f"generation {self.generation}"
+            log.info("model not readable now (%s); checking against %s", exc, kept)
+            return self._maps
+        self.generation = model.generation
+        mine = tuple(
+            cmap
+            for cmap in sorted(model.maps.values(), key=lambda m: m.key)
+            if any(slot.node == self.node for slot in cmap.slots.values())
+        )
+        # A new generation that leaves this node's slots as they were keeps the same tuple, so
+        # the agent does not check again (most model changes concern other nodes).
+        if self._maps is None or _slots(mine) != _slots(self._maps):
+            self._maps = mine
+            log.debug(
+                "model generation %d: %d maps target node %s",
+                model.generation,
+                len(mine),
+                self.node,
+            )
+        return self._maps
+
+
+def _slots(maps: tuple[CompiledMap, ...]) -> list[tuple[MapKey, dict[int, CompiledSlot]]]:
+    return [(m.key, dict(m.slots)) for m in maps]

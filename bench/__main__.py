@@ -1,0 +1,92 @@
+"""`python -m bench [NAME...] [--repeats N] [--out out/bench.json]`: run the benchmarks.
+
+Runs every module of this package that defines `run(repeats)` (or only those named), prints one
+markdown table of medians and writes every figure with its samples to a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import cast
+
+import bench
+from bench import Measurement
+
+Runner = Callable[[int], list[Measurement]]
+
+
+def discover() -> dict[str, Runner]:
+    runners: dict[str, Runner] = {}
+    for info in sorted(pkgutil.iter_modules(bench.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"bench.{info.name}")
+        run = getattr(module, "run", None)
+        if callable(run):
+            runners[info.name] = cast(Runner, run)
+    return runners
+
+
+def _value(m: Measurement) -> str:
+    if m.value >= 100 or m.value == int(m.value):
+        return f"{m.value:,.0f}"
+    return f"{m.value:.3g}" if m.value < 1 else f"{m.value:.2f}"
+
+
+def table(measurements: Sequence[Measurement]) -> str:
+    rows = ["| benchmark | metric | median | target | met |", "|---|---|---|---|---|"]
+    for m in measurements:
+        met = "" if m.ok is None else ("yes" if m.ok else "**no**")
+        rows.append(f"| {m.benchmark} | {m.metric} | {_value(m)} {m.unit} | {m.target} | {met} |")
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    runners = discover()
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(runners)}")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per benchmark (default 3)")
+    parser.add_argument("--out", default="out/bench.json", help="JSON results file")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in runners]
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)}; have {', '.join(runners)}")
+    selected = args.names or list(runners)
+    measurements: list[Measurement] = []
+    failures: list[str] = []
+    for name in selected:
+        started = time.perf_counter()
+        print(f"running {name} ({args.repeats} repeats)...", file=sys.stderr, flush=True)
+        try:
+            measurements.extend(runners[name](args.repeats))
+        except Exception as exc:  # one broken benchmark must not hide the others' figures
+            failures.append(f"{name}: {exc}")
+            print(f"{name} failed: {exc}", file=sys.stderr)
+        print(f"{name} took {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    print(table(measurements))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "repeats": args.repeats,
+        "measurements": [m.to_json() for m in measurements],
+        "failures": failures,
+    }
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {out}", file=sys.stderr)
+    missed = [m for m in measurements if m.ok is False]
+    return 1 if failures or missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""`gpuplace cluster up|down`: a local control plane that stays up between commands.
+
+``up`` starts it detached, creates fake GPU nodes, records the processes in ``<dir>/state.json``
+and prints ``export KUBECONFIG=...`` on stdout (so ``eval "$(gpuplace cluster up)"`` works); ``down``
+stops what that file records and removes the directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from gpuplace.localcluster import (
+    BinariesError,
+    ClusterError,
+    ClusterLayout,
+    LocalCluster,
+    cache_root,
+    fake_gpu_nodes,
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "cluster",
+        help="start or stop a local control plane (etcd, kube-apiserver, controllers, kwok)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="cluster_command", required=True, metavar="up|down")
+
+    up = commands.add_parser("up", help="start a local cluster in the background")
+    _add_dir(up)
+    up.add_argument("--nodes", type=int, default=3, help="fake GPU nodes to create (default 3)")
+    up.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    up.add_argument(
+        "--node-prefix", default="gpu-node-", help="node name prefix (default gpu-node-)"
+    )
+    up.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="namespace to create (repeatable)",
+    )
+    up.add_argument(
+        "--scheduler",
+        action="store_true",
+        help="also run kube-scheduler (for pods that use the default scheduler)",
+    )
+    up.set_defaults(handler=_up)
+
+    down = commands.add_parser("down", help="stop the local cluster and remove its directory")
+    _add_dir(down)
+    down.add_argument(
+        "--keep-dir", action="store_true", help="keep the directory (logs, certificates)"
+    )
+    down.set_defaults(handler=_down)
+
+
+def _add_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="cluster directory (default $GPUPLACE_CACHE/cluster, i.e. ~/.cache/gpuplace/cluster)",
+    )
+
+
+def _directory(args: argparse.Namespace) -> Path:
+    chosen: Path | None = args.dir
+    return (chosen if chosen is not None else cache_root() / "cluster").expanduser().absolute()
+
+
+def _up(args: argparse.Namespace) -> int:
+    directory = _directory(args)
+    layout = ClusterLayout(directory)
+    if args.nodes < 0 or args.gpus < 0:
+        print("gpuplace cluster up: --nodes and --gpus must not be negative", file=sys.stderr)
+        return 2
+    if layout.state_file.is_file():
+        existing = LocalCluster.attach(directory)
+        if existing.running():
+            print(
+                f"a cluster is already running in {directory} ({existing.server})", file=sys.stderr
+            )
+            print(f"export KUBECONFIG={shlex.quote(str(existing.kubeconfig))}")
+            return 0
+        print(f"{directory}: cleaning up a cluster that is no longer running", file=sys.stderr)
+        existing.stop()
+        shutil.rmtree(directory)
+    elif directory.exists() and any(directory.iterdir()):
+        print(
+            f"{directory}: exists, is not empty and holds no cluster state; choose another --dir "
+            "or remove it",
+            file=sys.stderr,
+        )
+        return 1
+
+    cluster = LocalCluster(
+        directory, detach=True, scheduler=args.scheduler, namespaces=args.namespace
+    )
+    try:
+        cluster.start()
+        nodes = cluster.create_nodes(
+            fake_gpu_nodes(args.nodes, gpus=args.gpus, prefix=args.node_prefix)
+        )
+    except (ClusterError, BinariesError) as error:
+        cluster.stop(keep_directory=True)
+        print(f"gpuplace cluster up: {error}", file=sys.stderr)
+        return 1
+    except BaseException:
+        cluster.stop(keep_directory=True)
+        raise
+    print(
+        f"cluster up in {cluster.startup_seconds:.1f}s: {cluster.server}, "
+        f"{len(nodes)} node(s) with {args.gpus} GPU(s) each; logs in {cluster.logs_dir}\n"
+        "stop it with: gpuplace cluster down"
+        + (f" --dir {shlex.quote(str(directory))}" if args.dir is not None else ""),
+        file=sys.stderr,
+    )
+    print(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    directory = _directory(args)
+    if not ClusterLayout(directory).state_file.is_file():
+        print(f"no cluster in {directory}; nothing to stop", file=sys.stderr)
+        return 0
+    try:
+        cluster = LocalCluster.attach(directory)
+    except ClusterError as error:
+        print(f"gpuplace cluster down: {error}", file=sys.stderr)
+        return 1
+    cluster.stop()
+    if not args.keep_dir:
+        shutil.rmtree(directory, ignore_errors=True)
+    print(f"cluster in {directory} stopped", file=sys.stderr)
+    return 0

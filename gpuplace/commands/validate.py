@@ -1,0 +1,96 @@
+"""`gpuplace validate PATH...`: check placement maps the way the controller will.
+
+Reads the files named and every *.yaml / *.yml under the directories named (documents of other
+kinds are skipped), validates every PlacementMap, then checks the maps of each cluster together
+(the nearest directory with a kustomization): a map declared twice, two exclusive slots naming the
+same device on the same node. Kustomizations are checked to generate the ConfigMaps the controller
+reads. Exit status 0 when everything is valid (warnings allowed), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gpuplace.commands._tree import read_paths
+from placement.errors import Diagnostic, Location
+from placement.snapshot import Snapshot, load_snapshot
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        help="validate placement maps in files and directories",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="map file or directory")
+    parser.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default text)"
+    )
+    parser.set_defaults(handler=run)
+
+
+def check(paths: list[str]) -> tuple[Snapshot, list[Diagnostic]]:
+    """The snapshot of everything under `paths`, and every diagnostic, sorted by place."""
+    files, problems = read_paths(paths)
+    snapshot = load_snapshot(files)
+    diagnostics = problems + snapshot.diagnostics
+    if not snapshot.maps and not snapshot.invalid and not problems:
+        diagnostics.append(
+            Diagnostic(
+                Location(", ".join(paths)),
+                "no PlacementMap found",
+                hint="maps are YAML documents with 'kind: PlacementMap'",
+            )
+        )
+    diagnostics.sort(key=lambda d: (d.location.source, d.location.line, d.location.column))
+    return snapshot, diagnostics
+
+
+def run(args: argparse.Namespace) -> int:
+    snapshot, diagnostics = check(args.paths)
+    errors = [d for d in diagnostics if d.severity == "error"]
+    if args.format == "json":
+        json.dump(_json_report(snapshot, diagnostics), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 1 if errors else 0
+    for diagnostic in diagnostics:
+        print(diagnostic.format())
+    slots = sum(len(m.map.slots) for m in snapshot.maps.values())
+    checked = (
+        f"{_count(len(snapshot.maps), 'valid map')} ({_count(slots, 'slot')}) in "
+        f"{_count(len(snapshot.files), 'file')}"
+    )
+    if errors:
+        sources = len({d.location.source for d in errors})
+        print(f"Found {_count(len(errors), 'error')} in {_count(sources, 'file')} ({checked}).")
+        return 1
+    print(f"OK: {checked}.")
+    return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _json_report(snapshot: Snapshot, diagnostics: list[Diagnostic]) -> dict[str, Any]:
+    errors = [d for d in diagnostics if d.severity == "error"]
+    return {
+        "valid": not errors,
+        "files": len(snapshot.files),
+        "maps": [
+            {
+                "scope": m.id.scope,
+                "map": str(m.id.key),
+                "source": m.source,
+                "slots": len(m.map.slots),
+                "sharing": m.map.sharing.value,
+            }
+            for m in sorted(snapshot.maps.values(), key=lambda m: m.id)
+        ],
+        "errors": [d.to_json() for d in errors],
+        "warnings": [d.to_json() for d in diagnostics if d.severity != "error"],
+    }

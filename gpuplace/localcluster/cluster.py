@@ -1,0 +1,720 @@
+"""`LocalCluster`: etcd, kube-apiserver, kube-controller-manager, kwok (and optionally
+kube-scheduler) on loopback, with TLS, RBAC and admission webhooks, as real as a cluster without
+kubelets gets."""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import concurrent.futures
+import contextlib
+import http.client
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Self
+
+import kubernetes.client
+import yaml
+
+from gpuplace.localcluster.binaries import ControlPlaneBinaries, find_binaries
+from gpuplace.localcluster.layout import ClusterLayout, ClusterState
+from gpuplace.localcluster.nodes import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, FakeNode
+from gpuplace.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
+from gpuplace.localcluster.process import (
+    ManagedProcess,
+    ProcessRecord,
+    spawn,
+    stop_all,
+    stop_records,
+)
+from gpuplace.localcluster.rawapi import ApiConnection
+
+SERVICE_CIDR = "10.96.0.0/16"
+#: The first address of SERVICE_CIDR: the `kubernetes` Service, named in the serving certificate.
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+#: kwok's pod IP pool: all pods on all fake nodes draw from it, so it must be large.
+POD_CIDR = "10.128.0.1/9"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+ADMIN_USER = "admin"
+#: Controllers that need a cloud provider or pod CIDR allocation, neither of which exists here.
+_DISABLED_CONTROLLERS = (
+    "cloud-node-lifecycle-controller",
+    "node-route-controller",
+    "service-lb-controller",
+    "node-ipam-controller",
+)
+_POLL_SECONDS = 0.05
+
+
+class ClusterError(RuntimeError):
+    """The local cluster failed to start, or a component of it stopped."""
+
+
+class KubectlError(RuntimeError):
+    """kubectl exited with a non-zero status; the message carries its stderr."""
+
+    def __init__(self, argv: Sequence[str], result: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(
+            f"kubectl {' '.join(argv)} exited with status {result.returncode}: "
+            f"{result.stderr.strip() or result.stdout.strip()}"
+        )
+        self.result = result
+
+
+class LocalCluster:
+    """A control plane on random loopback ports; see `gpuplace.localcluster` for the API.
+
+    ``directory``: where certificates, kubeconfigs, etcd data and logs go; a new temporary
+    directory (removed by `stop`) when None, else created if needed and left in place.
+    ``detach``: children outlive this Python process (``gpuplace cluster up``); otherwise they are
+    killed when it exits, however it exits (atexit, SIGTERM, and the kernel's parent-death signal,
+    which fires when the *thread* that started the cluster ends: start it from the main thread).
+    """
+
+    def __init__(
+        self,
+        directory: Path | None = None,
+        *,
+        scheduler: bool = False,
+        detach: bool = False,
+        namespaces: Iterable[str] = (),
+        binaries: ControlPlaneBinaries | None = None,
+        startup_timeout: float = 120.0,
+    ) -> None:
+        self._owns_directory = directory is None
+        self._directory = directory
+        self._with_scheduler = scheduler
+        self._detach = detach
+        self._namespaces = tuple(namespaces)
+        self._binaries = binaries
+        self._startup_timeout = startup_timeout
+        self._processes: list[ManagedProcess] = []
+        self._records: tuple[ProcessRecord, ...] = ()
+        self._server = ""
+        self._ssl_context: ssl.SSLContext | None = None
+        self._lock = threading.Lock()
+        self._started = False
+        self._stopped = False
+        #: Seconds from `start()` to a usable cluster, and the time of each phase.
+        self.startup_seconds = 0.0
+        self.startup_phases: dict[str, float] = {}
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    @classmethod
+    def attach(cls, directory: Path) -> LocalCluster:
+        """The cluster that ``gpuplace cluster up`` (or ``detach=True``) left running in ``directory``."""
+        layout = ClusterLayout(directory)
+        if not layout.state_file.is_file():
+            raise ClusterError(
+                f"{directory}: no cluster state (state.json); is a cluster up there?"
+            )
+        try:
+            state = ClusterState.read(layout.state_file)
+        except ValueError as error:
+            raise ClusterError(str(error)) from error
+        cluster = cls(directory)
+        cluster._server = state.server
+        cluster._records = state.processes
+        cluster.startup_seconds = state.startup_seconds
+        cluster._started = True
+        return cluster
+
+    def start(self) -> Self:
+        """Starts every component and waits until the cluster serves; stops everything on failure."""
+        if self._started:
+            raise ClusterError("this LocalCluster was already started; create a new one")
+        self._started = True
+        began = time.monotonic()
+        try:
+            self._start(began)
+        except BaseException:
+            self.stop(keep_directory=True)
+            raise
+        self.startup_seconds = time.monotonic() - began
+        self._write_state()
+        return self
+
+    def stop(self, *, keep_directory: bool = False) -> None:
+        """Stops every process this cluster started (SIGTERM, then SIGKILL). Idempotent."""
+        with self._lock:
+            if self._stopped or not self._started:
+                return
+            self._stopped = True
+        _registry.discard(self)
+        if self._processes:
+            stop_all(self._processes)
+        else:
+            stop_records(self._records)
+        if self._directory is not None:
+            layout = ClusterLayout(self._directory)
+            layout.state_file.unlink(missing_ok=True)
+            if self._owns_directory and not keep_directory:
+                shutil.rmtree(self._directory, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self if self._started else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def running(self) -> bool:
+        """True while every component that was started still runs."""
+        if self._processes:
+            return all(p.exit_code() is None for p in self._processes)
+        return bool(self._records) and all(r.alive() for r in self._records)
+
+    def check_alive(self) -> None:
+        """Raises `ClusterError` with the log tail of the first component that has exited."""
+        for process in self._processes:
+            code = process.exit_code()
+            if code is not None:
+                raise ClusterError(
+                    f"{process.name} exited with status {code}; last lines of {process.log}:\n"
+                    f"{process.log_tail()}"
+                )
+        for record in self._records:
+            if not record.alive():
+                raise ClusterError(
+                    f"{record.name} (pid {record.pid}) is not running; see {record.log}"
+                )
+
+    # ----------------------------------------------------------------------------- access
+
+    @property
+    def directory(self) -> Path:
+        if self._directory is None:
+            raise ClusterError("the cluster has no directory before start()")
+        return self._directory
+
+    @property
+    def layout(self) -> ClusterLayout:
+        return ClusterLayout(self.directory)
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (user ``admin``, group ``system:masters``)."""
+        return self.layout.kubeconfig
+
+    @property
+    def server(self) -> str:
+        """The apiserver URL, ``https://127.0.0.1:<port>``."""
+        return self._server
+
+    @property
+    def ca_file(self) -> Path:
+        """The cluster CA certificate (PEM): it signs the apiserver's and every client certificate."""
+        return self.layout.ca_cert
+
+    @property
+    def ca(self) -> CertificateAuthority:
+        """The cluster CA, to issue more certificates (test webhooks, extra users)."""
+        layout = self.layout
+        return CertificateAuthority.load(layout.ca_cert.read_bytes(), layout.ca_key.read_bytes())
+
+    @property
+    def binaries(self) -> ControlPlaneBinaries:
+        if self._binaries is None:
+            self._binaries = find_binaries()
+        return self._binaries
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.binaries.bin_dir
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.layout.logs
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 120.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs the pinned kubectl against this cluster as admin; raises `KubectlError` if ``check``."""
+        argv = [str(self.binaries.kubectl), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            argv,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={"KUBECACHEDIR": str(self.layout.kubectl_cache), "HOME": str(self.directory)},
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(args, result)
+        return result
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """A new admin ApiClient of the official client; close it (``with cluster.api_client()``)."""
+        configuration = kubernetes.client.Configuration()
+        configuration.host = self.server
+        configuration.ssl_ca_cert = str(self.ca_file)
+        configuration.cert_file = str(self.layout.cert(ADMIN_USER))
+        configuration.key_file = str(self.layout.key(ADMIN_USER))
+        return kubernetes.client.ApiClient(configuration)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context that trusts the cluster CA and presents the admin certificate."""
+        if self._ssl_context is None:
+            context = ssl.create_default_context(cafile=str(self.ca_file))
+            context.load_cert_chain(self.layout.cert(ADMIN_USER), self.layout.key(ADMIN_USER))
+            self._ssl_context = context
+        return self._ssl_context
+
+    def connection(self, *, timeout: float = 30.0) -> ApiConnection:
+        """A keep-alive admin connection for many raw requests (one per thread; close it)."""
+        return ApiConnection(self.server, self.ssl_context(), timeout=timeout)
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, timeout: float = 30.0
+    ) -> tuple[int, Any]:
+        """One raw admin request; returns (status, decoded JSON body or None). For APIs whose
+        responses the generated client cannot decode (e.g. ``pods/binding``). PATCH bodies are
+        JSON merge patches."""
+        with self.connection(timeout=timeout) as connection:
+            return connection.request(method, path, body)
+
+    # ----------------------------------------------------------------------------- objects
+
+    def create_namespace(
+        self, name: str, *, labels: Mapping[str, str] | None = None, timeout: float = 60.0
+    ) -> None:
+        """Creates a namespace (if missing) and waits for its ``default`` ServiceAccount, without
+        which the ServiceAccount admission plugin rejects pods."""
+        metadata = {"name": name, "labels": dict(labels or {})}
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+        status, response = self.request("POST", "/api/v1/namespaces", body)
+        if status not in {201, 409}:
+            raise ClusterError(f"creating namespace {name}: HTTP {status}: {_message(response)}")
+        self.wait_for(
+            f"ServiceAccount default in namespace {name}",
+            lambda: self._status(f"/api/v1/namespaces/{name}/serviceaccounts/default") == 200,
+            timeout,
+        )
+
+    def delete_namespace(self, name: str, *, wait: bool = False, timeout: float = 120.0) -> None:
+        """Deletes a namespace; ``wait`` until the namespace controller has emptied and removed it."""
+        status, response = self.request("DELETE", f"/api/v1/namespaces/{name}")
+        if status not in {200, 202, 404}:
+            raise ClusterError(f"deleting namespace {name}: HTTP {status}: {_message(response)}")
+        if wait:
+            self.wait_for(
+                f"namespace {name} to be deleted",
+                lambda: self._status(f"/api/v1/namespaces/{name}") == 404,
+                timeout,
+            )
+
+    def create_nodes(
+        self, nodes: Iterable[FakeNode], *, wait_ready: bool = True, timeout: float = 120.0
+    ) -> list[str]:
+        """Creates kwok-managed nodes (concurrently) and, by default, waits until all are Ready."""
+        manifests = [node.manifest() for node in nodes]
+        names = [m["metadata"]["name"] for m in manifests]
+
+        workers = max(1, min(16, len(manifests) // 8))
+
+        def create(chunk: list[dict[str, Any]]) -> None:
+            with self.connection() as connection:
+                for manifest in chunk:
+                    status, response = connection.request("POST", "/api/v1/nodes", manifest)
+                    if status != 201:
+                        raise ClusterError(
+                            f"creating node {manifest['metadata']['name']}: HTTP {status}: "
+                            f"{_message(response)}"
+                        )
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            chunks = [manifests[i::workers] for i in range(workers)]
+            for future in [pool.submit(create, chunk) for chunk in chunks]:
+                future.result()
+        if wait_ready:
+            self.wait_nodes_ready(names, timeout=timeout)
+        return names
+
+    def wait_nodes_ready(self, names: Iterable[str], *, timeout: float = 120.0) -> None:
+        """Waits until every named node reports condition Ready=True (kwok sets it)."""
+        pending = set(names)
+
+        def ready() -> bool:
+            # resourceVersion=0: served from the apiserver's watch cache, not a quorum read.
+            status, body = self.request("GET", "/api/v1/nodes?resourceVersion=0")
+            if status != 200:
+                return False
+            for item in body.get("items", []):
+                conditions = item.get("status", {}).get("conditions") or []
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                    pending.discard(item["metadata"]["name"])
+            return not pending
+
+        self.wait_for(
+            lambda: f"nodes Ready (still waiting for {', '.join(sorted(pending)[:5])})",
+            ready,
+            timeout,
+            interval=0.2,
+        )
+
+    # ----------------------------------------------------------------------------- startup
+
+    def _start(self, began: float) -> None:
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="gpuplace-cluster-"))
+        else:
+            self._directory.mkdir(parents=True, exist_ok=True)
+        layout = self.layout
+        layout.create()
+        binaries = self.binaries
+        self._phase("binaries", began)
+
+        etcd_port, etcd_peer_port, apiserver_port = _free_ports(3)
+        self._server = f"https://127.0.0.1:{apiserver_port}"
+        self._write_pki(layout)
+        self._phase("certificates", began)
+
+        if not self._detach:
+            _registry.add(self)
+        env = _component_env(layout)
+        self._spawn("etcd", _etcd_args(binaries, layout, etcd_port, etcd_peer_port), env)
+        # The apiserver retries etcd until it answers, so both start at once.
+        self._spawn(
+            "kube-apiserver", _apiserver_args(binaries, layout, apiserver_port, etcd_port), env
+        )
+        self.wait_for("kube-apiserver /readyz", lambda: self._status("/readyz") == 200)
+        self._phase("apiserver ready", began)
+
+        # kube-controller-manager gives up if the apiserver is not healthy within 10 seconds, so
+        # the clients start only now.
+        self._spawn("kube-controller-manager", _controller_manager_args(binaries, layout), env)
+        layout.kwok_config.write_text(_KWOK_CONFIG)
+        self._spawn("kwok", _kwok_args(binaries, layout), env)
+        if self._with_scheduler:
+            self._spawn("kube-scheduler", _scheduler_args(binaries, layout), env)
+        # The serviceaccount controller creating `default` proves the controller manager runs with
+        # working credentials (it uses per-controller service-account tokens, as kubeadm does).
+        self.wait_for(
+            "kube-controller-manager (ServiceAccount default/default)",
+            lambda: self._status("/api/v1/namespaces/default/serviceaccounts/default") == 200,
+        )
+        self._phase("controller-manager ready", began)
+        for namespace in self._namespaces:
+            self.create_namespace(namespace)
+        self._phase("namespaces", began)
+
+    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
+        self._processes.append(
+            spawn(name, argv, log=self.layout.log(name), env=env, detach=self._detach)
+        )
+
+    def _phase(self, name: str, began: float) -> None:
+        self.startup_phases[name] = round(time.monotonic() - began, 3)
+
+    def _write_pki(self, layout: ClusterLayout) -> None:
+        ca = CertificateAuthority.generate("gpuplace-local-ca")
+        ca.pair.write(layout.ca_cert, layout.ca_key)
+        ca.issue_server(
+            "kube-apiserver",
+            dns_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ip_addresses=("127.0.0.1", KUBERNETES_SERVICE_IP),
+        ).write(layout.cert("kube-apiserver"), layout.key("kube-apiserver"))
+        SigningKey.generate().write(layout.service_account_key, layout.service_account_pub)
+        users = {
+            ADMIN_USER: ("admin", ("system:masters",)),
+            "kube-controller-manager": ("system:kube-controller-manager", ()),
+            "kube-scheduler": ("system:kube-scheduler", ()),
+        }
+        for name, (common_name, groups) in users.items():
+            pair = ca.issue_client(common_name, organizations=groups)
+            pair.write(layout.cert(name), layout.key(name))
+            kubeconfig = _kubeconfig(self._server, ca.cert_pem, pair, common_name)
+            target = layout.kubeconfig if name == ADMIN_USER else layout.component_kubeconfig(name)
+            target.write_text(kubeconfig)
+            target.chmod(0o600)
+
+    def _write_state(self) -> None:
+        if not self._processes:
+            return
+        ClusterState(
+            server=self._server,
+            kubeconfig=self.kubeconfig,
+            processes=tuple(p.record for p in self._processes),
+            startup_seconds=self.startup_seconds,
+        ).write(self.layout.state_file)
+
+    # ----------------------------------------------------------------------------- waiting
+
+    def _status(self, path: str) -> int:
+        try:
+            status, _ = self.request("GET", path, timeout=5.0)
+        except (OSError, http.client.HTTPException):
+            return 0
+        return status
+
+    def wait_for(
+        self,
+        what: str | Callable[[], str],
+        condition: Callable[[], bool],
+        timeout: float | None = None,
+        *,
+        interval: float = _POLL_SECONDS,
+    ) -> None:
+        """Polls ``condition`` until true; raises `ClusterError` naming ``what`` after ``timeout``
+        seconds (default: the startup timeout), or at once when a component has died."""
+        deadline = time.monotonic() + (self._startup_timeout if timeout is None else timeout)
+        while not condition():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                described = what if isinstance(what, str) else what()
+                raise ClusterError(
+                    f"timed out waiting for {described}; component logs are in {self.logs_dir}"
+                )
+            time.sleep(interval)
+
+
+# --------------------------------------------------------------------------------- arguments
+
+
+def _etcd_args(b: ControlPlaneBinaries, layout: ClusterLayout, port: int, peer: int) -> list[str]:
+    client_url, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
+    return [
+        str(b.etcd),
+        "--name=gpuplace",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=gpuplace={peer_url}",
+        # A throwaway cluster: durability across power loss buys nothing and fsync costs a lot.
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=8589934592",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_args(
+    b: ControlPlaneBinaries, layout: ClusterLayout, port: int, etcd_port: int
+) -> list[str]:
+    return [
+        str(b.kube_apiserver),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={layout.pki}",
+        f"--tls-cert-file={layout.cert('kube-apiserver')}",
+        f"--tls-private-key-file={layout.key('kube-apiserver')}",
+        f"--client-ca-file={layout.ca_cert}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={layout.service_account_pub}",
+        f"--service-account-signing-key-file={layout.service_account_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC",
+        # On top of the default plugins (which include MutatingAdmissionWebhook and
+        # ValidatingAdmissionWebhook, ServiceAccount, NamespaceLifecycle, ResourceQuota, ...).
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        # 127.0.0.1 is not a valid Endpoints address; nothing in this cluster dials the
+        # `kubernetes` Service, so its endpoints are not maintained.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+    ]
+
+
+def _controller_manager_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> list[str]:
+    controllers = ",".join(["*", *(f"-{c}" for c in _DISABLED_CONTROLLERS)])
+    return [
+        str(b.kube_controller_manager),
+        f"--kubeconfig={layout.component_kubeconfig('kube-controller-manager')}",
+        "--secure-port=0",
+        "--leader-elect=false",
+        f"--controllers={controllers}",
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={layout.service_account_key}",
+        f"--root-ca-file={layout.ca_cert}",
+        f"--cluster-signing-cert-file={layout.ca_cert}",
+        f"--cluster-signing-key-file={layout.ca_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # Benchmarks create thousands of pods a minute; the default 20 QPS would be the bottleneck.
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
+    ]
+
+
+def _scheduler_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> list[str]:
+    return [
+        str(b.kube_scheduler),
+        f"--kubeconfig={layout.component_kubeconfig('kube-scheduler')}",
+        "--secure-port=0",
+        "--leader-elect=false",
+    ]
+
+
+def _kwok_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> list[str]:
+    return [
+        str(b.kwok),
+        f"--kubeconfig={layout.kubeconfig}",
+        f"--config={layout.kwok_config}",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
+        f"--cidr={POD_CIDR}",
+    ]
+
+
+# No Stage objects here: kwok then uses its built-in fast stages (node-initialize, node heartbeat
+# with leases, pod-ready, pod-complete, pod-delete), so nodes turn Ready and bound pods Running at
+# once. The parallelism options keep it ahead of benchmark bursts.
+_KWOK_CONFIG = """\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: 16
+  nodePlayStageParallelism: 16
+  nodeLeaseParallelism: 16
+  nodeLeaseDurationSeconds: 40
+"""
+
+
+def _component_env(layout: ClusterLayout) -> dict[str, str]:
+    # A fixed environment: no proxy variables or a user's KUBECONFIG leak into the components.
+    return {"HOME": str(layout.directory), "PATH": "/usr/bin:/bin"}
+
+
+def _kubeconfig(server: str, ca_pem: bytes, pair: CertKeyPair, user: str) -> str:
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "gpuplace-local",
+                    "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)},
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": b64(pair.cert_pem),
+                        "client-key-data": b64(pair.key_pem),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": "gpuplace-local", "context": {"cluster": "gpuplace-local", "user": user}}
+            ],
+            "current-context": "gpuplace-local",
+        },
+        sort_keys=False,
+    )
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held open together, so the kernel cannot repeat one)."""
+    with contextlib.ExitStack() as stack:
+        sockets = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+
+
+def _message(response: Any) -> str:
+    if isinstance(response, dict):
+        return str(response.get("message", response))
+    return str(response)
+
+
+# --------------------------------------------------------------------------------- cleanup
+
+
+class _Registry:
+    """Attached clusters still running: stopped at interpreter exit and on SIGTERM.
+
+    Strong references on purpose: a cluster dropped without `stop()` is still stopped at exit.
+    """
+
+    def __init__(self) -> None:
+        self._clusters: set[LocalCluster] = set()
+        self._lock = threading.Lock()
+        self._atexit_registered = False
+        self._previous_sigterm: _SignalHandler | None = None
+
+    def add(self, cluster: LocalCluster) -> None:
+        with self._lock:
+            self._clusters.add(cluster)
+            if not self._atexit_registered:
+                atexit.register(self.stop_all)
+                self._atexit_registered = True
+            if self._previous_sigterm is None:
+                self._previous_sigterm = _install_sigterm_handler()
+
+    def discard(self, cluster: LocalCluster) -> None:
+        with self._lock:
+            self._clusters.discard(cluster)
+            previous = self._previous_sigterm
+            if not self._clusters and previous is not None and _restore_sigterm_handler(previous):
+                self._previous_sigterm = None
+
+    def stop_all(self) -> None:
+        with self._lock:
+            clusters = list(self._clusters)
+        for cluster in clusters:
+            cluster.stop()
+
+
+_SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+_registry = _Registry()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _install_sigterm_handler() -> _SignalHandler | None:
+    """Turns SIGTERM into KeyboardInterrupt, so that cleanup (finally blocks, pytest fixture
+    teardown, atexit) runs as on Ctrl-C; only where nobody else handles SIGTERM already.
+    Returns the handler it replaced, or None when it installed nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        return None
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return previous
+
+
+def _restore_sigterm_handler(previous: _SignalHandler) -> bool:
+    """Puts the replaced handler back, unless someone else has changed it since."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, previous)
+    return True

@@ -1,0 +1,48 @@
+"""A validated map written back as the PlacementMap YAML a user would commit.
+
+The inverse of `validate.parse_map` up to formatting and comments: parsing what `dump_map` writes
+gives an equal map. Used to show or store a map that did not come from a file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from placement.maps import DeclaredSlot, PlacementMap
+from placement.types import API_VERSION, KIND
+
+
+def slot_document(slot: DeclaredSlot) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": slot.index, "node": slot.node}
+    if slot.count is not None:
+        out["count"] = slot.count
+    else:
+        out["devices"] = [d if isinstance(d, int) else str(d) for d in slot.devices]
+    if slot.require is not None:
+        require: dict[str, Any] = {}
+        if slot.require.product is not None:
+            require["product"] = slot.require.product
+        if slot.require.min_memory_mib is not None:
+            require["minMemoryMiB"] = slot.require.min_memory_mib
+        out["require"] = require
+    return out
+
+
+def map_document(pmap: PlacementMap) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": pmap.key.name, "namespace": pmap.key.namespace},
+        "spec": {
+            "sharing": pmap.sharing.value,
+            "indexing": pmap.indexing.value,
+            "envMode": pmap.env_mode.value,
+            "placements": [slot_document(s) for s in pmap.slots],
+        },
+    }
+
+
+def dump_map(pmap: PlacementMap) -> str:
+    return yaml.safe_dump(map_document(pmap), sort_keys=False, allow_unicode=True)

@@ -1,0 +1,69 @@
+"""Fixtures for integration tests: one real control plane per session (`gpuplace.localcluster`).
+
+- ``cluster`` (session): a started `LocalCluster`: etcd, kube-apiserver, kube-controller-manager
+  and kwok on loopback. Use ``cluster.kubectl(...)``, ``cluster.api_client()``,
+  ``cluster.request(...)``, ``cluster.kubeconfig``, ``cluster.server``, ``cluster.ca_file``,
+  ``cluster.ca`` (issue certificates for test TLS servers), ``cluster.create_nodes(...)``.
+  Its directory (certificates, ``logs/<component>.log``) is under pytest's base temp directory,
+  which pytest keeps for the last few runs: look there when a test fails. Torn down at session
+  end, on failures and on Ctrl-C (children are also killed if pytest itself is killed).
+- ``api_client`` (session): one admin ``kubernetes.client.ApiClient``.
+- ``gpu_nodes`` (session): names of 4 kwok nodes, ``it-gpu-01``..``it-gpu-04``, 8 GPUs each, Ready.
+  Tests that need nodes with particular labels create their own, with unique names.
+- ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists (so pods can
+  be created at once), deleted after the test without waiting.
+
+Every test collected under ``tests/integration`` is marked ``integration``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+
+from gpuplace.localcluster import LocalCluster, fake_gpu_nodes
+
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def api_client(cluster: LocalCluster) -> Iterator[kubernetes.client.ApiClient]:
+    with cluster.api_client() as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def gpu_nodes(cluster: LocalCluster) -> list[str]:
+    return cluster.create_nodes(fake_gpu_nodes(4, gpus=8, prefix="it-gpu-"))
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{base or 'test'}-{uuid.uuid4().hex[:6]}"
+    cluster.create_namespace(name)
+    yield name
+    cluster.delete_namespace(name)
+    # A component that died mid-test explains the failure better than the test's own assertion.
+    cluster.check_alive()

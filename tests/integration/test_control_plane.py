@@ -1,0 +1,489 @@
+"""The local control plane does what gpuplace relies on (DESIGN.md), against the real apiserver."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import kubernetes.watch
+import pytest
+
+from gpuplace.localcluster import (
+    COMPONENTS,
+    GPU_RESOURCE,
+    BinariesError,
+    LocalCluster,
+    find_binaries,
+    kubernetes_version,
+)
+from gpuplace.localcluster.layout import ClusterState
+
+BUILD_SCRIPT = Path(__file__).parents[2] / "hack" / "build-control-plane.sh"
+#: A scheduler nobody runs: pods that name it stay unbound until a test binds them.
+UNSERVED_SCHEDULER = "gpuplace-test-unserved"
+
+
+def pod_manifest(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": pod_spec(),
+    }
+
+
+def pod_spec() -> dict[str, Any]:
+    return {
+        "schedulerName": UNSERVED_SCHEDULER,
+        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+    }
+
+
+def bind(
+    cluster: LocalCluster,
+    namespace: str,
+    pod: str,
+    node: str,
+    annotations: dict[str, str] | None = None,
+) -> None:
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod, "annotations": annotations or {}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    status, body = cluster.request(
+        "POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/binding", binding
+    )
+    assert status == 201, body
+
+
+def pods_by_name(
+    core: kubernetes.client.CoreV1Api, namespace: str, selector: str
+) -> dict[str, Any]:
+    return {
+        p.metadata.name: p
+        for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+    }
+
+
+def test_version_reports_the_pinned_release(cluster: LocalCluster) -> None:
+    status, body = cluster.request("GET", "/version")
+
+    assert status == 200
+    assert body["gitVersion"] == kubernetes_version() == "v1.35.4"
+    assert (body["major"], body["minor"]) == ("1", "35")
+
+
+def test_fake_nodes_are_ready_with_gpu_capacity(
+    api_client: kubernetes.client.ApiClient, gpu_nodes: list[str]
+) -> None:
+    node = kubernetes.client.CoreV1Api(api_client).read_node(gpu_nodes[0])
+
+    ready = {c.type: c.status for c in node.status.conditions}["Ready"]
+    assert ready == "True"
+    assert node.status.allocatable[GPU_RESOURCE] == "8"
+    assert node.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
+
+
+def test_binding_sets_node_and_annotations_in_one_write(
+    cluster: LocalCluster,
+    api_client: kubernetes.client.ApiClient,
+    namespace: str,
+    gpu_nodes: list[str],
+) -> None:
+    core = kubernetes.client.CoreV1Api(api_client)
+    created = core.create_namespaced_pod(namespace, pod_manifest("worker-0"))
+    decision = {
+        "gpuplace.io/node": gpu_nodes[1],
+        "gpuplace.io/index": "0",
+        "gpuplace.io/devices": "GPU-11111111-2222-3333-4444-555555555555",
+        "gpuplace.io/cuda-visible-devices": "0",
+    }
+
+    bind(cluster, namespace, "worker-0", gpu_nodes[1], decision)
+
+    # The first change after creation must carry both the node and the annotations: one write.
+    watch = kubernetes.watch.Watch()
+    first = None
+    for event in watch.stream(
+        core.list_namespaced_pod,
+        namespace,
+        field_selector="metadata.name=worker-0",
+        resource_version=created.metadata.resource_version,
+        timeout_seconds=30,
+    ):
+        if event["type"] == "MODIFIED":
+            first = event["object"]
+            watch.stop()
+    assert first is not None, "no update of the pod arrived within 30 s"
+    assert first.spec.node_name == gpu_nodes[1]
+    assert decision.items() <= (first.metadata.annotations or {}).items()
+    scheduled = {c.type: c.status for c in first.status.conditions or []}
+    assert scheduled.get("PodScheduled") == "True"
+
+
+def test_binding_an_already_bound_pod_is_a_conflict(
+    cluster: LocalCluster,
+    api_client: kubernetes.client.ApiClient,
+    namespace: str,
+    gpu_nodes: list[str],
+) -> None:
+    kubernetes.client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod_manifest("p"))
+    bind(cluster, namespace, "p", gpu_nodes[0])
+
+    status, body = cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods/p/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "p"},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": gpu_nodes[1]},
+        },
+    )
+
+    assert status == 409, body
+    assert "already assigned to node" in body["message"]
+
+
+def test_statefulset_pods_come_from_the_controller_manager_and_run_on_kwok_nodes(
+    cluster: LocalCluster,
+    api_client: kubernetes.client.ApiClient,
+    namespace: str,
+    gpu_nodes: list[str],
+) -> None:
+    core = kubernetes.client.CoreV1Api(api_client)
+    labels = {"app": "llm"}
+    kubernetes.client.AppsV1Api(api_client).create_namespaced_stateful_set(
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "llm"},
+            "spec": {
+                "replicas": 3,
+                "serviceName": "llm",
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec()},
+            },
+        },
+    )
+
+    # OrderedReady: llm-1 appears only once llm-0 runs, so bind each pod as it shows up.
+    def all_running() -> bool:
+        pods = pods_by_name(core, namespace, "app=llm")
+        for name, pod in sorted(pods.items()):
+            if not pod.spec.node_name:
+                bind(cluster, namespace, name, gpu_nodes[int(name.rsplit("-", 1)[1])])
+        return len(pods) == 3 and all(p.status.phase == "Running" for p in pods.values())
+
+    cluster.wait_for("StatefulSet llm to run 3 pods", all_running, timeout=90, interval=0.2)
+
+    pods = pods_by_name(core, namespace, "app=llm")
+    assert sorted(pods) == ["llm-0", "llm-1", "llm-2"]
+    assert [pods[n].spec.node_name for n in sorted(pods)] == gpu_nodes[:3]
+    assert all(p.metadata.owner_references[0].kind == "StatefulSet" for p in pods.values())
+    assert pods["llm-2"].metadata.labels["apps.kubernetes.io/pod-index"] == "2"
+
+
+def test_deleting_the_owner_garbage_collects_its_pods(
+    cluster: LocalCluster,
+    api_client: kubernetes.client.ApiClient,
+    namespace: str,
+    gpu_nodes: list[str],
+) -> None:
+    core = kubernetes.client.CoreV1Api(api_client)
+    apps = kubernetes.client.AppsV1Api(api_client)
+    labels = {"app": "batch"}
+    apps.create_namespaced_replica_set(
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "batch"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec()},
+            },
+        },
+    )
+
+    def running() -> bool:
+        pods = pods_by_name(core, namespace, "app=batch")
+        for name, pod in pods.items():
+            if not pod.spec.node_name:
+                bind(cluster, namespace, name, gpu_nodes[2])
+        return len(pods) == 2 and all(p.status.phase == "Running" for p in pods.values())
+
+    cluster.wait_for("ReplicaSet batch to run 2 pods", running, timeout=90, interval=0.2)
+    owned = pods_by_name(core, namespace, "app=batch")
+    assert all(p.metadata.owner_references[0].name == "batch" for p in owned.values())
+
+    # Background propagation: the ReplicaSet goes at once; the garbage collector removes the pods.
+    apps.delete_namespaced_replica_set("batch", namespace, body={"propagationPolicy": "Background"})
+    cluster.wait_for(
+        "the garbage collector to delete the pods of ReplicaSet batch",
+        lambda: not pods_by_name(core, namespace, "app=batch"),
+        timeout=90,
+        interval=0.2,
+    )
+
+    assert core.list_namespaced_pod(namespace).items == []
+
+
+class _Webhook:
+    """A validating admission webhook over HTTPS on 127.0.0.1 that denies labelled ConfigMaps."""
+
+    MESSAGE = "configmaps labelled deny=yes are not allowed here (gpuplace test webhook)"
+
+    def __init__(self, cluster: LocalCluster, directory: Path) -> None:
+        pair = cluster.ca.issue_server("test-webhook", dns_names=("localhost",))
+        pair.write(directory / "webhook.crt", directory / "webhook.key")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(directory / "webhook.crt", directory / "webhook.key")
+        self.reviewed: list[str] = []
+        webhook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                request = review["request"]
+                labels = request["object"]["metadata"].get("labels") or {}
+                webhook.reviewed.append(request["name"])
+                response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+                if labels.get("deny") == "yes":
+                    response = {
+                        "uid": request["uid"],
+                        "allowed": False,
+                        "status": {"code": 403, "message": webhook.MESSAGE},
+                    }
+                body = json.dumps(
+                    {
+                        "apiVersion": review["apiVersion"],
+                        "kind": "AdmissionReview",
+                        "response": response,
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/validate"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Webhook:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self._thread.join()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook(cluster: LocalCluster, tmp_path: Path) -> Iterator[_Webhook]:
+    with _Webhook(cluster, tmp_path) as server:
+        yield server
+
+
+def test_apiserver_calls_an_https_webhook_and_its_denial_reaches_the_client(
+    cluster: LocalCluster,
+    api_client: kubernetes.client.ApiClient,
+    namespace: str,
+    webhook: _Webhook,
+) -> None:
+    name = f"deny-configmaps-{namespace}"
+    admission = kubernetes.client.AdmissionregistrationV1Api(api_client)
+    admission.create_validating_webhook_configuration(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "deny.gpuplace.test",
+                    "clientConfig": {
+                        "url": webhook.url,
+                        "caBundle": base64.b64encode(cluster.ca.cert_pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["configmaps"],
+                        }
+                    ],
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": namespace}
+                    },
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 5,
+                }
+            ],
+        }
+    )
+    try:
+        denied = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "denied", "labels": {"deny": "yes"}},
+        }
+        # The apiserver picks up new webhook configurations asynchronously; a dry run shows when.
+        cluster.wait_for(
+            "the webhook configuration to take effect",
+            lambda: (
+                cluster.request(
+                    "POST", f"/api/v1/namespaces/{namespace}/configmaps?dryRun=All", denied
+                )[0]
+                == 403
+            ),
+            timeout=30,
+            interval=0.1,
+        )
+
+        result = cluster.kubectl(
+            "create", "-n", namespace, "-f", "-", input=json.dumps(denied), check=False
+        )
+        allowed = cluster.kubectl(
+            "create", "configmap", "allowed", "-n", namespace, "--from-literal=k=v", check=False
+        )
+    finally:
+        admission.delete_validating_webhook_configuration(name)
+
+    assert result.returncode != 0
+    assert 'admission webhook "deny.gpuplace.test" denied the request' in result.stderr
+    assert webhook.MESSAGE in result.stderr
+    assert allowed.returncode == 0, allowed.stderr
+    assert "allowed" in webhook.reviewed
+
+
+def test_cluster_up_and_down_leave_no_process_behind(tmp_path: Path) -> None:
+    directory = tmp_path / "cluster"
+    gpuplace = [sys.executable, "-m", "gpuplace", "cluster"]
+
+    up = subprocess.run(
+        [*gpuplace, "up", "--dir", str(directory), "--nodes", "2", "--gpus", "4"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert up.returncode == 0, up.stderr
+    state = ClusterState.read(directory / "state.json")
+    try:
+        assert up.stdout == f"export KUBECONFIG={directory / 'kubeconfig'}\n"
+        assert [p.name for p in state.processes if p.alive()] == [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kwok",
+        ]
+        nodes = subprocess.run(
+            [str(find_binaries(build=False).kubectl), "get", "nodes", "-o", "name"],
+            env={**os.environ, "KUBECONFIG": str(directory / "kubeconfig")},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert nodes.stdout.split() == ["node/gpu-node-01", "node/gpu-node-02"]
+    finally:
+        down = subprocess.run(
+            [*gpuplace, "down", "--dir", str(directory)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if down.returncode != 0:  # never leave a cluster behind, whatever failed
+            for process in state.processes:
+                if process.alive():
+                    os.killpg(process.pid, signal.SIGKILL)
+
+    assert down.returncode == 0, down.stderr
+    assert not [p.name for p in state.processes if p.alive()]
+    assert not directory.exists()
+
+
+def test_environment_overrides_replace_cached_binaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = find_binaries(build=False)
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    for component in ("etcd", "kube-apiserver", "kubectl"):
+        (assets / component).symlink_to(built.path(component))
+    kwok = tmp_path / "my-kwok"
+    kwok.symlink_to(built.kwok)
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+    monkeypatch.setenv("TEST_ASSET_KWOK", str(kwok))
+
+    found = find_binaries(build=False)
+
+    assert found.etcd == assets / "etcd"
+    assert found.kube_apiserver == assets / "kube-apiserver"
+    assert found.kwok == kwok
+    assert found.kube_controller_manager == built.kube_controller_manager
+
+
+def test_an_unusable_override_is_reported_with_its_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TEST_ASSET_ETCD", str(tmp_path / "missing-etcd"))
+
+    with pytest.raises(BinariesError, match=r"TEST_ASSET_ETCD=.*missing-etcd: not an executable"):
+        find_binaries(build=False)
+    script = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
+    )
+    assert script.returncode == 1
+    assert "TEST_ASSET_ETCD" in script.stderr
+
+
+def test_build_script_builds_nothing_that_is_overridden(tmp_path: Path) -> None:
+    built = find_binaries(build=False)
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    for component in COMPONENTS:
+        (assets / component).symlink_to(built.path(component))
+    cache = tmp_path / "cache"
+
+    # No Go on PATH: any build attempt would fail.
+    script = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "GPUPLACE_CACHE": str(cache),
+            "KUBEBUILDER_ASSETS": str(assets),
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert script.returncode == 0, script.stderr
+    assert script.stdout == f"{cache}/k8s-{kubernetes_version()}/bin\n"
+    assert "building" not in script.stderr

@@ -1,0 +1,154 @@
+"""argocd/health/configmap.lua, run by Lua 5.1 (the language of ArgoCD's gopher-lua) the way ArgoCD
+runs a health check: the object as the global `obj`, the script's return value a table with
+`status` and `message`. Statuses are written by the controller's own codec (placement.status)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lupa.lua51 as lua51
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from placement.errors import Diagnostic, Location
+from placement.status import MapStatus, Phase, SlotCounts
+
+SCRIPT = (Path(__file__).resolve().parents[2] / "argocd" / "health" / "configmap.lua").read_text()
+
+#: What ArgoCD's VM offers a script with useOpenLibs (base, table, string, math); we also remove
+#: what a health check has no business using, so a script that reaches for it fails here.
+_REMOVED_GLOBALS = (
+    "io",
+    "os",
+    "debug",
+    "dofile",
+    "loadfile",
+    "require",
+    "package",
+    "load",
+    "loadstring",
+)
+
+
+def to_lua(runtime: Any, value: Any) -> Any:
+    """Like ArgoCD's decodeValue: maps and lists become tables, scalars stay scalars."""
+    if isinstance(value, dict):
+        return runtime.table_from({k: to_lua(runtime, v) for k, v in value.items()})
+    if isinstance(value, list):
+        return runtime.table_from([to_lua(runtime, v) for v in value])
+    return value
+
+
+def health(obj: dict[str, Any]) -> dict[str, Any]:
+    runtime = lua51.LuaRuntime(unpack_returned_tuples=True, register_eval=False)
+    g = runtime.globals()
+    for name in _REMOVED_GLOBALS:
+        g[name] = None
+    g.obj = to_lua(runtime, obj)
+    result = runtime.execute(SCRIPT)
+    assert lua51.lua_type(result) == "table"
+    out = dict(result)
+    assert set(out) <= {"status", "message"}
+    return out
+
+
+def configmap(status: str | None = None, *, labelled: bool = True) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "llm-serving", "namespace": "inference"}
+    if labelled:
+        metadata["labels"] = {"gpuplace.io/placement-map": "true"}
+    if status is not None:
+        metadata["annotations"] = {"gpuplace.io/status": status}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {"placement.yaml": "..."},
+    }
+
+
+def test_valid_map_is_healthy() -> None:
+    status = MapStatus(
+        Phase.VALID, observed_generation=7, message="4 slots, 4 bound", slots=SlotCounts(4, 4, 4)
+    )
+    assert health(configmap(status.to_json())) == {
+        "status": "Healthy",
+        "message": "4 slots, 4 bound",
+    }
+
+
+def test_invalid_map_is_degraded_with_the_located_error() -> None:
+    error = Diagnostic(
+        Location("inference/llm-serving", 9, 17, "spec.placements[1].devices[0]"), "device 9 is …"
+    )
+    status = MapStatus(Phase.INVALID, errors=(error,), serving_version="41")
+    assert health(configmap(status.to_json())) == {
+        "status": "Degraded",
+        "message": "Invalid: inference/llm-serving:9:17: device 9 is …",
+    }
+
+
+@pytest.mark.parametrize("phase", [Phase.CONFLICT, Phase.DEGRADED, Phase.INVALID])
+def test_problem_phases_are_degraded_with_the_message(phase: Phase) -> None:
+    message = 'GPU-5c1d0c3e on gpu-a-01 is also claimed by "training/bert" (index 3)'
+    result = health(configmap(MapStatus(phase, message=message).to_json()))
+    assert result == {"status": "Degraded", "message": f"{phase.value}: {message}"}
+
+
+def test_placement_map_without_status_is_progressing() -> None:
+    result = health(configmap())
+    assert result["status"] == "Progressing"
+    assert "gpuplace controller" in result["message"]
+    assert health(configmap(""))["status"] == "Progressing"
+
+
+def test_other_configmaps_are_healthy() -> None:
+    assert health(configmap(labelled=False)) == {"status": "Healthy"}
+    assert health({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}) == {
+        "status": "Healthy"
+    }
+    # A stray status on a ConfigMap that is not a placement map changes nothing.
+    invalid = MapStatus(Phase.INVALID, message="x").to_json()
+    assert health(configmap(invalid, labelled=False)) == {"status": "Healthy"}
+    other = configmap(invalid)
+    other["metadata"]["labels"]["gpuplace.io/placement-map"] = "false"
+    assert health(other) == {"status": "Healthy"}
+
+
+@pytest.mark.parametrize(
+    "text", ["{", "not json", '{"phase": "Valid"', '["Valid"]', '{"phase": "Valid"} x']
+)
+def test_unreadable_status_is_degraded_and_says_why(text: str) -> None:
+    result = health(configmap(text))
+    assert result["status"] == "Degraded"
+    assert "gpuplace.io/status" in result["message"]
+
+
+def test_unknown_phase_is_unknown() -> None:
+    result = health(configmap(json.dumps({"phase": "Pending", "message": ""})))
+    assert result == {"status": "Unknown", "message": "unknown gpuplace.io/status phase Pending"}
+
+
+def test_status_written_by_any_json_encoder_is_read() -> None:
+    status = {
+        "message": "ok",
+        "phase": "Valid",
+        "errors": [],
+        "slots": {"total": 2},
+        "observedGeneration": 1.5e3,
+    }
+    pretty = json.dumps(status, indent=4, ensure_ascii=False)
+    assert health(configmap(pretty)) == {"status": "Healthy", "message": "ok"}
+
+
+@given(st.text(min_size=1, max_size=200))
+def test_any_message_survives_the_json_round_trip(message: str) -> None:
+    status = MapStatus(Phase.CONFLICT, message=message).to_json()  # ensure_ascii: \uXXXX escapes
+    expected = "Conflict: " + message
+    # What a JSON decoder makes of it: escaped surrogate pairs join, lone surrogates (no UTF-8
+    # form) become U+FFFD.
+    joined = json.loads(json.dumps(expected))
+    expected = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in joined)
+    assert health(configmap(status)) == {"status": "Degraded", "message": expected}

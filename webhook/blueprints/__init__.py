@@ -1,0 +1,1 @@
+"""One Flask blueprint a file: pod mutation, map validation, health and metrics."""

@@ -1,0 +1,166 @@
+"""The Mutating- and ValidatingWebhookConfiguration objects, built without I/O.
+
+`gpuplace webhook --register`, the integration tests and the Helm chart share this shape: the pod
+webhook sees only pods labelled `gpuplace.io/map`, the map webhook only ConfigMaps labelled
+`gpuplace.io/placement-map=true`, so an outage of the webhook never blocks anyone else's objects.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
+
+ADMISSION_API = "admissionregistration.k8s.io/v1"
+MUTATING_KIND = "MutatingWebhookConfiguration"
+VALIDATING_KIND = "ValidatingWebhookConfiguration"
+MUTATING_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+VALIDATING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+POD_WEBHOOK = "pods.gpuplace.io"
+LEGACY_POD_WEBHOOK = "legacy-pods.gpuplace.io"
+MAP_WEBHOOK = "placementmaps.gpuplace.io"
+MUTATE_PATH = "/mutate"
+VALIDATE_PATH = "/validate"
+TIMEOUT_SECONDS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where the apiserver reaches the webhook: a Service (in a cluster) or a URL (local runs)."""
+
+    ca_bundle: bytes = b""
+    url: str | None = None  # base, e.g. https://127.0.0.1:8443
+    service_namespace: str = ""
+    service_name: str = ""
+    service_port: int = 443
+
+    def client_config(self, path: str) -> dict[str, Any]:
+        config: dict[str, Any]
+        if self.url:
+            config = {"url": self.url.rstrip("/") + path}
+        else:
+            config = {
+                "service": {
+                    "namespace": self.service_namespace,
+                    "name": self.service_name,
+                    "path": path,
+                    "port": self.service_port,
+                }
+            }
+        if self.ca_bundle:
+            config["caBundle"] = base64.b64encode(self.ca_bundle).decode()
+        return config
+
+
+def _rule(operations: Sequence[str], resource: str) -> dict[str, Any]:
+    return {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": list(operations),
+        "resources": [resource],
+        "scope": "Namespaced",
+    }
+
+
+def _common(
+    name: str, endpoint: Endpoint, path: str, namespace_selector: dict[str, Any] | None
+) -> dict[str, Any]:
+    webhook: dict[str, Any] = {
+        "name": name,
+        "clientConfig": endpoint.client_config(path),
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "admissionReviewVersions": ["v1"],
+        "matchPolicy": "Equivalent",
+    }
+    if namespace_selector is not None:
+        webhook["namespaceSelector"] = namespace_selector
+    return webhook
+
+
+def legacy_match_conditions(scheduler_names: Sequence[str]) -> list[dict[str, str]]:
+    """Legacy pods carry no label an objectSelector could use; CEL conditions, evaluated in the
+    apiserver, keep every other pod from reaching the webhook."""
+    names = ", ".join(json.dumps(n) for n in scheduler_names)
+    return [
+        {
+            "name": "legacy-annotation",
+            "expression": "has(object.metadata.annotations) && "
+            f"{json.dumps(LEGACY_ANNOTATION)} in object.metadata.annotations",
+        },
+        {
+            "name": "legacy-scheduler",
+            "expression": f"has(object.spec.schedulerName) && object.spec.schedulerName in [{names}]",
+        },
+        {
+            "name": "not-labelled",
+            "expression": "!has(object.metadata.labels) || "
+            f"!({json.dumps(MAP_LABEL)} in object.metadata.labels)",
+        },
+    ]
+
+
+def mutating_configuration(
+    name: str,
+    endpoint: Endpoint,
+    *,
+    legacy_scheduler_names: Sequence[str] = (),
+    labels: dict[str, str] | None = None,
+    namespace_selector: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Pods labelled gpuplace.io/map (and legacy pods, when scheduler names are given)."""
+    pods = _common(POD_WEBHOOK, endpoint, MUTATE_PATH, namespace_selector)
+    pods["rules"] = [_rule(["CREATE"], "pods")]
+    pods["objectSelector"] = {"matchExpressions": [{"key": MAP_LABEL, "operator": "Exists"}]}
+    # Containers that a later webhook injects (sidecars) get the env too: we run again, and a
+    # pod already wired yields an empty patch.
+    pods["reinvocationPolicy"] = "IfNeeded"
+    webhooks = [pods]
+    if legacy_scheduler_names:
+        legacy = _common(LEGACY_POD_WEBHOOK, endpoint, MUTATE_PATH, namespace_selector)
+        legacy["rules"] = [_rule(["CREATE"], "pods")]
+        legacy["matchConditions"] = legacy_match_conditions(legacy_scheduler_names)
+        legacy["reinvocationPolicy"] = "IfNeeded"
+        webhooks.append(legacy)
+    return {
+        "apiVersion": ADMISSION_API,
+        "kind": MUTATING_KIND,
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "webhooks": webhooks,
+    }
+
+
+def validating_configuration(
+    name: str,
+    endpoint: Endpoint,
+    *,
+    labels: dict[str, str] | None = None,
+    namespace_selector: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """ConfigMaps labelled gpuplace.io/placement-map=true, on CREATE and UPDATE."""
+    maps = _common(MAP_WEBHOOK, endpoint, VALIDATE_PATH, namespace_selector)
+    maps["rules"] = [_rule(["CREATE", "UPDATE"], "configmaps")]
+    maps["objectSelector"] = {"matchLabels": {PLACEMENT_MAP_LABEL: "true"}}
+    return {
+        "apiVersion": ADMISSION_API,
+        "kind": VALIDATING_KIND,
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "webhooks": [maps],
+    }
+
+
+def with_ca_bundle(configuration: dict[str, Any], ca_bundle: bytes) -> dict[str, Any] | None:
+    """A copy of `configuration` whose webhooks all carry `ca_bundle`; None if they already do."""
+    encoded = base64.b64encode(ca_bundle).decode()
+    webhooks = configuration.get("webhooks") or []
+    if all(w.get("clientConfig", {}).get("caBundle") == encoded for w in webhooks):
+        return None
+    updated = json.loads(json.dumps(configuration))
+    for webhook in updated.get("webhooks") or []:
+        webhook.setdefault("clientConfig", {})["caBundle"] = encoded
+    return dict(updated)

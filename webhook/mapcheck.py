@@ -1,0 +1,61 @@
+"""ConfigMap admission: an invalid placement map is refused when it is applied.
+
+`kubectl apply` and ArgoCD's server-side dry run then show the validator's located messages
+(`configmap inference/llm placement.yaml:7:15: error: ...`), the same ones `gpuplace validate` prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL
+from placement.errors import PlacementError
+from placement.types import MapKey
+from placement.validate import parse_map_for
+from webhook.review import AdmissionRequest, Verdict
+
+
+def source_name(key: MapKey) -> str:
+    return f"configmap {key} {PLACEMENT_KEY}"
+
+
+def _invalid(message: str) -> Verdict:
+    return Verdict.deny(message, code=422, reason="Invalid")
+
+
+def check_configmap(request: AdmissionRequest) -> Verdict:
+    """Validates the `placement.yaml` of a labelled ConfigMap on CREATE and UPDATE."""
+    if request.operation not in ("CREATE", "UPDATE") or request.sub_resource:
+        return Verdict(True)
+    obj: Mapping[str, Any] = request.object or {}
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    labels = meta.get("labels")
+    # The objectSelector also matches an UPDATE whose old object had the label: a ConfigMap
+    # that stops being a placement map is not ours to judge.
+    if not isinstance(labels, dict) or labels.get(PLACEMENT_MAP_LABEL) != "true":
+        return Verdict(True)
+    namespace = request.namespace or str(meta.get("namespace") or "")
+    name = request.name or str(meta.get("name") or "")
+    key = MapKey(namespace, name)
+    data = obj.get("data")
+    data = data if isinstance(data, dict) else {}
+    text = data.get(PLACEMENT_KEY)
+    if not isinstance(text, str):
+        binary = obj.get("binaryData")
+        where = (
+            " (it is under binaryData; use data)"
+            if isinstance(binary, dict) and PLACEMENT_KEY in binary
+            else ""
+        )
+        return _invalid(
+            f"configmap {key}: label {PLACEMENT_MAP_LABEL}=true is set but data has no key "
+            f"{PLACEMENT_KEY!r}{where}; put the PlacementMap YAML under data.{PLACEMENT_KEY}, "
+            f"or remove the label"
+        )
+    try:
+        parse_map_for(text, source_name(key), key)
+    except PlacementError as exc:
+        return _invalid(exc.format())
+    return Verdict(True)

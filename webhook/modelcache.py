@@ -1,0 +1,133 @@
+"""The compiled model as the webhook sees it: fed by a watch on the model ConfigMaps.
+
+The controller writes a manifest and shards; a reader can see a shard before the manifest that
+names it (or the other way round), so a model that does not decode is skipped and the last good one
+keeps serving until the next event completes the write.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from kubeio.client import Kube, Obj
+from kubeio.informer import Informer
+from placement.model import MANIFEST_NAME, MODEL_LABEL, Model, decode_model
+
+log = logging.getLogger(__name__)
+
+
+class ModelSource(Protocol):
+    def current(self) -> Model:
+        """The model to admit against now."""
+        ...
+
+    def loaded(self) -> bool:
+        """Whether a model has been loaded since start (readiness)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StaticModel:
+    """A fixed model (tests, benchmarks)."""
+
+    model: Model
+
+    def current(self) -> Model:
+        return self.model
+
+    def loaded(self) -> bool:
+        return True
+
+
+def _data(obj: Obj) -> dict[str, str]:
+    data = obj.get("data")
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def load_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
+    """The model in ConfigMap name -> data; raises ValueError while a write is incomplete.
+
+    No manifest (a fresh install, before the controller wrote anything) means no maps: pods that
+    name a map are refused with a clear message, instead of every pod failing on a webhook that
+    never turns ready.
+    """
+    if MANIFEST_NAME not in configmaps:
+        return Model()
+    try:
+        return decode_model(configmaps)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"model ConfigMaps do not decode: {exc!r}") from exc
+
+
+class ModelCache:
+    """Watches `gpuplace-system` ConfigMaps labelled `gpuplace.io/model=true`.
+
+    Decoding runs on its own thread, off the informer's: a burst of shard events (one model write)
+    collapses into one rebuild.
+    """
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self._informer = Informer(
+            kube,
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            label_selector=f"{MODEL_LABEL}=true",
+            name="model",
+        )
+        self._informer.add_handler(lambda _event, _obj, _old: self._dirty.set())
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._loaded = threading.Event()
+        self._model = Model()
+        self._thread = threading.Thread(target=self._run, name="model-cache", daemon=True)
+
+    def current(self) -> Model:
+        return self._model  # one reference read: a request sees one whole model
+
+    def loaded(self) -> bool:
+        return self._loaded.is_set()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        return self._loaded.wait(timeout)
+
+    def start(self) -> ModelCache:
+        self._informer.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        self._informer.stop()
+
+    def _run(self) -> None:
+        while not self._informer.wait_synced(0.5):
+            if self._stop.is_set():
+                return
+        while not self._stop.is_set():
+            self._dirty.clear()
+            self.rebuild()
+            self._dirty.wait()
+
+    def rebuild(self) -> None:
+        with self._informer.lock:
+            snapshot = {name: _data(obj) for (_ns, name), obj in self._informer.store.items()}
+        started = time.perf_counter()
+        try:
+            model = load_model(snapshot)
+        except ValueError as exc:
+            log.info("model not complete, keeping generation %d: %s", self._model.generation, exc)
+            return
+        if model.generation != self._model.generation or not self._loaded.is_set():
+            log.info(
+                "model generation %d loaded: %d maps in %.1f ms",
+                model.generation,
+                len(model.maps),
+                (time.perf_counter() - started) * 1000,
+            )
+        self._model = model
+        self._loaded.set()

@@ -1,0 +1,350 @@
+"""Pod admission: opted-in pods get the binder's schedulerName and env wired to their binding.
+
+The env values are not known at admission (the binder decides later), so every container gets
+fieldRefs on the annotations the binder's Binding writes; the kubelet resolves them when the
+container starts, after binding. Pods that name a map or index the model does not have are refused
+here, with the map and index in the message, instead of staying Pending forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from placement.annotations import (
+    CUDA_ANNOTATION,
+    DEVICES_ANNOTATION,
+    ENV_CUDA_DEVICE_ORDER,
+    ENV_CUDA_VISIBLE_DEVICES,
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    INDEX_LABEL,
+    LEGACY_ANNOTATION,
+    MANAGED_ENV,
+    MAP_LABEL,
+    PLACEMENT_MAP_LABEL,
+    STATEFULSET_INDEX_LABEL,
+    STATUS_ANNOTATION,
+    name_ordinal,
+    spoofed_annotations,
+)
+from placement.errors import PlacementError
+from placement.indexing import IndexChoice, IndexSource, PodIdentity, resolve_index
+from placement.legacy import parse_legacy
+from placement.model import CompiledMap, Model
+from placement.types import EnvMode, Indexing, MapKey
+from webhook.jsonpatch import Operation, add, pointer, remove
+from webhook.review import AdmissionRequest, Verdict
+from webhook.settings import AdmissionSettings
+
+CONTAINER_LISTS = ("initContainers", "containers")
+DEFAULT_SCHEDULER = "default-scheduler"
+#: How many index ranges a message lists before it elides the rest.
+MAX_RANGES_SHOWN = 8
+
+
+class MalformedPodError(ValueError):
+    """The object in the review is not shaped like a pod (the apiserver never sends one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEnv:
+    list_name: str  # initContainers | containers
+    position: int
+    name: str
+    env: tuple[Mapping[str, Any], ...] | None  # None: the container has no env list
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """The parts of a pod admission reads, type-checked once."""
+
+    namespace: str
+    name: str
+    generate_name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    scheduler_name: str
+    node_name: str
+    owner_kind: str | None
+    containers: tuple[ContainerEnv, ...]
+
+    def __str__(self) -> str:
+        name = self.name or (f"{self.generate_name}<generated>" if self.generate_name else "<new>")
+        return f"{self.namespace}/{name}"
+
+    def identity(self) -> PodIdentity:
+        return PodIdentity(self.name, self.labels, self.owner_kind)
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MalformedPodError(f"{where} must be an object")
+    return value
+
+
+def _object(value: object, where: str) -> Mapping[str, Any]:
+    """Like `_mapping`, but null is refused too: the patch writes into this object."""
+    if not isinstance(value, dict):
+        raise MalformedPodError(f"{where} must be an object")
+    return value
+
+
+def _string(value: object, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise MalformedPodError(f"{where} must be a string")
+    return value
+
+
+def _string_map(value: object, where: str) -> Mapping[str, str]:
+    data = _mapping(value, where)
+    for key, item in data.items():
+        if not isinstance(item, str):
+            raise MalformedPodError(f"{where}[{key!r}] must be a string")
+    return data
+
+
+def _controller_kind(owners: object) -> str | None:
+    if owners is None:
+        return None
+    if not isinstance(owners, list):
+        raise MalformedPodError("metadata.ownerReferences must be a list")
+    for i, owner in enumerate(owners):
+        ref = _mapping(owner, f"metadata.ownerReferences[{i}]")
+        if ref.get("controller") is True:
+            return _string(ref.get("kind"), f"metadata.ownerReferences[{i}].kind")
+    return None
+
+
+def _containers(spec: Mapping[str, Any]) -> tuple[ContainerEnv, ...]:
+    out: list[ContainerEnv] = []
+    for list_name in CONTAINER_LISTS:
+        items = spec.get(list_name)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise MalformedPodError(f"spec.{list_name} must be a list")
+        for i, item in enumerate(items):
+            where = f"spec.{list_name}[{i}]"
+            container = _object(item, where)
+            env = container.get("env")
+            if env is not None:
+                if not isinstance(env, list):
+                    raise MalformedPodError(f"{where}.env must be a list")
+                env = tuple(_object(e, f"{where}.env[{j}]") for j, e in enumerate(env))
+            name = _string(container.get("name"), f"{where}.name")
+            out.append(ContainerEnv(list_name, i, name, env))
+    return tuple(out)
+
+
+def read_pod(obj: Mapping[str, Any] | None, namespace: str) -> PodView:
+    """Checks the shape of every field admission touches; raises MalformedPodError naming the field."""
+    if obj is None:
+        raise MalformedPodError("the review carries no pod")
+    meta = _mapping(obj.get("metadata"), "metadata")
+    spec = _object(obj.get("spec"), "spec")
+    namespace = namespace or _string(meta.get("namespace"), "metadata.namespace")
+    if not namespace:
+        raise MalformedPodError("neither the request nor metadata.namespace names a namespace")
+    return PodView(
+        namespace=namespace,
+        name=_string(meta.get("name"), "metadata.name"),
+        generate_name=_string(meta.get("generateName"), "metadata.generateName"),
+        labels=_string_map(meta.get("labels"), "metadata.labels"),
+        annotations=_string_map(meta.get("annotations"), "metadata.annotations"),
+        scheduler_name=_string(spec.get("schedulerName"), "spec.schedulerName"),
+        node_name=_string(spec.get("nodeName"), "spec.nodeName"),
+        owner_kind=_controller_kind(meta.get("ownerReferences")),
+        containers=_containers(spec),
+    )
+
+
+def _field_env(name: str, annotation: str) -> dict[str, Any]:
+    path = f"metadata.annotations['{annotation}']"
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+
+def wired_env(env_mode: EnvMode) -> tuple[dict[str, Any], ...]:
+    """The entries every container gets, in the order they are inserted at the front of `env`."""
+    entries = [
+        _field_env(ENV_CUDA_VISIBLE_DEVICES, CUDA_ANNOTATION),
+        {"name": ENV_CUDA_DEVICE_ORDER, "value": "PCI_BUS_ID"},
+    ]
+    if env_mode is EnvMode.UUID:
+        entries.append(_field_env(ENV_NVIDIA_VISIBLE_DEVICES, DEVICES_ANNOTATION))
+    return tuple(entries)
+
+
+def _env_ops(
+    container: ContainerEnv, wanted: tuple[dict[str, Any], ...]
+) -> tuple[list[Operation], list[str]]:
+    """Operations that put `wanted` first in the container's env and drop other values of them.
+
+    Ours go first because `$(VAR)` in a later entry can only refer to entries before it; explicit
+    `env` beats `envFrom`, so ConfigMap-provided values of these names lose as well.
+    """
+    base = pointer("spec", container.list_name, container.position, "env")
+    if container.env is None:
+        return [add(base, list(wanted))], []
+    env = container.env
+    managed = [i for i, e in enumerate(env) if e.get("name") in MANAGED_ENV]
+    if tuple(env[: len(wanted)]) == wanted and managed == list(range(len(wanted))):
+        return [], []  # already wired (a pod re-created from `kubectl get -o yaml`)
+    ops = [remove(f"{base}/{i}") for i in reversed(managed)]
+    ops.extend(add(f"{base}/{k}", entry) for k, entry in enumerate(wanted))
+    replaced = [str(env[i].get("name")) for i in managed if env[i] not in wanted]
+    return ops, replaced
+
+
+def _wiring(
+    pod: PodView, env_mode: EnvMode, scheduler_name: str | None
+) -> tuple[tuple[Operation, ...], tuple[str, ...]]:
+    ops: list[Operation] = []
+    warnings: list[str] = []
+    spoofed = sorted(spoofed_annotations(pod.annotations))
+    ops.extend(remove(pointer("metadata", "annotations", key)) for key in spoofed)
+    if spoofed:
+        warnings.append(
+            f"removed annotation(s) {', '.join(spoofed)}: only the gpuplace binder sets gpuplace.io/*"
+        )
+    if scheduler_name is not None and pod.scheduler_name != scheduler_name:
+        ops.append(add(pointer("spec", "schedulerName"), scheduler_name))
+        if pod.scheduler_name not in ("", DEFAULT_SCHEDULER):
+            warnings.append(
+                f"spec.schedulerName {pod.scheduler_name!r} replaced by {scheduler_name!r}: "
+                f"pods with label {MAP_LABEL} are placed by the gpuplace binder"
+            )
+    wanted = wired_env(env_mode)
+    replaced: dict[str, list[str]] = {}
+    for container in pod.containers:
+        container_ops, names = _env_ops(container, wanted)
+        ops.extend(container_ops)
+        for name in names:
+            replaced.setdefault(name, []).append(container.name or str(container.position))
+    for name, containers in sorted(replaced.items()):
+        warnings.append(
+            f"env {name} in container(s) {', '.join(containers)} replaced: "
+            "gpuplace sets it from the pod's binding"
+        )
+    return tuple(ops), tuple(warnings)
+
+
+def describe_indices(indices: Iterable[int]) -> str:
+    """`0-3, 5, 8-9`: sorted indices as ranges, eliding after a few."""
+    ranges: list[tuple[int, int]] = []
+    for i in indices:
+        if ranges and ranges[-1][1] == i - 1:
+            ranges[-1] = (ranges[-1][0], i)
+        else:
+            ranges.append((i, i))
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in ranges[:MAX_RANGES_SHOWN]]
+    if len(ranges) > MAX_RANGES_SHOWN:
+        shown.append("...")
+    return ", ".join(shown) or "none"
+
+
+def _source_of(choice: IndexChoice) -> str:
+    return {
+        IndexSource.LABEL: f"label {INDEX_LABEL}",
+        IndexSource.ORDINAL: f"label {STATEFULSET_INDEX_LABEL}",
+        IndexSource.NAME: "the pod name's ordinal suffix",
+        IndexSource.ALLOCATE: "allocation",
+    }[choice.source]
+
+
+def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Verdict:
+    key = MapKey(pod.namespace, pod.labels[MAP_LABEL])
+    cmap: CompiledMap | None = model.maps.get(key)
+    if cmap is None:
+        guess = resolve_index(pod.identity(), Indexing.AUTO)
+        index = f" (index {guess.index})" if guess.index is not None else ""
+        return Verdict.deny(
+            f"pod {pod}{index}: label {MAP_LABEL}={key.name!r} names placement map {key}, which "
+            f"does not exist or has never been valid; apply ConfigMap {key.name!r} in namespace "
+            f"{key.namespace!r} with label {PLACEMENT_MAP_LABEL}=true and key placement.yaml, "
+            f"and check its {STATUS_ANNOTATION} annotation"
+        )
+    choice = resolve_index(pod.identity(), cmap.indexing)
+    if choice.error:
+        return Verdict.deny(f"pod {pod}: placement map {key}: {choice.error}")
+    if pod.node_name:
+        return Verdict.deny(
+            f"pod {pod}: spec.nodeName {pod.node_name!r} is set, but pods with label {MAP_LABEL} "
+            "are bound by the gpuplace binder; remove spec.nodeName"
+        )
+    warnings: list[str] = []
+    if choice.index is not None:
+        slot = cmap.slots.get(choice.index)
+        if slot is None:
+            return Verdict.deny(
+                f"pod {pod}: placement map {key} has no index {choice.index} (from "
+                f"{_source_of(choice)}); it declares {describe_indices(cmap.sorted_indices)}; "
+                f"declare index {choice.index} in the map or run fewer replicas"
+            )
+        if slot.blocked:
+            detail = f": {slot.message}" if slot.message else ""
+            warnings.append(
+                f"placement map {key} index {choice.index} is not served now ({slot.blocked}"
+                f"{detail}); the pod stays Pending until it is"
+            )
+    elif INDEX_LABEL in pod.labels and cmap.indexing is Indexing.ALLOCATE:
+        warnings.append(
+            f"label {INDEX_LABEL} is ignored: placement map {key} uses 'indexing: allocate'"
+        )
+    if LEGACY_ANNOTATION in pod.annotations:
+        warnings.append(f"annotation {LEGACY_ANNOTATION} is ignored: label {MAP_LABEL} is set")
+    ops, wiring_warnings = _wiring(pod, cmap.env_mode, settings.scheduler_name)
+    return Verdict(True, patch=ops, warnings=(*warnings, *wiring_warnings))
+
+
+def _admit_legacy(pod: PodView) -> Verdict:
+    source = f"pod {pod} annotation {LEGACY_ANNOTATION}"
+    try:
+        entries = parse_legacy(pod.annotations[LEGACY_ANNOTATION], source)
+    except PlacementError as exc:
+        return Verdict.deny(exc.format(), code=422, reason="Invalid")
+    if not entries:
+        return Verdict.deny(
+            f"{source}: the map has no entries (expected lines like '0=node1:0,1')",
+            code=422,
+            reason="Invalid",
+        )
+    index = name_ordinal(pod.name)
+    if index is None:
+        return Verdict.deny(
+            f"pod {pod}: pods using annotation {LEGACY_ANNOTATION} take their index from the name's "
+            "'-<n>' suffix, and this name has none; run them as a StatefulSet"
+        )
+    declared = sorted({e.index for e in entries})
+    if index not in declared:
+        return Verdict.deny(
+            f"pod {pod}: annotation {LEGACY_ANNOTATION} has no line for index {index} (the pod "
+            f"name's suffix); it declares {describe_indices(declared)}"
+        )
+    ops, warnings = _wiring(pod, EnvMode.INDEX, None)
+    return Verdict(True, patch=ops, warnings=warnings)
+
+
+def admit_pod(request: AdmissionRequest, model: Model, settings: AdmissionSettings) -> Verdict:
+    """The decision for one pod review; pods that did not opt in are admitted unchanged."""
+    if request.operation != "CREATE" or request.sub_resource:
+        return Verdict(True)
+    try:
+        pod = read_pod(request.object, request.namespace)
+    except MalformedPodError as exc:
+        return Verdict.deny(
+            f"pod {request.namespace}/{request.name}: {exc}", code=400, reason="BadRequest"
+        )
+    if MAP_LABEL in pod.labels:
+        return _admit_mapped(pod, model, settings)
+    if (
+        settings.legacy_mode
+        and LEGACY_ANNOTATION in pod.annotations
+        and pod.scheduler_name in settings.legacy_scheduler_names
+    ):
+        return _admit_legacy(pod)
+    return Verdict(True)
