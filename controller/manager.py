@@ -185,9 +185,12 @@ class Controller:
         """Feeds one change to the compiler; returns the binder keys it may unblock."""
         if kind == "source":
             prev_key = MapKey(payload["metadata"]["namespace"], payload["metadata"]["name"])
-            state = read_source(payload, self.sources.get(prev_key))
+            known = self.sources.get(prev_key)
+            state = read_source(payload, known)
+            if state is known:
+                return set()  # same text: e.g. our own status patch came back
             self.sources[state.key] = state
-            if state.valid is not None:
+            if state.valid is not None and (known is None or known.valid != state.valid):
                 self.compiler.set_map(state.valid, state.valid_version)
             self._status_dirty.add(state.key)
             return set()
@@ -212,9 +215,9 @@ class Controller:
                 self.compiler.set_node(name, payload["metadata"].get("labels") or {})
             self._rebuild_aliases()
             keys = {f"node:{name}", "nodes"}
-            for known in (before, after):
-                if known is not None and known.alias:
-                    keys.add(f"node:{known.alias}")
+            for seen in (before, after):
+                if seen is not None and seen.alias:
+                    keys.add(f"node:{seen.alias}")
             return keys
         if kind == "inventory":
             node, inventory = payload

@@ -6,6 +6,7 @@ located errors, and which version is still in service.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,7 +24,7 @@ Obj = dict[str, Any]
 @dataclass(frozen=True, slots=True)
 class SourceState:
     key: MapKey
-    version: str  # resourceVersion of the ConfigMap last read
+    version: str  # digest of the placement.yaml last read
     valid: PlacementMap | None = None  # last valid version, still served when the current is not
     valid_version: str = ""
     errors: tuple[Diagnostic, ...] = ()
@@ -33,11 +34,19 @@ def source_name(key: MapKey) -> str:
     return f"configmap {key.namespace}/{key.name} {PLACEMENT_KEY}"
 
 
+def digest(text: str) -> str:
+    """A map's version: the digest of its text, not the ConfigMap's resourceVersion, which every
+    status patch changes (status must not feed back into what it describes)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
     meta = obj["metadata"]
     key = MapKey(meta["namespace"], meta["name"])
-    version = str(meta.get("resourceVersion", ""))
     text = (obj.get("data") or {}).get(PLACEMENT_KEY)
+    version = digest(text) if text is not None else "missing"
+    if previous is not None and previous.version == version:
+        return previous
     base = previous or SourceState(key, version)
     if text is None:
         error = Diagnostic(

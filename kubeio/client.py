@@ -86,7 +86,9 @@ class Kube:
         if content_type:
             headers["Content-Type"] = content_type
         with self._lock:  # the refresh hook rewrites the token in place
-            token = self._config.get_api_key_with_prefix("authorization")
+            # kubernetes>=35 keeps kubeconfig and service-account tokens under "BearerToken";
+            # older releases used "authorization".
+            token = self._config.get_api_key_with_prefix("BearerToken", alias="authorization")
         if token:
             headers["Authorization"] = token
         return headers

@@ -29,11 +29,11 @@ class SlotCounts:
 class MapStatus:
     phase: Phase
     observed_generation: int = 0  # model generation that reflects this status
-    observed_version: str = ""  # resourceVersion of the source ConfigMap that was read
+    observed_version: str = ""  # digest of the placement.yaml that was read
     message: str = ""
     errors: tuple[Diagnostic, ...] = ()
     slots: SlotCounts = field(default_factory=SlotCounts)
-    serving_version: str = ""  # resourceVersion of the version in service (last valid)
+    serving_version: str = ""  # digest of the version in service (the last valid one)
 
     def to_json(self) -> str:
         data: dict[str, Any] = {

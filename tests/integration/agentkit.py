@@ -32,8 +32,8 @@ from placement.inventory import (
     GpuDevice,
     NodeInventory,
 )
-from placement.model import MODEL_NAMESPACE
-from placement.types import GpuUuid, NodeName
+from placement.model import MODEL_LABEL, MODEL_NAMESPACE, CompiledSlot, decode_model
+from placement.types import GpuUuid, MapKey, NodeName
 from tests.integration.controllerkit import gpu_uuid, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -307,15 +307,30 @@ def lease(cluster: LocalCluster, node: str) -> dict[str, Any] | None:
 
 
 def lease_expired(cluster: LocalCluster, node: str) -> bool:
-    """The Lease has not been renewed for longer than it declares (the test and the apiserver
-    share one clock), so any controller now judges the node's inventory stale."""
+    """The Lease has not been renewed for longer than it declares (the test and the agents
+    share one clock)."""
     current = lease(cluster, node)
     if current is None:
         return False
     spec = current["spec"]
     renewed = datetime.strptime(spec["renewTime"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     age = (datetime.now(UTC) - renewed).total_seconds()
-    return age > float(spec["leaseDurationSeconds"]) + 1.0
+    return age > float(spec["leaseDurationSeconds"])
+
+
+def model_slot(cluster: LocalCluster, key: MapKey, index: int) -> CompiledSlot | None:
+    """Slot `index` of map `key` in the model the controller last wrote completely."""
+    status, body = cluster.request(
+        "GET",
+        f"/api/v1/namespaces/{MODEL_NAMESPACE}/configmaps?labelSelector={MODEL_LABEL}%3Dtrue",
+    )
+    assert status == 200, body
+    configmaps = {o["metadata"]["name"]: o.get("data") or {} for o in body["items"]}
+    try:
+        model = decode_model(configmaps)
+    except ValueError:
+        return None  # caught half-way through a write
+    return model.slot(key, index)
 
 
 def wait_for_renewals(cluster: LocalCluster, node: str, count: int, timeout: float = 60.0) -> None:

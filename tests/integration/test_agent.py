@@ -16,7 +16,7 @@ from gpuplace.localcluster import FakeNode, LocalCluster
 from placement.annotations import CUDA_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, DeviceCheck, NodeInventory
 from placement.model import MODEL_NAMESPACE
-from placement.types import NodeName
+from placement.types import MapKey, NodeName
 from tests.integration.agentkit import (
     AgentProcess,
     FakeGpus,
@@ -25,6 +25,7 @@ from tests.integration.agentkit import (
     inventory_configmap,
     lease,
     lease_expired,
+    model_slot,
     placement_map,
     published_checks,
     published_inventory,
@@ -207,7 +208,8 @@ def test_agents_publish_inventories_that_the_controller_places_by(
         )
 
         # Fixing the map (device 3) binds it.
-        update_map(cluster, namespace, "m", placement_map(namespace, "m", [(0, a, 3), (1, b, 1)]))
+        fixed = [(0, a, 3), (1, b, 1), (2, c, 0)]
+        update_map(cluster, namespace, "m", placement_map(namespace, "m", fixed))
         pod = wait_for(
             lambda: f"web-0 bound ({describe_pending(cluster, namespace)})",
             lambda: (p := get_pod(cluster, namespace, "web-0")) and p["spec"].get("nodeName") and p,
@@ -256,15 +258,22 @@ def test_agents_publish_inventories_that_the_controller_places_by(
         assert lost.uuid == gpus[a].expected().by_index[2].uuid  # still named, so maps see it
 
         # Stopping node c's agent makes its inventory stale: a pod for c waits.
+        model_key = MapKey(namespace, "m")
+        wait_for(
+            f"m[2] resolved against the inventory of {c}",
+            lambda: (slot := model_slot(cluster, model_key, 2)) is not None and slot.resolved,
+            timeout=WAIT,
+        )
         assert agents[c].stop() == 0
         assert published_inventory(cluster, c) == gpus[c].expected()  # left in place
-        wait_for(f"Lease {c} expired", lambda: lease_expired(cluster, c), timeout=WAIT)
-        update_map(
-            cluster,
-            namespace,
-            "m",
-            placement_map(namespace, "m", [(0, a, 3), (1, b, 1), (2, c, 0)]),
+        # The controller compiles without an inventory it judges stale: m[2] keeps only the
+        # declared index.
+        wait_for(
+            f"the controller to drop the stale inventory of {c}",
+            lambda: (slot := model_slot(cluster, model_key, 2)) is not None and not slot.devices,
+            timeout=WAIT,
         )
+        assert lease_expired(cluster, c)
         scale(cluster, namespace, "web", 3)
         wait_for(
             lambda: f"web-2 InventoryStale ({describe_pending(cluster, namespace)})",
@@ -273,7 +282,8 @@ def test_agents_publish_inventories_that_the_controller_places_by(
         )
         for node in (a, b):
             assert agents[node].alive()
-            assert "Forbidden" not in agents[node].log()
+        for agent in agents.values():
+            assert "Forbidden" not in agent.log()
     finally:
         controller.stop()
         print(f"--- controller ---\n{controller.log()[-3000:]}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +36,14 @@ from tests.integration.controllerkit import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+def model_generation(cluster: LocalCluster) -> int:
+    status, body = cluster.request(
+        "GET", "/api/v1/namespaces/gpuplace-system/configmaps/gpuplace-model"
+    )
+    assert status == 200, body
+    return int(json.loads(body["data"]["manifest.json"])["generation"])
 
 
 def unique(prefix: str) -> str:
@@ -179,6 +189,10 @@ def test_statefulset_pods_bound_exactly_as_declared(
         lambda: (s := map_status(cluster, namespace, "llm")) and s["slots"]["bound"] == 4 and s,
     )
     assert status["phase"] == "Valid"
+    # Quiet cluster, quiet controller: status patches must not feed back into new model generations.
+    generation = model_generation(cluster)
+    time.sleep(3)
+    assert model_generation(cluster) == generation
 
 
 def test_deployment_allocates_lowest_free_slots(

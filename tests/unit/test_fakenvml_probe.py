@@ -573,7 +573,8 @@ def test_agent_without_nvml_exits_with_a_clear_message(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((), "publishing to the cluster is not available in this build"),
+        (("--map", "maps.yaml"), "--map needs --print"),
+        (("--model-namespace", "gpuplace-inventory"), "the model must live elsewhere"),
         (("--print",), "--print needs --once"),
         (("--once", "--print", "--interval", "0"), "--interval must be a positive number"),
         (("--once", "--print", "--metrics-address", "nope"), "--metrics-address must be HOST:PORT"),
