@@ -94,6 +94,13 @@ run_build() {
   log "built $label in $((SECONDS - start))s"
 }
 
+# go_in DIR ARGS... -> runs `go ARGS` in DIR (run_build starts it in a subshell of its own).
+go_in() {
+  cd "$1"
+  shift
+  exec go "$@"
+}
+
 # install_built NAME... -> moves finished binaries from the staging directory into the cache.
 install_built() {
   local name
@@ -167,15 +174,13 @@ main() {
     done
     for name in "${k8s_missing[@]}"; do pkgs+=("./cmd/$name"); done
     run_build "kubernetes $k8s_version" "$logs/kubernetes.log" \
-      bash -c 'cd "$0" && exec go build -v -trimpath -ldflags "$1" -o "$2/" "${@:3}"' \
-      "$here/k8s" "$ldflags" "$staging" "${pkgs[@]}"
+      go_in "$here/k8s" build -v -trimpath -ldflags "$ldflags" -o "$staging/" "${pkgs[@]}"
     install_built "${k8s_missing[@]}"
   fi
 
   if [ -n "$(wanted etcd)" ]; then
     run_build "etcd $etcd_version" "$logs/etcd.log" \
-      bash -c 'cd "$0" && exec go build -v -trimpath -ldflags "-s -w" -o "$1/etcd" .' \
-      "$here/etcd" "$staging"
+      go_in "$here/etcd" build -v -trimpath -ldflags "-s -w" -o "$staging/etcd" .
     install_built etcd
   fi
 

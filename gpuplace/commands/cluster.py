@@ -1,8 +1,9 @@
-"""`gpuplace cluster up|down`: a local control plane that stays up between commands.
+"""gpuplace cluster up|down: a local control plane that stays up between commands.
 
-``up`` starts it detached, creates fake GPU nodes, records the processes in ``<dir>/state.json``
-and prints ``export KUBECONFIG=...`` on stdout (so ``eval "$(gpuplace cluster up)"`` works); ``down``
-stops what that file records and removes the directory.
+'up' starts etcd, kube-apiserver, kube-controller-manager and kwok in the background, creates fake
+GPU nodes, records the processes in <dir>/state.json and prints 'export KUBECONFIG=...' on stdout,
+so that eval "$(gpuplace cluster up)" works. 'down' stops what that file records and removes the
+directory.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ def _up(args: argparse.Namespace) -> int:
         print(f"{directory}: cleaning up a cluster that is no longer running", file=sys.stderr)
         existing.stop()
         shutil.rmtree(directory)
+    elif layout.marker.is_file():
+        print(f"{directory}: removing what a failed start left behind", file=sys.stderr)
+        shutil.rmtree(directory)
     elif directory.exists() and any(directory.iterdir()):
         print(
             f"{directory}: exists, is not empty and holds no cluster state; choose another --dir "
@@ -128,8 +132,13 @@ def _up(args: argparse.Namespace) -> int:
 
 def _down(args: argparse.Namespace) -> int:
     directory = _directory(args)
-    if not ClusterLayout(directory).state_file.is_file():
-        print(f"no cluster in {directory}; nothing to stop", file=sys.stderr)
+    layout = ClusterLayout(directory)
+    if not layout.state_file.is_file():
+        if layout.marker.is_file() and not args.keep_dir:
+            shutil.rmtree(directory, ignore_errors=True)
+            print(f"no cluster running in {directory}; removed its leftovers", file=sys.stderr)
+        else:
+            print(f"no cluster in {directory}; nothing to stop", file=sys.stderr)
         return 0
     try:
         cluster = LocalCluster.attach(directory)

@@ -18,7 +18,7 @@ class ClusterLayout:
 
     ``kubeconfig`` (admin), ``pki/`` (CA, serving and client certificates, service-account keys),
     ``etcd/`` (data), ``logs/<component>.log``, ``kubeconfigs/`` (per component),
-    ``kwok.yaml``, ``state.json``.
+    ``kwok.yaml``, ``state.json`` (while running), ``.gpuplace-cluster`` (marker).
     """
 
     directory: Path
@@ -79,7 +79,14 @@ class ClusterLayout:
     def state_file(self) -> Path:
         return self.directory / "state.json"
 
+    @property
+    def marker(self) -> Path:
+        """Marks a directory as a cluster's, so that tools may remove it without asking."""
+        return self.directory / ".gpuplace-cluster"
+
     def create(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.marker.touch()
         for sub in (self.pki, self.logs, self.etcd_data, self.directory / "kubeconfigs"):
             sub.mkdir(parents=True, exist_ok=True)
         self.etcd_data.chmod(0o700)

@@ -93,15 +93,14 @@ def placement_configmap(namespace: str, name: str, text: str) -> dict[str, Any]:
 
 
 def apply_map(cluster: LocalCluster, namespace: str, name: str, text: str) -> None:
+    """Creates the source ConfigMap, or merge-patches its data (no resourceVersion: the controller
+    patches the status annotation concurrently, as it would under kubectl apply)."""
     body = placement_configmap(namespace, name, text)
     path = f"/api/v1/namespaces/{namespace}/configmaps"
-    status, current = cluster.request("GET", f"{path}/{name}")
-    if status == 200:
-        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        body["metadata"]["annotations"] = current["metadata"].get("annotations") or {}
-        status, resp = cluster.request("PUT", f"{path}/{name}", body)
-    else:
-        status, resp = cluster.request("POST", path, body)
+    status, resp = cluster.request("POST", path, body)
+    if status == 409:
+        patch = {"metadata": {"labels": body["metadata"]["labels"]}, "data": body["data"]}
+        status, resp = cluster.request("PATCH", f"{path}/{name}", patch)
     assert status in (200, 201), resp
 
 

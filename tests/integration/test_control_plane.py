@@ -134,6 +134,33 @@ def test_binding_sets_node_and_annotations_in_one_write(
     assert scheduled.get("PodScheduled") == "True"
 
 
+def test_the_official_client_binds_when_it_leaves_the_response_undecoded(
+    api_client: kubernetes.client.ApiClient, namespace: str, gpu_nodes: list[str]
+) -> None:
+    # The apiserver answers a Binding with a Status, which the generated client cannot decode into
+    # a V1Binding (it raises after the binding succeeded); _preload_content=False skips decoding.
+    core = kubernetes.client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, pod_manifest("p"))
+
+    response = core.create_namespaced_binding(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "p", "annotations": {"gpuplace.io/index": "3"}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": gpu_nodes[3]},
+        },
+        _preload_content=False,
+    )
+    status = json.loads(response.data)
+    response.release_conn()
+
+    assert (response.status, status["kind"], status["status"]) == (201, "Status", "Success")
+    pod = core.read_namespaced_pod("p", namespace)
+    assert pod.spec.node_name == gpu_nodes[3]
+    assert pod.metadata.annotations["gpuplace.io/index"] == "3"
+
+
 def test_binding_an_already_bound_pod_is_a_conflict(
     cluster: LocalCluster,
     api_client: kubernetes.client.ApiClient,
