@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from gpuplace.localcluster import LocalCluster
+from gpuplace.localcluster.process import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_NVML_DIR = REPO_ROOT / "tests" / "fakenvml"
@@ -66,6 +67,8 @@ class Component:
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             start_new_session=True,
+            # The demo's children die with it, however it ends.
+            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - prctl only
         )
         return self
 

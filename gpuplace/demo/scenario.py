@@ -219,6 +219,25 @@ class Demo:
             "llm-serving still serves its last valid version",
         )
 
+        self.step("What an operator sees: gpuplace status and gpuplace explain")
+        kubeconfig = f"--kubeconfig={self.cluster.kubeconfig}"
+        status = run_cli("status", kubeconfig)
+        self.out(_indent(status.stdout))
+        self.check(
+            status.returncode == 0
+            and "inference/llm-serving" in status.stdout
+            and "gpu-node-4" in status.stdout,
+            "gpuplace status lists maps and placed pods",
+        )
+        explained = run_cli("explain", "inference/llm-serving-1", kubeconfig)
+        self.out(_indent(explained.stdout))
+        self.check(
+            explained.returncode == 0
+            and "bound to node gpu-node-4" in explained.stdout
+            and "CUDA_VISIBLE_DEVICES in the container: 2" in explained.stdout,
+            "gpuplace explain says where llm-serving-1 is and why",
+        )
+
         self.step(f"All {len(self.checks)} checks passed")
 
     def _webhook_registered(self) -> bool:

@@ -81,7 +81,7 @@ def spawn(
     detach: bool = False,
 ) -> ManagedProcess:
     """Starts ``argv`` in a new session with stdout and stderr appended to ``log``."""
-    preexec: Callable[[], None] | None = None if detach else _die_with_parent(os.getpid())
+    preexec: Callable[[], None] | None = None if detach else die_with_parent(os.getpid())
     with open(os.devnull, "rb") as stdin, log.open("ab") as output:
         popen = subprocess.Popen(
             list(argv),
@@ -90,7 +90,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             start_new_session=True,
-            preexec_fn=preexec,  # noqa: PLW1509 - only async-signal-safe calls, see _die_with_parent
+            preexec_fn=preexec,  # noqa: PLW1509 - only async-signal-safe calls, see die_with_parent
             close_fds=True,
         )
     return ManagedProcess(name, popen, log)
@@ -163,7 +163,7 @@ def _start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
     """A preexec function that makes the child receive SIGKILL when its parent dies (Linux)."""
     if not sys.platform.startswith("linux"):
         return None

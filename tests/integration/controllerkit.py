@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace.localcluster import LocalCluster
+from gpuplace.localcluster.process import die_with_parent
 from placement.annotations import PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
 from placement.types import GpuUuid, NodeName
@@ -186,8 +187,14 @@ class ControllerProcess:
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._log = self.log_path.open("ab")
+        # Dies with the test process even when pytest itself is killed.
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - prctl only
         )
 
     def alive(self) -> bool:
