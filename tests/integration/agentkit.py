@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 
 from gpuplace.localcluster import LocalCluster
-from placement.annotations import MAP_LABEL
 from placement.inventory import (
     CHECKS_KEY,
     INVENTORY_KEY,
@@ -34,7 +33,7 @@ from placement.inventory import (
 )
 from placement.model import MODEL_LABEL, MODEL_NAMESPACE, CompiledSlot, decode_model
 from placement.types import GpuUuid, MapKey, NodeName
-from tests.integration.controllerkit import gpu_uuid, wait_for
+from tests.integration.controllerkit import gpu_uuid, map_yaml, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKENVML = ROOT / "tests" / "fakenvml"
@@ -348,39 +347,5 @@ def wait_for_renewals(cluster: LocalCluster, node: str, count: int, timeout: flo
 
 # -- workloads ---------------------------------------------------------------------------------
 def placement_map(namespace: str, name: str, entries: Iterable[tuple[int, str, int]]) -> str:
-    """A PlacementMap whose entries each name one device: (index, node, device)."""
-    lines = [
-        "apiVersion: gpuplace.io/v1alpha1",
-        "kind: PlacementMap",
-        "metadata:",
-        f"  name: {name}",
-        f"  namespace: {namespace}",
-        "spec:",
-        "  placements:",
-    ]
-    for index, node, device in entries:
-        lines += [f"    - index: {index}", f"      node: {node}", f"      devices: [{device}]"]
-    return "\n".join(lines) + "\n"
-
-
-def statefulset(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
-    """Pods `<name>-<i>` for slot i of the map, created in parallel, placed by gpuplace."""
-    labels = {"app": name, MAP_LABEL: map_name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "schedulerName": "gpuplace",
-                    "containers": [{"name": "main", "image": "busybox"}],
-                },
-            },
-        },
-    }
+    """A map with one device a slot."""
+    return map_yaml(namespace, name, [(index, node, [device]) for index, node, device in entries])

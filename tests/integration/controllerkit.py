@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuplace.localcluster import LocalCluster
 from gpuplace.localcluster.process import die_with_parent
-from placement.annotations import PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
+from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
 from placement.types import GpuUuid, NodeName
 
@@ -218,3 +218,47 @@ class ControllerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def map_yaml(
+    namespace: str, name: str, entries: list[tuple[int, str, list[int]]], **spec: str
+) -> str:
+    lines = [
+        "apiVersion: gpuplace.io/v1alpha1",
+        "kind: PlacementMap",
+        "metadata:",
+        f"  name: {name}",
+        f"  namespace: {namespace}",
+        "spec:",
+        *[f"  {k}: {v}" for k, v in spec.items()],
+        "  placements:",
+    ]
+    for index, node, devices in entries:
+        lines += [
+            f"    - index: {index}",
+            f"      node: {node}",
+            f"      devices: [{', '.join(map(str, devices))}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def statefulset(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
+    labels = {"app": name, MAP_LABEL: map_name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "schedulerName": "gpuplace",
+                    "containers": [{"name": "main", "image": "busybox"}],
+                },
+            },
+        },
+    }

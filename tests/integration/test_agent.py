@@ -30,7 +30,6 @@ from tests.integration.agentkit import (
     published_checks,
     published_inventory,
     run_agent,
-    statefulset,
     wait_for_renewals,
 )
 from tests.integration.controllerkit import (
@@ -40,6 +39,7 @@ from tests.integration.controllerkit import (
     get_pod,
     map_status,
     pending_reason,
+    statefulset,
     wait_for,
 )
 

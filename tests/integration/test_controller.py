@@ -17,7 +17,6 @@ from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
     INDEX_ANNOTATION,
-    MAP_LABEL,
     NODE_ANNOTATION,
 )
 from tests.integration.controllerkit import (
@@ -29,9 +28,11 @@ from tests.integration.controllerkit import (
     inventory_for,
     list_pods,
     map_status,
+    map_yaml,
     now,
     pending_reason,
     publish_inventory,
+    statefulset,
     wait_for,
 )
 
@@ -78,50 +79,6 @@ def gpu_nodes(
         for n in names:
             publish_inventory(cluster, inventory_for(n, gpus))
     return names
-
-
-def map_yaml(
-    namespace: str, name: str, entries: list[tuple[int, str, list[int]]], **spec: str
-) -> str:
-    lines = [
-        "apiVersion: gpuplace.io/v1alpha1",
-        "kind: PlacementMap",
-        "metadata:",
-        f"  name: {name}",
-        f"  namespace: {namespace}",
-        "spec:",
-        *[f"  {k}: {v}" for k, v in spec.items()],
-        "  placements:",
-    ]
-    for index, node, devices in entries:
-        lines += [
-            f"    - index: {index}",
-            f"      node: {node}",
-            f"      devices: [{', '.join(map(str, devices))}]",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def statefulset(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
-    labels = {"app": name, MAP_LABEL: map_name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "schedulerName": "gpuplace",
-                    "containers": [{"name": "main", "image": "busybox"}],
-                },
-            },
-        },
-    }
 
 
 def deployment(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
