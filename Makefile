@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: help venv control-plane tools fakenvml lint test unit integration e2e demo bench cluster-up cluster-down clean
+.PHONY: help venv control-plane tools argocd fakenvml lint test unit integration e2e e2e-argocd demo bench cluster-up cluster-down clean
 
 help:
-	@echo "make test | demo | lint | bench | cluster-up | cluster-down | control-plane | clean"
+	@echo "make test | demo | lint | bench | e2e-argocd | cluster-up | cluster-down | control-plane | argocd | clean"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ control-plane:
 # helm (built from its Go module) and the third-party CRDs the chart and argocd/ are checked against.
 tools:
 	@hack/build-tools.sh >/dev/null
+
+# ArgoCD's application-controller, repo-server and applicationset-controller, and kustomize, built
+# from their Go modules (10-20 minutes the first time); `make demo` syncs through them once built.
+argocd:
+	@hack/build-argocd.sh >/dev/null
 
 fakenvml:
 	@$(MAKE) --no-print-directory -C tests/fakenvml
@@ -45,7 +50,12 @@ e2e: $(STAMP) control-plane fakenvml
 	$(BIN)/pytest tests/e2e -q
 
 test: $(STAMP) control-plane tools fakenvml
-	$(BIN)/pytest tests -q
+	$(BIN)/pytest tests -q -m "not argocd"
+
+# The flow through real ArgoCD (needs redis-server: apt-get install redis-server). -rP prints the
+# scenario, with the Application's sync and health status at each step.
+e2e-argocd: $(STAMP) control-plane fakenvml argocd
+	$(BIN)/pytest tests/e2e_argocd -q -m argocd -rP
 
 demo: $(STAMP) control-plane fakenvml
 	$(BIN)/gpuplace demo

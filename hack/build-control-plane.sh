@@ -20,11 +20,9 @@ set -euo pipefail
 
 k8s_components=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
-log() { printf '[control-plane] %s\n' "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
+log_prefix=control-plane
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # override NAME -> prints the binary to use instead of building NAME, or nothing.
 override() {
@@ -65,51 +63,6 @@ wanted() {
   for name in "$@"; do
     if [ -z "$(override "$name")" ] && ! built "$name"; then printf '%s\n' "$name"; fi
   done
-}
-
-# run_build LABEL LOGFILE COMMAND... -> runs a build in the background and reports progress every
-# 15 seconds: modules downloaded and packages compiled so far (go build -v names each package;
-# once all are compiled, the remaining time is linking).
-run_build() {
-  local label=$1 logfile=$2 start=$SECONDS next=15 rc=0 compiled downloaded
-  shift 2
-  "$@" >"$logfile" 2>&1 &
-  builder=$!
-  while kill -0 "$builder" 2>/dev/null; do
-    sleep 1
-    if [ $((SECONDS - start)) -ge $next ]; then
-      compiled=$(grep -cvE '^(go: |#)' "$logfile" || true)
-      downloaded=$(grep -c '^go: downloading' "$logfile" || true)
-      log "  $label: $((SECONDS - start))s, $downloaded modules downloaded, $compiled packages compiled"
-      next=$((next + 15))
-    fi
-  done
-  wait "$builder" || rc=$?
-  builder=
-  if [ $rc -ne 0 ]; then
-    log "building $label failed after $((SECONDS - start))s; last lines of $logfile:"
-    tail -n 30 "$logfile" >&2
-    exit $rc
-  fi
-  log "built $label in $((SECONDS - start))s"
-}
-
-# go_in DIR ARGS... -> runs `go ARGS` in DIR (run_build starts it in a subshell of its own).
-go_in() {
-  cd "$1"
-  shift
-  exec go "$@"
-}
-
-# install_built NAME... -> moves finished binaries from the staging directory into the cache.
-install_built() {
-  local name
-  for name in "$@"; do mv -f "$staging/$name" "$bin/$name"; done
-}
-
-cleanup() {
-  if [ -n "${builder:-}" ]; then kill "$builder" 2>/dev/null || true; fi
-  if [ -n "${staging:-}" ]; then rm -rf "$staging"; fi
 }
 
 # Everything runs inside main, so bash has read the whole file before it starts: editing the script

@@ -14,9 +14,12 @@
 #   crds/prometheus-operator/*.yaml  ServiceMonitor
 set -euo pipefail
 
-# One place pins every version. argo-cd v3.6 needs Go 1.27; v3.5 is the newest that Go 1.26 reads.
+# One place pins every version. ArgoCD's is the release hack/build-argocd.sh builds (pinned in
+# hack/argocd/go.mod), so manifests are checked against the CRDs of the ArgoCD that runs them.
 helm_version=v3.22.0
-argocd_version=v3.5.7
+argocd_version=$(awk '$1 == "require" && $2 == "github.com/argoproj/argo-cd/v3" {print $3; exit}
+                      $1 == "github.com/argoproj/argo-cd/v3" {print $2; exit}' \
+  "$(dirname "${BASH_SOURCE[0]}")/argocd/go.mod")
 argo_workflows_version=v3.7.18 # the Workflow schema the argo-workflows 6.7 Python SDK targets
 cert_manager_version=v1.21.2
 prometheus_operator_version=v0.85.0

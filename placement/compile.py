@@ -8,7 +8,10 @@ not the cluster's.
 Invariants:
 - a GPU claimed by an exclusive slot and any other slot is served to at most one of them: the slot
   that held it in the previous model (the incumbent), otherwise to none;
-- a `count` entry keeps the devices it was given while they stay present, healthy and matching.
+- a `count` entry keeps the devices it was given while they stay present, healthy and matching,
+  and no other entry names them: a pick yields to a named claim and is made again around it (a pod
+  still running on the old pick keeps its GPU; the binder places the named slot's pod once it is
+  free).
 """
 
 from __future__ import annotations
@@ -185,15 +188,14 @@ class Compiler:
         dirty = self._dirty
         self._dirty = set()
         touched_claims: set[Claim] = set()
-        for key in sorted(dirty):
-            for claim, slot_key in self._slot_claims.pop(key, []):
-                self._claims[claim].discard(slot_key)
-                touched_claims.add(claim)
-            self._base.pop(key, None)
-            self._problems.pop(key, None)
-        self._compile_maps(
-            [self._maps[k] for k in sorted(dirty) if k in self._maps], touched_claims
-        )
+        self._recompile(dirty, touched_claims)
+        # A `count` pick yields to an entry that names the same GPU: maps whose picks are now named
+        # elsewhere pick again, around every claim. Each map re-picks at most once per build.
+        repick = self._yielding_picks(touched_claims) - dirty
+        while repick:
+            dirty |= repick
+            self._recompile(repick, touched_claims)
+            repick = self._yielding_picks(touched_claims) - dirty
         for claim in touched_claims:
             holders = self._claims.get(claim)
             if holders is not None and len(holders) > 1:
@@ -231,6 +233,37 @@ class Compiler:
         if changed:
             self._model = Model(generation, maps)
         return self._model, self._reports
+
+    def _recompile(self, keys: set[MapKey], touched: set[Claim]) -> None:
+        """Drops what `keys` resolved before and compiles them again from their source."""
+        for key in sorted(keys):
+            for claim, slot_key in self._slot_claims.pop(key, []):
+                self._claims[claim].discard(slot_key)
+                touched.add(claim)
+            self._base.pop(key, None)
+            self._problems.pop(key, None)
+        self._compile_maps([self._maps[k] for k in sorted(keys) if k in self._maps], touched)
+
+    def _is_pick(self, slot_key: SlotKey) -> bool:
+        """Whether the slot's devices were chosen for a `count` entry (not named by it)."""
+        compiled = self._base.get(slot_key.map, {}).get(slot_key.index)
+        return compiled is not None and compiled.declared.startswith("count=")
+
+    def _named_elsewhere(self, claim: Claim, me: SlotKey) -> bool:
+        """Whether an entry other than `me` names this GPU explicitly (index or UUID)."""
+        return any(h != me and not self._is_pick(h) for h in self._claims.get(claim, ()))
+
+    def _yielding_picks(self, claims: Iterable[Claim]) -> set[MapKey]:
+        """Maps holding a `count` pick of a GPU that another entry names."""
+        maps: set[MapKey] = set()
+        for claim in claims:
+            holders = self._claims.get(claim)
+            if holders is None or len(holders) < 2:
+                continue
+            for holder in holders:
+                if self._is_pick(holder) and self._named_elsewhere(claim, holder):
+                    maps.add(holder.map)
+        return maps
 
     def _compile_maps(self, pmaps: list[PlacementMap], touched: set[Claim]) -> None:
         """Compiles in three passes over all changed maps: explicit devices; then `count` entries
@@ -293,8 +326,8 @@ class Compiler:
         inventory: NodeInventory | None,
     ) -> CompiledSlot | None:
         """The devices this `count` entry was given in the model in service, if they are still
-        present, healthy and matching. Claims by others do not matter here: the entry is their
-        incumbent and keeps them, as any slot would."""
+        present, healthy and matching, and no other entry names them. Other picks of the same GPU
+        do not matter here: the entry is their incumbent and keeps it, as any slot would."""
         previous = self._model.slot(pmap.key, slot.index)
         if (
             inventory is None
@@ -306,9 +339,14 @@ class Compiler:
         ):
             return None
         kept: list[GpuDevice] = []
+        me = SlotKey(pmap.key, slot.index)
         for uuid in previous.devices:
             device = inventory.by_uuid.get(uuid)
             if device is None or not device.healthy or not device.satisfies(slot.require):
+                return None
+            if self._named_elsewhere((node, uuid), me) or self._named_elsewhere(
+                (node, f"#{device.index}"), me
+            ):
                 return None
             kept.append(device)
         return CompiledSlot(

@@ -14,8 +14,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="leave the cluster and components up and print the KUBECONFIG export",
     )
+    p.add_argument(
+        "--argocd",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sync through real ArgoCD (application-controller, repo-server, "
+        "applicationset-controller built by `make argocd`); default: when those are built",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return main(keep=bool(args.keep))
+    return main(keep=bool(args.keep), argocd=args.argocd)

@@ -11,15 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import inspect
+from gpuplace.demo.argocd import APPLICATION, APPLICATIONSET, ArgoCDSync
 from gpuplace.demo.components import REPO_ROOT, Components, demo_uuid
-from gpuplace.demo.gitops import GitOpsRepo, run_cli
-from gpuplace.localcluster import FakeNode, LocalCluster, find_binaries
+from gpuplace.demo.gitops import GitOpsRepo, SyncResult, run_cli
+from gpuplace.localargocd import binaries as argocd_binaries
+from gpuplace.localargocd.binaries import ArgoCDBinariesError
+from gpuplace.localargocd.launcher import ArgoCDError
+from gpuplace.localcluster import FakeNode, KubectlError, LocalCluster, find_binaries
 from kubeio.client import ClientSettings, Kube
 
 NODES = 4
 GPUS = 4
 CLUSTER_DIR = "clusters/dev"
 LLM_MAP = f"{CLUSTER_DIR}/maps/llm-serving.yaml"
+EMBEDDINGS_MAP = f"{CLUSTER_DIR}/maps/embeddings.yaml"
 
 
 class DemoError(Exception):
@@ -27,8 +32,12 @@ class DemoError(Exception):
 
 
 class Demo:
-    def __init__(self, keep: bool = False, out: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, keep: bool = False, out: Callable[[str], None] = print, argocd: bool = False
+    ) -> None:
         self.keep = keep
+        self.use_argocd = argocd
+        self.argocd: ArgoCDSync | None = None
         self.out = out
         self.workdir = Path(tempfile.mkdtemp(prefix="gpuplace-demo-"))
         self.cluster: LocalCluster | None = None
@@ -121,11 +130,27 @@ class Demo:
         self.wait("webhook registration", self._webhook_registered)
         self.check(True, "webhook configurations registered with the apiserver")
 
-        self.step("A GitOps repository with the placement maps: commit and sync (as ArgoCD would)")
         repo = GitOpsRepo(self.workdir / "gitops", REPO_ROOT / "examples" / "gitops")
+        if self.use_argocd:
+            self._start_argocd(repo)
+            self.step("Commit the placement maps; ArgoCD's ApplicationSet generates and syncs them")
+        else:
+            self.step(
+                "A GitOps repository with the placement maps: commit and sync (as ArgoCD would)"
+            )
         commit = repo.commit("Placement maps for the dev cluster")
         self.out(f"    committed {commit}")
-        result = repo.sync(self.cluster, CLUSTER_DIR)
+        if self.argocd is not None:
+            self.argocd.install("clusters", skip=("prod",))
+            self.out(
+                f"    kubectl apply: AppProject gpuplace and ApplicationSet {APPLICATIONSET} "
+                f"(argocd/, repoURL file://{repo.path}, cluster directories clusters/*, prod excluded)"
+            )
+            self.argocd.wait(
+                f"the ApplicationSet to generate {APPLICATION}", self.argocd.application
+            )
+            self.check(True, f"the ApplicationSet generated Application {APPLICATION}")
+        result = self._sync(repo, commit)
         self.check(result.ok, f"sync of {commit} applied: {result.output.strip().splitlines()[-1]}")
         statuses = self.wait(
             "a status on every map",
@@ -138,6 +163,11 @@ class Demo:
             all(st is not None and st.phase.value == "Valid" for _, st in statuses),
             "every map is Valid",
         )
+        if self.argocd is not None:
+            self.argocd.settled(commit, "Healthy")
+            self.check(
+                True, f"{APPLICATION} is Synced and Healthy (the Lua check reads every map Valid)"
+            )
 
         self.step("Workloads: a StatefulSet, a Deployment and the earlier tools' legacy pods")
         for manifest in sorted((REPO_ROOT / "examples" / "workloads").glob("*.yaml")):
@@ -172,7 +202,7 @@ class Demo:
             diff.returncode in (0, 1) and "gpu-node-4" in diff.stdout,
             "gpuplace diff shows the moved slot",
         )
-        result = repo.sync(self.cluster, CLUSTER_DIR)
+        result = self._sync(repo, moved)
         self.check(result.ok, f"sync of {moved} applied")
         self.wait("the model to move the slot", self._model_has_move)
         self.cluster.kubectl("-n", "inference", "delete", "pod", "llm-serving-1", "--wait=false")
@@ -198,13 +228,22 @@ class Demo:
         before = self.pods()
         repo.edit(LLM_MAP, "      devices: [2, 3]", "      devices: [2, 2]")
         broken = repo.commit("A typo: device 2 twice")
-        result = repo.sync(self.cluster, CLUSTER_DIR)
+        result = self._sync(repo, broken)
         self.out(_indent(result.output.strip()))
         self.check(not result.ok, f"sync of {broken} was rejected by the validating webhook")
         self.check(
             "placement.yaml:" in result.output and "listed twice" in result.output,
             "the rejection names file, line and column",
         )
+        if self.argocd is not None:
+            state = self.argocd.state()
+            self.check(
+                state is not None
+                and state.sync == "OutOfSync"
+                and state.attempt_failed
+                and "listed twice" in state.operation_message,
+                f"{APPLICATION} shows the failed sync and the webhook's message (OutOfSync)",
+            )
         after = self.pods()
         self.check(
             all(
@@ -218,6 +257,9 @@ class Demo:
             and dict(statuses)["inference/llm-serving"].phase.value == "Valid",  # type: ignore[union-attr]
             "llm-serving still serves its last valid version",
         )
+
+        if self.argocd is not None:
+            self._degraded_step(repo)
 
         self.step("What an operator sees: gpuplace status and gpuplace explain")
         kubeconfig = f"--kubeconfig={self.cluster.kubeconfig}"
@@ -239,6 +281,56 @@ class Demo:
         )
 
         self.step(f"All {len(self.checks)} checks passed")
+
+    def _sync(self, repo: GitOpsRepo, revision: str) -> SyncResult:
+        if self.argocd is not None:
+            return self.argocd.sync(revision)
+        assert self.cluster is not None
+        return repo.sync(self.cluster, CLUSTER_DIR)
+
+    def _start_argocd(self, repo: GitOpsRepo) -> None:
+        assert self.cluster is not None and self.components is not None
+        self.step(
+            "ArgoCD out of cluster: application-controller, repo-server and "
+            "applicationset-controller, Redis on loopback"
+        )
+        binaries = argocd_binaries.find_argocd()
+        self.out(f"    ArgoCD {binaries.version} binaries in {binaries.bin_dir}")
+        self.argocd = ArgoCDSync(
+            self.cluster, self.workdir / "argocd", repo.path, self.out, self.components.check_alive
+        )
+        self.argocd.start()
+        self.check(True, "ArgoCD components running, destination cluster dev registered")
+
+    def _degraded_step(self, repo: GitOpsRepo) -> None:
+        """A map naming a GPU that no agent reports: the sync succeeds, the controller marks the
+        map Degraded, and ArgoCD's health (the Lua check) shows it."""
+        assert self.argocd is not None
+        self.step("Commit a fix and a map naming a GPU that does not exist: health turns Degraded")
+        repo.edit(LLM_MAP, "      devices: [2, 2]", "      devices: [2, 3]")
+        repo.edit(
+            EMBEDDINGS_MAP,
+            "devices: [GPU-00000004-0000-4000-8000-000000000001]",
+            "devices: [GPU-00000004-0000-4000-8000-000000000009]",
+        )
+        missing = repo.commit("Fix the typo; embeddings index 1 on a GPU gpu-node-4 does not have")
+        result = self._sync(repo, missing)
+        self.check(result.ok, f"sync of {missing} applied (the map is well-formed)")
+        state = self.argocd.settled(missing, "Degraded")
+        self.out(_indent("\n".join(f"{k} {n}: {h}" for k, n, _, h in state.resources if h)))
+        self.check(
+            state.resource_health("ConfigMap", "inference/embeddings") == "Degraded"
+            and state.resource_health("ConfigMap", "inference/llm-serving") == "Healthy",
+            "the Lua health check marks inference/embeddings Degraded, the other maps Healthy",
+        )
+        statuses = dict(inspect.map_statuses(self.kube))
+        embeddings = statuses["inference/embeddings"]
+        self.check(
+            embeddings is not None
+            and embeddings.phase.value == "Degraded"
+            and "GPU-00000004-0000-4000-8000-000000000009" in embeddings.message,
+            "the map's status names the missing GPU",
+        )
 
     def _webhook_registered(self) -> bool:
         items = self.kube.get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
@@ -283,6 +375,11 @@ class Demo:
                 for component in self.components.items:
                     self.out(f"--- {component.name} log (tail) ---\n{component.log_tail(15)}")
             self.components.stop()
+        if self.argocd is not None and (failed or not self.keep):
+            if failed:
+                for process in self.argocd.argocd.processes:
+                    self.out(f"--- {process.name} log (tail) ---\n{process.log_tail(15)}")
+            self.argocd.stop()
         if self.cluster is not None:
             if self.keep and not failed:
                 self.out(
@@ -298,14 +395,16 @@ def _indent(text: str) -> str:
     return "\n".join(f"      {line}" for line in text.splitlines())
 
 
-def main(keep: bool = False) -> int:
-    demo = Demo(keep=keep)
+def main(keep: bool = False, argocd: bool | None = None) -> int:
+    """Runs the demo; `argocd` None means: through ArgoCD when its binaries are built."""
+    use_argocd = argocd_binaries.available() if argocd is None else argocd
+    demo = Demo(keep=keep, argocd=use_argocd)
     failed = True
     try:
         demo.run()
         failed = False
         return 0
-    except DemoError as exc:
+    except (DemoError, ArgoCDError, ArgoCDBinariesError, KubectlError, TimeoutError) as exc:
         print(f"\nDEMO FAILED: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -13,7 +13,9 @@ pytestmark = pytest.mark.e2e
 
 def test_demo_runs_every_step_and_every_check_passes() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gpuplace", "demo"],
+        # The sync as `kubectl apply --server-side` of the kustomize build; the ArgoCD tier
+        # (tests/e2e_argocd) runs the same scenario through ArgoCD.
+        [sys.executable, "-m", "gpuplace", "demo", "--no-argocd"],
         capture_output=True,
         text=True,
         timeout=900,

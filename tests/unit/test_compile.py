@@ -199,6 +199,37 @@ def test_count_picks_around_explicit_claims_of_maps_compiled_after_it() -> None:
     assert all(r.phase is Phase.VALID for r in reports.values())
 
 
+@pytest.mark.parametrize("named", [0, "uuid"], ids=["by index", "by UUID"])
+def test_a_count_pick_yields_to_a_map_that_names_its_gpu_later(named: int | str) -> None:
+    # Maps synced one by one (ArgoCD applies them in turn): the count entry is compiled first.
+    compiler = cluster(1)
+    compiler.set_map(pmap("a", count("gpu-1", 2)))
+    model, _ = compiler.build()
+    assert slot(model, "a").device_indices == (0, 1)
+    ref: DeviceRef = 0 if named == 0 else uuid(1, 0)
+    compiler.set_map(pmap("z", devices("gpu-1", ref)))
+    model, reports = compiler.build()
+    assert slot(model, "z").device_indices == (0,)
+    assert 0 not in slot(model, "a").device_indices
+    assert len(slot(model, "a").device_indices) == 2
+    assert [r.phase for r in reports.values()] == [Phase.VALID, Phase.VALID]
+
+
+def test_a_count_pick_yields_only_to_names_not_to_other_picks() -> None:
+    compiler = cluster(1)
+    compiler.set_map(pmap("b", count("gpu-1", 4)))
+    model, _ = compiler.build()
+    kept = slot(model, "b").device_indices
+    # Another pick of the same size goes around "b"; naming b's GPUs 4.. would not move it.
+    compiler.set_map(pmap("a", count("gpu-1", 4)))
+    compiler.set_map(pmap("z", devices("gpu-1", 7, index=0)))
+    model, reports = compiler.build()
+    assert slot(model, "b").device_indices == kept
+    assert slot(model, "z").device_indices == (7,)
+    assert slot(model, "a").blocked == INSUFFICIENT  # 3 GPUs left for 4
+    assert reports[MapKey("ml", "b")].phase is Phase.VALID
+
+
 def test_count_honours_require_and_health() -> None:
     compiler = Compiler()
     compiler.set_node(NodeName("gpu-1"), {})

@@ -1,0 +1,161 @@
+"""The demo's GitOps sync through real ArgoCD: the ApplicationSet of `argocd/` pointed at the
+demo's git repository (file://), one registered destination cluster `dev`, and every sync read
+back from the generated Application's status."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuplace.demo.components import REPO_ROOT
+from gpuplace.demo.gitops import SyncResult
+from gpuplace.localargocd.apps import APPLICATIONS, REFRESH_ANNOTATION, AppState
+from gpuplace.localargocd.launcher import NAMESPACE, LocalArgoCD
+from gpuplace.localcluster import LocalCluster
+
+ARGOCD_DIR = REPO_ROOT / "argocd"
+APPLICATIONSET = "gpuplace-placement-maps"
+#: The cluster directory the demo's cluster stands for; the ApplicationSet names its Application
+#: after it and sends it to the destination cluster of the same name.
+CLUSTER = "dev"
+APPLICATION = f"gpuplace-maps-{CLUSTER}"
+
+
+def argocd_settings() -> dict[str, str]:
+    """gpuplace's keys of argocd-cm (the Lua health check), as argocd/argocd-cm.yaml ships them."""
+    document = yaml.safe_load((ARGOCD_DIR / "argocd-cm.yaml").read_text())
+    return dict(document["data"])
+
+
+def project(repo_url: str) -> dict[str, Any]:
+    """argocd/project.yaml, admitting the demo's repository."""
+    document: dict[str, Any] = yaml.safe_load((ARGOCD_DIR / "project.yaml").read_text())
+    document["spec"]["sourceRepos"] = [repo_url]
+    return document
+
+
+def applicationset(repo_url: str, clusters_dir: str, skip: tuple[str, ...]) -> dict[str, Any]:
+    """argocd/applicationset-placement-maps.yaml, pointed at the demo's repository: its cluster
+    directories are `<clusters_dir>/*`, and those in `skip` (clusters this demo has not registered)
+    are excluded."""
+    document: dict[str, Any] = yaml.safe_load(
+        (ARGOCD_DIR / "applicationset-placement-maps.yaml").read_text()
+    )
+    spec = document["spec"]
+    git = spec["generators"][0]["git"]
+    git["repoURL"] = repo_url
+    git["directories"] = [{"path": f"{clusters_dir}/*"}] + [
+        {"path": f"{clusters_dir}/{name}", "exclude": True} for name in skip
+    ]
+    spec["template"]["spec"]["source"]["repoURL"] = repo_url
+    return document
+
+
+class ArgoCDSync:
+    """Syncs through ArgoCD: a commit is picked up by a refresh of the Application (what a git
+    webhook to argocd-server triggers), then ArgoCD's automated sync applies it."""
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        workdir: Path,
+        repo_path: Path,
+        out: Callable[[str], None],
+        check_alive: Callable[[], None],
+    ) -> None:
+        self.cluster = cluster
+        self.repo_url = f"file://{repo_path}"
+        self.out = out
+        self._check_alive = check_alive
+        self.argocd = LocalArgoCD(
+            cluster, workdir, destinations=(CLUSTER,), settings=argocd_settings()
+        )
+
+    def start(self) -> None:
+        self.argocd.start()
+
+    def stop(self) -> None:
+        self.argocd.stop()
+
+    def install(self, clusters_dir: str, skip: tuple[str, ...]) -> None:
+        """Applies the AppProject and the ApplicationSet (kubectl apply, as root.yaml would)."""
+        objects = [project(self.repo_url), applicationset(self.repo_url, clusters_dir, skip)]
+        self.cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
+
+    # -- reading the Application ----------------------------------------------------------------
+    def application(self) -> dict[str, Any] | None:
+        path = f"{APPLICATIONS.format(namespace=NAMESPACE)}/{APPLICATION}"
+        status, body = self.cluster.request("GET", path)
+        return body if status == 200 else None
+
+    def state(self) -> AppState | None:
+        app = self.application()
+        return AppState.from_object(app) if app else None
+
+    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 180.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            self.argocd.check_alive()
+            result = probe()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                state = self.state()
+                raise TimeoutError(
+                    f"timed out after {timeout:.0f}s waiting for {what}; "
+                    + (state.describe() if state else f"no Application {APPLICATION}")
+                )
+            time.sleep(0.5)
+
+    # -- syncing --------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        path = f"{APPLICATIONS.format(namespace=NAMESPACE)}/{APPLICATION}"
+        patch = {"metadata": {"annotations": {REFRESH_ANNOTATION: "normal"}}}
+        status, body = self.cluster.request("PATCH", path, patch)
+        if status != 200:
+            raise RuntimeError(f"refreshing {APPLICATION}: {status} {body}")
+
+    def sync(self, revision: str) -> SyncResult:
+        """Waits for ArgoCD's sync of `revision` (a SHA or its prefix) to end; ok when it
+        succeeded."""
+        if self.application() is not None:
+            self.refresh()
+        state: AppState = self.wait(
+            f"ArgoCD to sync {revision[:7]}",
+            lambda: (
+                (s := self.state())
+                and s.operation_revision.startswith(revision)
+                and s.attempt_ended
+                and s
+            ),
+        )
+        self.out(f"    {state.line()}")
+        app = self.application() or {}
+        lines = [state.operation_message]
+        result = ((app.get("status") or {}).get("operationState") or {}).get("syncResult") or {}
+        for r in result.get("resources") or []:
+            if r.get("status") not in (None, "Synced"):
+                lines.append(
+                    f"{r.get('kind')} {r.get('namespace')}/{r.get('name')}: {r.get('message')}"
+                )
+        return SyncResult(state.operation == "Succeeded", "\n".join(line for line in lines if line))
+
+    def settled(self, revision: str, health: str) -> AppState:
+        """Waits until the Application is Synced at `revision` with the given health."""
+        state: AppState = self.wait(
+            f"{APPLICATION} Synced at {revision[:7]} and {health}",
+            lambda: (
+                (s := self.state())
+                and s.sync == "Synced"
+                and s.revision.startswith(revision)
+                and s.health == health
+                and s
+            ),
+        )
+        self.out(f"    {state.line()}")
+        return state
