@@ -1,7 +1,8 @@
 """Benchmarks run by `make bench` (`python -m bench`).
 
-Every module in this package that defines `run(repeats: int) -> list[Measurement]` is a benchmark;
-`bench.__main__` finds them, runs each, prints one markdown table and writes `out/bench.json`.
+Every module in this package that defines `run(repeats: int, small: bool = False) ->
+list[Measurement]` is a benchmark (`small`: a quick, scaled-down run); `bench.__main__` finds them,
+runs each, prints one markdown table and writes `out/bench.json`.
 Measure in a fresh subprocess (see `run_worker`) whatever depends on the process's history, such
 as peak memory, and report medians over `repeats` runs.
 """
@@ -9,18 +10,24 @@ as peak memory, and report medians over `repeats` runs.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+
+from bench._stats import meminfo_kib
 
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """One figure of one benchmark; `target` is a bound like "< 2 s" and `ok` whether it is met
-    (None when there is no target)."""
+    (None when there is no target). `detail` figures (e.g. each process's CPU time) go into a
+    second table and the JSON."""
 
     benchmark: str
     metric: str
@@ -29,6 +36,7 @@ class Measurement:
     target: str = ""
     ok: bool | None = None
     samples: tuple[float, ...] = ()
+    detail: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -37,7 +45,13 @@ class Measurement:
 
 
 def below(
-    benchmark: str, metric: str, samples: Sequence[float], unit: str, limit: float | None = None
+    benchmark: str,
+    metric: str,
+    samples: Sequence[float],
+    unit: str,
+    limit: float | None = None,
+    *,
+    detail: bool = False,
 ) -> Measurement:
     """The median of `samples`, checked against an upper `limit` when one is given."""
     value = statistics.median(samples)
@@ -49,6 +63,60 @@ def below(
         target=f"< {limit:g} {unit}" if limit is not None else "",
         ok=None if limit is None else value < limit,
         samples=tuple(samples),
+        detail=detail,
+    )
+
+
+def above(
+    benchmark: str,
+    metric: str,
+    samples: Sequence[float],
+    unit: str,
+    limit: float,
+    *,
+    detail: bool = False,
+) -> Measurement:
+    """The median of `samples`, checked against a lower `limit` (met when at least `limit`)."""
+    value = statistics.median(samples)
+    return Measurement(
+        benchmark,
+        metric,
+        value,
+        unit,
+        target=f">= {limit:g} {unit}",
+        ok=value >= limit,
+        samples=tuple(samples),
+        detail=detail,
+    )
+
+
+def machine() -> dict[str, Any]:
+    """The machine the figures come from: cores, memory, CPU model, load average."""
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "arch": platform.machine(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+    try:
+        info["memory_gib"] = round(meminfo_kib(Path("/proc/meminfo").read_text()) / 2**20, 1)
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        models = [
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.splitlines()
+            if line.startswith("model name")
+        ]
+        info["cpu_model"] = models[0] if models else platform.processor()
+    except (OSError, ValueError):
+        pass  # not Linux: cores and load are still known
+    return info
+
+
+def describe(info: dict[str, Any]) -> str:
+    load = ", ".join(f"{x:.2f}" for x in info.get("loadavg", []))
+    return (
+        f"{info.get('cpus')} cores ({info.get('cpu_model', '?')}), "
+        f"{info.get('memory_gib', '?')} GiB memory, load average {load}"
     )
 
 

@@ -1,7 +1,8 @@
-"""`python -m bench [NAME...] [--repeats N] [--out out/bench.json]`: run the benchmarks.
+"""`python -m bench [NAME...] [--repeats N] [--small] [--out out/bench.json]`: run the benchmarks.
 
-Runs every module of this package that defines `run(repeats)` (or only those named), prints one
-markdown table of medians and writes every figure with its samples to a JSON file.
+Runs every module of this package that defines `run(repeats, small=False)` (or only those named),
+prints the machine, one markdown table of medians (and one of details) and writes every figure
+with its samples to a JSON file.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import pkgutil
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import bench
-from bench import Measurement
+from bench import Measurement, describe, machine
 
-Runner = Callable[[int], list[Measurement]]
+
+class Runner(Protocol):
+    def __call__(self, repeats: int, small: bool = False) -> list[Measurement]: ...
 
 
 def discover() -> dict[str, Runner]:
@@ -54,30 +57,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(runners)}")
     parser.add_argument("--repeats", type=int, default=3, help="runs per benchmark (default 3)")
+    parser.add_argument(
+        "--small", action="store_true", help="scaled-down workloads, for a quick check"
+    )
     parser.add_argument("--out", default="out/bench.json", help="JSON results file")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in runners]
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)}; have {', '.join(runners)}")
     selected = args.names or list(runners)
+    before = machine()
+    print(f"machine: {describe(before)}", file=sys.stderr, flush=True)
     measurements: list[Measurement] = []
     failures: list[str] = []
     for name in selected:
         started = time.perf_counter()
         print(f"running {name} ({args.repeats} repeats)...", file=sys.stderr, flush=True)
         try:
-            measurements.extend(runners[name](args.repeats))
+            measurements.extend(runners[name](args.repeats, small=args.small))
         except Exception as exc:  # one broken benchmark must not hide the others' figures
             failures.append(f"{name}: {exc}")
             print(f"{name} failed: {exc}", file=sys.stderr)
         print(f"{name} took {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    print(table(measurements))
+    after = machine()
+    print(f"machine: {describe(before)}; at the end: load average {after['loadavg']}\n")
+    print(table([m for m in measurements if not m.detail]))
+    details = [m for m in measurements if m.detail]
+    if details:
+        print("\nDetails:\n")
+        print(table(details))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "python": platform.python_version(),
         "machine": platform.machine(),
         "processor": platform.processor(),
+        "host": before,
+        "loadavg_after": after["loadavg"],
+        "small": args.small,
         "repeats": args.repeats,
         "measurements": [m.to_json() for m in measurements],
         "failures": failures,

@@ -143,13 +143,14 @@ def worker(nodes: int) -> dict[str, float]:
     }
 
 
-def run(repeats: int) -> list[Measurement]:
-    runs = [run_worker("bench.compile", "--worker") for _ in range(repeats)]
+def run(repeats: int, small: bool = False) -> list[Measurement]:
+    nodes = NODES // 10 if small else NODES
+    runs = [run_worker("bench.compile", "--worker", f"--nodes={nodes}") for _ in range(repeats)]
 
     def samples(key: str) -> list[float]:
         return [float(r[key]) for r in runs]
 
-    label = f"{NAME} {NODES:,}x{GPUS}"
+    label = f"{NAME} {nodes:,}x{GPUS}"
     return [
         below(label, "full compile", samples("full_s"), "s", TARGET_FULL_S),
         # CPU time is what the compile costs whatever else the machine runs at the time.

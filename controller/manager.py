@@ -17,7 +17,7 @@ from controller.gitsource import GitSource
 from controller.inventories import InventoryTracker
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerSettings
-from controller.sources import SourceState, map_status, read_source
+from controller.sources import SourceState, map_status, only_bound_changed, read_source
 from controller.writer import ModelWriter, patch_status
 from kubeio.client import Kube
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
@@ -57,8 +57,12 @@ class Controller:
         self.events = EventRecorder(kube, "gpuplace-controller")
         self.compiler = Compiler(settings.alias_label)
         self.model = Model()
+        self._shared: set[str] = set()  # maps with sharing: shared, in the current model
         self.nodes: dict[NodeName, NodeState] = {}
         self.aliases: dict[str, frozenset[NodeName]] = {}
+        self._aliases_dirty = False
+        self._uncompiled = False  # changes applied to the compiler and not compiled yet
+        self._unblocked: set[str] = set()  # binder keys those changes may unblock
         self.sources: dict[MapKey, SourceState] = {}
         self.tracker = InventoryTracker(self._on_inventory)
         self.binder = Binder(
@@ -70,6 +74,7 @@ class Controller:
         self._pending: list[tuple[str, Any]] = []
         self._status_dirty: set[MapKey] = set()
         self._statuses: dict[MapKey, str] = {}
+        self._written: dict[MapKey, tuple[MapStatus, float]] = {}  # last patched, and when
         self._phases: dict[MapKey, Phase] = {}
         self._leading = threading.Event()
         self._stop = threading.Event()
@@ -155,7 +160,8 @@ class Controller:
         )
 
     def _shared_maps(self) -> set[str]:
-        return {str(k) for k, m in self.model.maps.items() if m.sharing is Sharing.SHARED}
+        # Read on every pod event: kept per model, not recomputed from all maps per pod.
+        return self._shared
 
     # -- event handlers (informer threads: enqueue only) ----------------------------------------
     def _enqueue(self, kind: str, payload: Any) -> None:
@@ -181,14 +187,15 @@ class Controller:
             self._status_dirty.add(slot.map)
 
     # -- reconcile loop (one thread) ------------------------------------------------------------
-    def _apply(self, kind: str, payload: Any) -> set[str]:
-        """Feeds one change to the compiler; returns the binder keys it may unblock."""
+    def _apply(self, kind: str, payload: Any) -> set[str] | None:
+        """Feeds one change to the compiler; returns the binder keys it may unblock, or None
+        when nothing changed (a node heartbeat, our own status patch coming back)."""
         if kind == "source":
             prev_key = MapKey(payload["metadata"]["namespace"], payload["metadata"]["name"])
             known = self.sources.get(prev_key)
             state = read_source(payload, known)
             if state is known:
-                return set()  # same text: e.g. our own status patch came back
+                return None  # same text: e.g. our own status patch came back
             self.sources[state.key] = state
             if state.valid is not None and (known is None or known.valid != state.valid):
                 self.compiler.set_map(state.valid, state.valid_version)
@@ -199,6 +206,7 @@ class Controller:
             self.sources.pop(key, None)
             self.compiler.remove_map(key)
             self._statuses.pop(key, None)
+            self._written.pop(key, None)
             return set()
         if kind in ("node", "node-deleted"):
             name = NodeName(payload["metadata"]["name"])
@@ -210,10 +218,11 @@ class Controller:
             else:
                 after = node_state(payload, self.settings.alias_label)
                 if before == after:
-                    return set()
+                    return None
                 self.nodes[name] = after
                 self.compiler.set_node(name, payload["metadata"].get("labels") or {})
-            self._rebuild_aliases()
+            if (before and before.alias) or (after and after.alias):
+                self._aliases_dirty = True
             keys = {f"node:{name}", "nodes"}
             for seen in (before, after):
                 if seen is not None and seen.alias:
@@ -226,7 +235,7 @@ class Controller:
             else:
                 self.compiler.set_inventory(inventory)
             return {f"inventory:{node}"}
-        return set()
+        return None
 
     def _rebuild_aliases(self) -> None:
         aliases: dict[str, set[NodeName]] = {}
@@ -235,26 +244,43 @@ class Controller:
                 aliases.setdefault(state.alias, set()).add(state.name)
         self.aliases = {k: frozenset(v) for k, v in aliases.items()}
 
+    def _apply_pending(self) -> None:
+        """Feeds everything queued to the compiler (caller holds the lock)."""
+        batch, self._pending = self._pending, []
+        for kind, payload in batch:
+            unblocked = self._apply(kind, payload)
+            if unblocked is not None:
+                self._uncompiled = True
+                self._unblocked |= unblocked
+        if self._aliases_dirty:
+            self._rebuild_aliases()
+            self._aliases_dirty = False
+
     def _reconcile_loop(self) -> None:
-        last_status = 0.0
+        last_status = last_expiry = 0.0
         while not self._stop.is_set():
             with self._wake:
                 if not self._pending:
                     self._wake.wait(0.5)
-                # Everything queued since the last pass is compiled once.
-                batch, self._pending = self._pending, []
-                keys: set[str] = set()
-                for kind, payload in batch:
-                    keys |= self._apply(kind, payload)
-                if self._leading.is_set() and batch:
-                    self._compile_and_publish(keys)
-            due = time.monotonic() - last_status > 0.5
-            if self._leading.is_set() and due and self._status_dirty:
+                # Everything queued since the last pass is compiled once, and only when something
+                # changed: node heartbeats and the echoes of status patches arrive many times a
+                # second on a large cluster and change nothing.
+                self._apply_pending()
+                # Also what was applied while this replica was not leading yet, or between the
+                # compile that started its leadership and the moment it counted as leading.
+                if self._leading.is_set() and self._uncompiled:
+                    self._compile_and_publish(set())
+            now = time.monotonic()
+            if self._leading.is_set() and now - last_status > 0.5 and self._status_dirty:
                 self._write_statuses()
                 last_status = time.monotonic()
-            self.tracker.check_expiry()
+            if now - last_expiry >= 1.0:  # looks at every inventory: once a second is enough
+                self.tracker.check_expiry()
+                last_expiry = now
 
     def _compile_and_publish(self, keys: set[str]) -> None:
+        keys |= self._unblocked
+        self._uncompiled, self._unblocked = False, set()
         started = time.perf_counter()
         model, reports = self.compiler.build()
         self.metrics.compile_seconds.observe(time.perf_counter() - started)
@@ -270,6 +296,7 @@ class Controller:
                 if model.maps.get(k) is not self.model.maps.get(k)
             }
             self.model = model
+            self._shared = {str(k) for k, m in model.maps.items() if m.sharing is Sharing.SHARED}
             self.metrics.model_generation.set(model.generation)
             self._status_dirty |= changed
             keys.add("model")
@@ -284,6 +311,7 @@ class Controller:
             dirty, self._status_dirty = self._status_dirty, set()
         reports = self.compiler.reports
         phases: dict[str, int] = {p.value: 0 for p in Phase}
+        deferred: set[MapKey] = set()
         for key in sorted(dirty):
             state = self.sources.get(key)
             if state is None:
@@ -302,15 +330,31 @@ class Controller:
                 self._statuses[key] = text
                 self._phases[key] = status.phase
                 continue
+            if self._coalesce(key, status, on_object):
+                deferred.add(key)
+                continue
             if patch_status(self.kube, key, status):
                 self._statuses[key] = text
+                self._written[key] = (status, time.monotonic())
                 self._event_on_transition(key, obj, status)
+        if deferred:
+            with self._lock:
+                self._status_dirty |= deferred
         for key in self.sources:
             phase = self._phases.get(key)
             if phase is not None:
                 phases[phase.value] += 1
         for phase_name, count in phases.items():
             self.metrics.maps.labels(phase_name).set(count)
+
+    def _coalesce(self, key: MapKey, status: MapStatus, on_object: str | None) -> bool:
+        """Whether to hold back a status whose only news is the bound count, written recently."""
+        written = self._written.get(key)
+        if written is None or on_object != self._statuses.get(key):
+            return False
+        last, when = written
+        recent = time.monotonic() - when < self.settings.status_bound_seconds
+        return recent and only_bound_changed(last, status)
 
     def _event_on_transition(self, key: MapKey, obj: Obj | None, status: MapStatus) -> None:
         before = self._phases.get(key)
@@ -341,6 +385,9 @@ class Controller:
             except (ValueError, KeyError) as exc:
                 log.warning("stored model unreadable, compiling from scratch: %s", exc)
         with self._lock:
+            # The informers have queued every object they listed: compile them all at once,
+            # not a partial model that the next pass would correct with another generation.
+            self._apply_pending()
             self._compile_and_publish(set())
         pods: list[Obj] = []
         for key, informer in self.informers.items():

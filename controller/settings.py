@@ -15,7 +15,10 @@ class BinderSettings:
     legacy_scheduler_names: tuple[str, ...] = ("gpu-scheduler",)
     legacy: bool = True
     require_inventory: bool = True
-    bind_workers: int = 32
+    #: Bindings in flight. The apiserver (and etcd, which batches concurrent writes) takes more
+    #: binds a second the more arrive at once: on one two-core local control plane (200 kwok
+    #: nodes, a backlog of 1,000 pods) 32, 64 and 128 bound about 350, 420 and 460 pods/s.
+    bind_workers: int = 128
     #: Unschedulable pods are re-examined at least this often even with no triggering event.
     flush_seconds: float = 30.0
     max_backoff_seconds: float = 10.0
@@ -45,6 +48,10 @@ class ControllerSettings:
     metrics_host: str = "0.0.0.0"  # noqa: S104 - a pod's metrics port listens on all interfaces
     metrics_port: int = 8080
     resync_seconds: float = 300.0
+    #: A map's status is rewritten within half a second of any change, except when only its
+    #: bound-slot count moved: that goes out at most this often, or a burst of binds would cost a
+    #: ConfigMap write (and a validating-webhook call) per map every half second.
+    status_bound_seconds: float = 5.0
     binder: BinderSettings = field(default_factory=BinderSettings)
     log_level: str = "info"
     log_json: bool = False

@@ -90,3 +90,12 @@ def map_status(
     return MapStatus(
         report.phase, generation, state.version, report.message, (), counts, state.valid_version
     )
+
+
+def only_bound_changed(before: MapStatus, after: MapStatus) -> bool:
+    """Whether two statuses differ in the bound-slot count alone: the one figure that moves with
+    every pod bound or deleted, and so the one worth coalescing."""
+    return (
+        before != after
+        and replace(after, slots=replace(after.slots, bound=before.slots.bound)) == before
+    )

@@ -51,20 +51,14 @@ main() {
 
   command -v go >/dev/null || die "go not found on PATH; install Go 1.25 or newer"
   mkdir -p "$bin" "$logs" "$root/crds"
-  exec 9>"$root/.build.lock"
-  if ! flock -n 9; then
-    log "another build is running in $root; waiting for it"
-    flock 9
-  fi
+  take_lock "$root/.build.lock" "$root"
   if complete; then
     echo "$root"
     return 0
   fi
 
   log "building ArgoCD $version and kustomize $kustomize_version into $bin (a first build takes 10-20 minutes; logs in $logs)"
-  staging=$(mktemp -d "$bin/.staging.XXXXXX")
-  trap cleanup EXIT
-  trap 'exit 130' INT TERM
+  begin_staging
   local total_start=$SECONDS
 
   # The directory is per release, so a binary found there is of that release.

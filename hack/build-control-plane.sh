@@ -98,11 +98,7 @@ main() {
   mkdir -p "$bin" "$logs"
 
   # One build at a time per cache; whoever waited re-checks what is still missing afterwards.
-  exec 9>"$cache/k8s-$k8s_version/.build.lock"
-  if ! flock -n 9; then
-    log "another build is running in $cache; waiting for it"
-    flock 9
-  fi
+  take_lock "$cache/k8s-$k8s_version/.build.lock" "$cache"
   mapfile -t missing < <(wanted "${k8s_components[@]}" etcd kwok)
   if [ ${#missing[@]} -eq 0 ]; then
     echo "$bin"
@@ -110,9 +106,7 @@ main() {
   fi
 
   log "building ${missing[*]} into $bin (a first build takes several minutes; logs in $logs)"
-  staging=$(mktemp -d "$bin/.staging.XXXXXX")
-  trap cleanup EXIT
-  trap 'exit 130' INT TERM
+  begin_staging
   local total_start=$SECONDS
 
   local k8s_missing

@@ -50,3 +50,21 @@ cleanup() {
   if [ -n "${builder:-}" ]; then kill "$builder" 2>/dev/null || true; fi
   if [ -n "${staging:-}" ]; then rm -rf "$staging"; fi
 }
+
+# take_lock FILE WHERE -> one build at a time: holds an exclusive lock on FILE (fd 9) for the rest
+# of the script, waiting for a build that holds it; whoever waited re-checks what is missing.
+take_lock() {
+  exec 9>"$1"
+  if ! flock -n 9; then
+    log "another build is running in $2; waiting for it"
+    flock 9
+  fi
+}
+
+# begin_staging -> $staging, a directory in $bin for binaries being built; removed on exit, so an
+# interrupted build never leaves a half-written binary in $bin.
+begin_staging() {
+  staging=$(mktemp -d "$bin/.staging.XXXXXX")
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -167,17 +167,25 @@ class Kube:
         try:
             if response.status >= 300:
                 raise error_for(response.status, response.read())
-            buffer = b""
-            for chunk in response.stream(64 * 1024, decode_content=True):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield json.loads(line)
+            yield from json_lines(response.stream(64 * 1024, decode_content=True))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise APITransportError(0, "Transport", f"WATCH {path}: {exc}") from exc
         finally:
             response.release_conn()
+
+
+def json_lines(chunks: Iterable[bytes]) -> Iterator[Obj]:
+    """The JSON objects of a stream with one a line (a watch), however the chunks split it; an
+    unfinished last line (the connection was cut) is dropped, and the watch resumes before it."""
+    pending = b""  # the start of a line whose end is in a later chunk
+    for chunk in chunks:
+        # One split per chunk: splitting off one line at a time would copy the rest of the
+        # chunk again for every event in it.
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
 
 
 def obj_key(obj: Obj) -> tuple[str, str]:

@@ -54,8 +54,30 @@ def check_configmap(request: AdmissionRequest) -> Verdict:
             f"{PLACEMENT_KEY!r}{where}; put the PlacementMap YAML under data.{PLACEMENT_KEY}, "
             f"or remove the label"
         )
+    if request.operation == "UPDATE" and _same_map(request.old_object, text):
+        # Only metadata changed, such as the controller's status annotation, which it rewrites
+        # as pods bind: parsing the map again on each of those writes would cost the webhook
+        # (and the pods waiting on its threads) more than all pod admissions, and refusing one
+        # would keep the controller from reporting that a map applied while this webhook was
+        # down is invalid.
+        return Verdict(True)
     try:
         parse_map_for(text, source_name(key), key)
     except PlacementError as exc:
         return _invalid(exc.format())
     return Verdict(True)
+
+
+def _same_map(old: Mapping[str, Any] | None, text: str) -> bool:
+    """Whether the old object was already this placement map (label set, same text)."""
+    if not isinstance(old, dict):
+        return False
+    meta = old.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    data = old.get("data")
+    return (
+        isinstance(labels, dict)
+        and labels.get(PLACEMENT_MAP_LABEL) == "true"
+        and isinstance(data, dict)
+        and data.get(PLACEMENT_KEY) == text
+    )

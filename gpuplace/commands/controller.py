@@ -62,7 +62,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=env_bool("GPUPLACE_REQUIRE_INVENTORY", True),
         help="bind only to devices an agent has reported present and healthy",
     )
-    p.add_argument("--bind-workers", type=int, default=env_int("GPUPLACE_BIND_WORKERS", 32))
+    p.add_argument(
+        "--bind-workers",
+        type=int,
+        default=env_int("GPUPLACE_BIND_WORKERS", BinderSettings().bind_workers),
+        help="concurrent pods/binding calls (default %(default)s)",
+    )
     p.add_argument("--lease-seconds", type=float, default=env_float("GPUPLACE_LEASE_SECONDS", 15.0))
     p.add_argument(
         "--renew-deadline-seconds",

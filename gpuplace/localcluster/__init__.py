@@ -5,8 +5,9 @@ admission plugins including both webhook plugins, plus NodeRestriction), kube-co
 (every controller that needs no cloud, per-controller service-account credentials as in kubeadm)
 and kwok (managing nodes annotated ``kwok.x-k8s.io/node: fake`` with its fast stages: nodes turn
 Ready, bound pods Running, deleted pods go away) run on random 127.0.0.1 ports; kube-scheduler is
-optional (``scheduler=True``), since gpuplace's binder places its own pods. Binaries come from
-`find_binaries` (built into ``~/.cache/gpuplace/k8s-<version>/bin`` by
+optional (``scheduler=True``, ``scheduler_qps=`` to lift its client rate limit, or
+``start_scheduler()`` / ``stop_scheduler()`` later), since gpuplace's binder places its own pods.
+Binaries come from `find_binaries` (built into ``~/.cache/gpuplace/k8s-<version>/bin`` by
 ``hack/build-control-plane.sh`` when missing; ``KUBEBUILDER_ASSETS`` / ``TEST_ASSET_*`` override).
 
 Use::

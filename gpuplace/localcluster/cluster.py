@@ -75,6 +75,10 @@ class LocalCluster:
 
     ``directory``: where certificates, kubeconfigs, etcd data and logs go; a new temporary
     directory (removed by `stop`) when None, else created if needed and left in place.
+    ``scheduler``: also run kube-scheduler (`start_scheduler` / `stop_scheduler` do it later).
+    ``scheduler_qps``: the scheduler's client QPS (burst twice that), through a
+    KubeSchedulerConfiguration file; None keeps kube-scheduler's defaults (50 QPS, burst 100),
+    which throttle it long before it runs out of CPU when thousands of pods arrive at once.
     ``detach``: children outlive this Python process (``gpuplace cluster up``); otherwise they are
     killed when it exits, however it exits (atexit, SIGTERM, and the kernel's parent-death signal,
     which fires when the *thread* that started the cluster ends: start it from the main thread).
@@ -85,6 +89,7 @@ class LocalCluster:
         directory: Path | None = None,
         *,
         scheduler: bool = False,
+        scheduler_qps: float | None = None,
         detach: bool = False,
         namespaces: Iterable[str] = (),
         binaries: ControlPlaneBinaries | None = None,
@@ -93,6 +98,10 @@ class LocalCluster:
         self._owns_directory = directory is None
         self._directory = directory
         self._with_scheduler = scheduler
+        if scheduler_qps is not None and scheduler_qps <= 0:
+            raise ValueError(f"scheduler_qps must be positive, got {scheduler_qps}")
+        self._scheduler_qps = scheduler_qps
+        self._scheduler: ManagedProcess | None = None
         self._detach = detach
         self._namespaces = tuple(namespaces)
         self._binaries = binaries
@@ -405,7 +414,7 @@ class LocalCluster:
         layout.kwok_config.write_text(_KWOK_CONFIG)
         self._spawn("kwok", _kwok_args(binaries, layout), env)
         if self._with_scheduler:
-            self._spawn("kube-scheduler", _scheduler_args(binaries, layout), env)
+            self._start_scheduler()
         # The serviceaccount controller creating `default` proves the controller manager runs with
         # working credentials (it uses per-controller service-account tokens, as kubeadm does).
         self.wait_for(
@@ -417,10 +426,42 @@ class LocalCluster:
             self.create_namespace(namespace)
         self._phase("namespaces", began)
 
-    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
-        self._processes.append(
-            spawn(name, argv, log=self.layout.log(name), env=env, detach=self._detach)
-        )
+    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> ManagedProcess:
+        process = spawn(name, argv, log=self.layout.log(name), env=env, detach=self._detach)
+        self._processes.append(process)
+        return process
+
+    def _start_scheduler(self) -> None:
+        layout = self.layout
+        argv = _scheduler_args(self.binaries, layout)
+        if self._scheduler_qps is not None:
+            config = scheduler_configuration(
+                layout.component_kubeconfig("kube-scheduler"), self._scheduler_qps
+            )
+            layout.scheduler_config.write_text(yaml.safe_dump(config, sort_keys=False))
+            argv.append(f"--config={layout.scheduler_config}")
+        self._scheduler = self._spawn("kube-scheduler", argv, _component_env(layout))
+
+    def start_scheduler(self) -> None:
+        """Starts kube-scheduler on a running cluster (no-op while it runs), e.g. to time how fast
+        it drains pods created while it was stopped."""
+        if not self._processes:
+            raise ClusterError("start_scheduler needs a cluster started by this process")
+        if self._scheduler is not None and self._scheduler.exit_code() is None:
+            return
+        if self._scheduler is not None:
+            self._processes.remove(self._scheduler)
+        self._start_scheduler()
+        self._write_state()
+
+    def stop_scheduler(self) -> None:
+        """Stops kube-scheduler (no-op when it does not run); the rest of the cluster keeps running."""
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is None:
+            return
+        stop_all([scheduler])
+        self._processes.remove(scheduler)
+        self._write_state()
 
     def _phase(self, name: str, began: float) -> None:
         self.startup_phases[name] = round(time.monotonic() - began, 3)
@@ -570,6 +611,22 @@ def _scheduler_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> list[str]
         "--secure-port=0",
         "--leader-elect=false",
     ]
+
+
+def scheduler_configuration(kubeconfig: Path, qps: float) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration with the client's QPS raised (burst twice that); everything
+    else, parallelism and the default plugins included, stays at kube-scheduler's defaults.
+    With ``--config`` the scheduler takes its kubeconfig and leader election from this file."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {
+            "kubeconfig": str(kubeconfig),
+            "qps": float(qps),
+            "burst": max(1, round(2 * qps)),
+        },
+        "leaderElection": {"leaderElect": False},
+    }
 
 
 def _kwok_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> list[str]:

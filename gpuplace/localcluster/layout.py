@@ -18,7 +18,7 @@ class ClusterLayout:
 
     ``kubeconfig`` (admin), ``pki/`` (CA, serving and client certificates, service-account keys),
     ``etcd/`` (data), ``logs/<component>.log``, ``kubeconfigs/`` (per component),
-    ``kwok.yaml``, ``state.json`` (while running), ``.gpuplace-cluster`` (marker).
+    ``kwok.yaml``, ``kube-scheduler.yaml`` (with a scheduler QPS), ``state.json`` (while running), ``.gpuplace-cluster`` (marker).
     """
 
     directory: Path
@@ -70,6 +70,10 @@ class ClusterLayout:
     @property
     def kwok_config(self) -> Path:
         return self.directory / "kwok.yaml"
+
+    @property
+    def scheduler_config(self) -> Path:
+        return self.directory / "kube-scheduler.yaml"
 
     @property
     def kubectl_cache(self) -> Path:

@@ -101,9 +101,12 @@ def test_label_value_other_than_true_is_not_judged() -> None:
 
 
 def test_update_is_validated_and_delete_is_not() -> None:
+    good = make_configmap("llm", placement_yaml())
     bad = make_configmap("llm", "garbage: [")
-    assert validate(bad, operation="UPDATE", old=bad)["response"]["allowed"] is False
+    assert validate(bad, operation="UPDATE", old=good)["response"]["allowed"] is False
     assert validate(None, operation="DELETE", old=bad)["response"]["allowed"] is True
+    # An update that leaves the map's text as it was (a status annotation) is not judged again.
+    assert validate(bad, operation="UPDATE", old=bad)["response"]["allowed"] is True
 
 
 # --- the envelope ---------------------------------------------------------------------------

@@ -1,0 +1,312 @@
+"""What the placement benchmark does to the local cluster: concurrent raw API calls, the pod
+watcher process, and CPU and memory readings of the processes involved."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import http.client
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench._stats import busy_seconds, cpu_seconds, status_kib
+from gpuplace.localcluster import ApiConnection, LocalCluster
+from gpuplace.localcluster.process import die_with_parent
+
+T = TypeVar("T")
+R = TypeVar("R")
+Obj = dict[str, Any]
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """The workload could not run as planned (a request failed, pods did not bind in time)."""
+
+
+def concurrently(
+    cluster: LocalCluster,
+    items: Sequence[T],
+    call: Callable[[ApiConnection, T], R],
+    threads: int,
+) -> list[R]:
+    """`call(connection, item)` for every item from `threads` threads, each with its own keep-alive
+    admin connection; items are dealt round-robin, results come back in the items' order."""
+    threads = max(1, min(threads, len(items)))
+    results: list[Any] = [None] * len(items)
+    start = threading.Barrier(threads)
+
+    def worker(offset: int) -> None:
+        with cluster.connection() as connection:
+            start.wait()  # every thread has its connection object before the first request
+            for i in range(offset, len(items), threads):
+                results[i] = call(connection, items[i])
+
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="bench") as pool:
+        for future in [pool.submit(worker, t) for t in range(threads)]:
+            future.result()
+    return results
+
+
+def expect(status: int, body: Any, wanted: Iterable[int], what: str) -> None:
+    if status not in set(wanted):
+        message = body.get("message", body) if isinstance(body, dict) else body
+        raise BenchError(f"{what}: HTTP {status}: {message}")
+
+
+def create_pods(
+    cluster: LocalCluster, namespace: str, pods: Sequence[Obj], threads: int
+) -> dict[str, float]:
+    """Creates the pods concurrently; returns when each create was sent (time.monotonic)."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+
+    def create(connection: ApiConnection, pod: Obj) -> float:
+        sent = time.monotonic()
+        status, body = connection.request("POST", path, pod)
+        expect(status, body, {201}, f"creating pod {pod['metadata']['name']}")
+        return sent
+
+    sent = concurrently(cluster, pods, create, threads)
+    return {pod["metadata"]["name"]: t for pod, t in zip(pods, sent, strict=True)}
+
+
+def delete_pods(
+    cluster: LocalCluster,
+    namespace: str,
+    names: Sequence[str],
+    threads: int,
+    timeout: float = 300.0,
+) -> None:
+    """Deletes the pods at once (gracePeriodSeconds=0: no kubelet waits) and waits until the
+    namespace has no pods left."""
+    options = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+
+    def delete(connection: ApiConnection, name: str) -> None:
+        status, body = connection.request(
+            "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", options
+        )
+        expect(status, body, {200, 202, 404}, f"deleting pod {name}")
+
+    concurrently(cluster, names, delete, threads)
+    wait_no_pods(cluster, namespace, timeout)
+
+
+def wait_no_pods(cluster: LocalCluster, namespace: str, timeout: float = 300.0) -> None:
+    def empty() -> bool:
+        status, body = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1")
+        return status == 200 and not body["items"]
+
+    cluster.wait_for(f"pods in namespace {namespace} to be gone", empty, timeout, interval=0.25)
+
+
+def pending_summary(cluster: LocalCluster, namespace: str, limit: int = 5) -> str:
+    """Why pods are not bound yet, from their PodScheduled conditions (for error messages)."""
+    status, body = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods")
+    if status != 200:
+        return f"(cannot list pods: HTTP {status})"
+    pending = [p for p in body["items"] if not p["spec"].get("nodeName")]
+    reasons = []
+    for pod in pending[:limit]:
+        conditions = pod.get("status", {}).get("conditions") or []
+        scheduled: Obj = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+        reasons.append(
+            f"{pod['metadata']['name']}: {scheduled.get('reason', 'no condition')} "
+            f"{scheduled.get('message', '')}".strip()
+        )
+    return f"{len(pending)} pending; " + "; ".join(reasons)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the pod watcher saw: first sight and binding of each pod (time.monotonic)."""
+
+    added: Mapping[str, float]
+    bound: Mapping[str, float]
+    listed: int
+    events: int
+    restarts: int  # watches the apiserver ended and the watcher resumed
+    cpu: float  # the watcher's own CPU seconds
+
+
+class PodWatch:
+    """`bench._podwatch` in a subprocess, watching one namespace from before the workload starts."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str, count: int, timeout: float) -> None:
+        self.namespace = namespace
+        self.count = count
+        self.timeout = timeout
+        self._cluster = cluster
+        layout = cluster.layout
+        argv = [
+            sys.executable,
+            "-m",
+            "bench._podwatch",
+            f"--server={cluster.server}",
+            f"--ca={cluster.ca_file}",
+            f"--cert={layout.cert('admin')}",
+            f"--key={layout.key('admin')}",
+            f"--namespace={namespace}",
+            f"--count={count}",
+            f"--timeout={timeout}",
+        ]
+        self._proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - prctl only
+        )
+        assert self._proc.stdout is not None
+        first = self._proc.stdout.readline().strip()
+        if first != "ready":
+            self._proc.kill()
+            self._proc.wait()
+            raise BenchError(f"pod watcher did not start: {first!r}")
+
+    def wait(self) -> Observed:
+        """Waits until `count` pods are bound; raises BenchError (saying why pods are pending)
+        when that takes longer than the timeout or a cluster component dies."""
+        deadline = time.monotonic() + self.timeout
+        out = ""
+        while True:
+            try:
+                # communicate() reads while it waits: the result is larger than a pipe holds.
+                out, _ = self._proc.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    self._proc.terminate()
+                    out, _ = self._proc.communicate()
+                    break
+                self._cluster.check_alive()
+        observed = self._result(out)
+        if len(observed.bound) < self.count:
+            raise BenchError(
+                f"only {len(observed.bound)} of {self.count} pods bound within "
+                f"{self.timeout:.0f} s; {pending_summary(self._cluster, self.namespace)}"
+            )
+        return observed
+
+    def stop(self) -> None:
+        """Ends the watcher if it still runs (idempotent; after `wait` or on an error)."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+        self._proc.communicate()
+
+    def _result(self, out: str) -> Observed:
+        lines = out.strip().splitlines()
+        if self._proc.returncode != 0 or not lines:
+            raise BenchError(f"pod watcher failed ({self._proc.returncode}): {out[-500:]}")
+        data = json.loads(lines[-1])
+        return Observed(
+            data["added"],
+            data["bound"],
+            data["listed"],
+            data["events"],
+            data["restarts"],
+            data["cpu"],
+        )
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    return cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), _TICKS)
+
+
+def peak_rss_mib(pid: int) -> float:
+    return status_kib(Path(f"/proc/{pid}/status").read_text(), "VmHWM") / 1024
+
+
+def machine_busy() -> float:
+    return busy_seconds(Path("/proc/stat").read_text(), _TICKS)
+
+
+#: In `CpuMeter` results: CPU the whole machine used, and the part no named process used
+#: (other work on the machine; short-lived processes such as the pod watcher before it reports).
+MACHINE = "whole machine"
+OTHERS = "outside the named processes"
+
+
+class CpuMeter:
+    """CPU seconds used by named processes, and by the machine, between `start()` and `stop()`."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self._pids = dict(pids)
+        self._before: dict[str, float] = {}
+        self._machine = 0.0
+
+    def start(self) -> CpuMeter:
+        self._before = {name: process_cpu(pid) for name, pid in self._pids.items()}
+        self._machine = machine_busy()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        used = {name: process_cpu(pid) - self._before[name] for name, pid in self._pids.items()}
+        machine = machine_busy() - self._machine
+        return used | {MACHINE: machine, OTHERS: machine - sum(used.values())}
+
+
+def scrape(url_host: str, port: int, path: str, context: ssl.SSLContext) -> str:
+    """GET an HTTPS metrics endpoint; returns the body as text."""
+    connection = http.client.HTTPSConnection(url_host, port, context=context, timeout=30)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read().decode()
+        if response.status != 200:
+            raise BenchError(f"GET https://{url_host}:{port}{path}: HTTP {response.status}")
+        return body
+    finally:
+        connection.close()
+
+
+class Profiler:
+    """py-spy sampling one process into a collapsed-stack file (one stack a line with its count)
+    while a run lasts: only the thread holding the GIL (--gil), which is where a Python process
+    spends CPU, and --nonblocking, so the profiled process is never paused."""
+
+    def __init__(self, pid: int, output: Path) -> None:
+        py_spy = Path(sys.executable).with_name("py-spy")
+        if not py_spy.exists():
+            raise BenchError(
+                f"profiling needs py-spy next to {sys.executable} (pip install py-spy)"
+            )
+        self.output = output
+        self._log = output.with_suffix(".log").open("wb")
+        argv = [str(py_spy), "record", "--pid", str(pid), "--format", "raw"]
+        argv += ["--output", str(output), "--nonblocking", "--gil", "--rate", "100"]
+        self._proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+            try:
+                self._proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._log.close()
+
+
+@contextlib.contextmanager
+def profiling(pid: int, output: Path | None) -> Iterator[None]:
+    """Profiles `pid` into `output` for the duration of the block; nothing when output is None."""
+    if output is None:
+        yield
+        return
+    profiler = Profiler(pid, output)
+    try:
+        yield
+    finally:
+        profiler.stop()

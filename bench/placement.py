@@ -1,0 +1,1080 @@
+"""Placing pods on one local control plane: gpuplace's binder, kube-scheduler, the Binding ceiling.
+
+One cluster (etcd, kube-apiserver, kube-controller-manager, kwok) with 1,000 kwok nodes x 8 GPUs,
+node inventories published as agents publish them (ConfigMap + Lease in gpuplace-inventory), the
+real `gpuplace webhook` over HTTPS registered with the apiserver, the real `gpuplace controller`
+(default settings), and 50 placement maps of 100 slots, one GPU each, spread over all nodes.
+Each repeat runs, one contender at a time:
+
+1. gpuplace, burst: a pod watch opens, then 16 threads create the 5,000 pods (labels gpuplace.io/map
+   and gpuplace.io/index) through the webhook, as a controller would. Rate: pods / (first create
+   sent -> last pod seen bound); latency: create sent -> the watch sees spec.nodeName, per pod
+   (client clocks: creationTimestamp has whole seconds only). The controller's CPU seconds over
+   that window and its peak RSS (VmHWM); the admission latency of the webhook as the apiserver
+   measured it (apiserver_admission_webhook_admission_duration_seconds, bucket deltas) and as the
+   webhook measured it (gpuplace_webhook_admission_duration_seconds).
+2. gpuplace, backlog drain: the controller is stopped, the 5,000 pods are created, the controller
+   starts. Rate: (pods - 1) / (first bound -> last bound), which leaves out process start-up and
+   the creates, so it compares with the ceiling (4), which also only binds.
+3. kube-scheduler (client QPS raised to 5,000, burst 10,000) on the same pods, each pinned to the
+   node its slot declares by required node affinity on kubernetes.io/hostname, burst and drain
+   as above. A FlowSchema puts its requests in API Priority and Fairness' exempt level, where the
+   admin user of gpuplace and of the ceiling client already is. gpuplace's controller is stopped
+   meanwhile and kube-scheduler runs only here.
+4. The ceiling: pods with a schedulerName nobody serves, then a minimal client (threads, one
+   keep-alive connection each) that only POSTs their Bindings, carrying the same annotations as
+   gpuplace's, with the same pod watch running and the rate read from it as in the drains. The
+   best of 32, 64, 128 and 256 threads is found once, before the repeats.
+
+Between runs every pod is deleted with gracePeriodSeconds=0 and the namespace is emptied; pod
+names differ per run. Everything shares the machine: on a small machine the figures are those of
+the whole system, not of one component. The details table (and the JSON) has, per run, every
+process's CPU seconds and the whole machine's (what no named process used is other work on the
+machine), API requests per pod by verb and resource, and the idle background (kwok's node
+heartbeats and leases).
+
+`python -m bench.placement --nodes 100 --pods 500 --repeats 1` runs a small version;
+`--profile DIR` samples the controller with py-spy (`python -m bench._stacks DIR/*.txt` sums it up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bench import Measurement, above, below, describe, machine
+from bench._kube import (
+    MACHINE,
+    OTHERS,
+    BenchError,
+    CpuMeter,
+    Obj,
+    Observed,
+    PodWatch,
+    concurrently,
+    create_pods,
+    delete_pods,
+    expect,
+    peak_rss_mib,
+    process_cpu,
+    profiling,
+    scrape,
+)
+from bench._stats import (
+    Buckets,
+    bucket_delta,
+    counter_delta,
+    counter_totals,
+    histogram_buckets,
+    histogram_count,
+    histogram_quantile,
+    percentile,
+    share_at_most,
+)
+from gpuplace.demo.components import Component, Components
+from gpuplace.localcluster import GPU_RESOURCE, ApiConnection, FakeNode, LocalCluster
+from gpuplace.localcluster.layout import ClusterState
+from placement.annotations import (
+    CUDA_ANNOTATION,
+    DEVICES_ANNOTATION,
+    GENERATION_ANNOTATION,
+    INDEX_ANNOTATION,
+    INDEX_LABEL,
+    MAP_LABEL,
+    NODE_ANNOTATION,
+    PLACEMENT_KEY,
+    PLACEMENT_MAP_LABEL,
+    STATUS_ANNOTATION,
+)
+from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
+from placement.model import MODEL_NAMESPACE
+from placement.types import GpuUuid, NodeName
+from webhook.manifests import POD_WEBHOOK
+
+NAME = "placement"
+NAMESPACE = "bench"
+SCHEDULER_NAME = "gpuplace"
+UNSERVED_SCHEDULER = "bench-unserved"
+PRODUCT = "NVIDIA H100 80GB HBM3"
+CREATE_THREADS = 16
+SETUP_THREADS = 16
+CEILING_CONCURRENCY = (32, 64, 128, 256)
+SCHEDULER_QPS = 5000.0
+#: How long one run may take before it counts as failed (5,000 pods on two busy cores take ~30 s).
+RUN_TIMEOUT = 600.0
+
+TARGET_VS_SCHEDULER = 2.0
+TARGET_VS_CEILING = 0.7
+TARGET_P99_S = 1.0
+TARGET_WEBHOOK_P99_MS = 10.0
+
+APISERVER_WEBHOOK_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
+WEBHOOK_METRIC = "gpuplace_webhook_admission_duration_seconds"
+APF_WAIT_METRIC = "apiserver_flowcontrol_request_wait_duration_seconds_sum"
+
+
+# --------------------------------------------------------------------------- the workload
+
+
+@dataclass(frozen=True)
+class Scale:
+    nodes: int = 1000
+    pods: int = 5000
+    gpus: int = 8
+    slots_per_map: int = 100
+
+    def __post_init__(self) -> None:
+        if self.pods > self.nodes * self.gpus:
+            raise ValueError(f"{self.pods} pods need more than {self.nodes} x {self.gpus} GPUs")
+        if self.pods % self.slots_per_map:
+            raise ValueError(f"pods ({self.pods}) must be a multiple of {self.slots_per_map}")
+
+    @property
+    def maps(self) -> int:
+        return self.pods // self.slots_per_map
+
+    @property
+    def label(self) -> str:
+        return f"{self.nodes:,} nodes x {self.gpus}, {self.pods:,} pods"
+
+    def node(self, pod: int) -> str:
+        """Pods fill GPU 0 of every node, then GPU 1, ...: each map spreads over many nodes."""
+        return node_name(pod % self.nodes)
+
+    def device(self, pod: int) -> int:
+        return pod // self.nodes
+
+    def map_index(self, pod: int) -> tuple[str, int]:
+        return map_name(pod // self.slots_per_map), pod % self.slots_per_map
+
+    def creation_order(self) -> list[int]:
+        """Index 0 of every map, then index 1, ...: a burst touches every map, as many
+        controllers scaling up at once would."""
+        return sorted(range(self.pods), key=lambda p: (p % self.slots_per_map, p))
+
+
+def node_name(n: int) -> str:
+    return f"bench-node-{n:04d}"
+
+
+def map_name(m: int) -> str:
+    return f"bench-{m:03d}"
+
+
+def pod_name(scale: Scale, pod: int, run: int) -> str:
+    """Names differ between runs: kwok deletes pods by name and, when it lags, would otherwise
+    delete the next run's pod of the same name."""
+    name, index = scale.map_index(pod)
+    return f"r{run}-{name}-{index}"
+
+
+def gpu_uuid(node: int, index: int) -> str:
+    return f"GPU-{node:08x}-0000-4000-8000-{index:012x}"
+
+
+def inventory(n: int, gpus: int) -> NodeInventory:
+    return NodeInventory(
+        NodeName(node_name(n)),
+        tuple(
+            GpuDevice(
+                i,
+                GpuUuid(gpu_uuid(n, i)),
+                PRODUCT,
+                81_559,
+                f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+                numa_node=i // 4,
+            )
+            for i in range(gpus)
+        ),
+        driver_version="550.54.15",
+        cuda_driver_version="12.4",
+    )
+
+
+def map_yaml(scale: Scale, m: int) -> str:
+    lines = [
+        "apiVersion: gpuplace.io/v1alpha1",
+        "kind: PlacementMap",
+        "metadata:",
+        f"  name: {map_name(m)}",
+        f"  namespace: {NAMESPACE}",
+        "spec:",
+        "  placements:",
+    ]
+    for pod in range(m * scale.slots_per_map, (m + 1) * scale.slots_per_map):
+        _, index = scale.map_index(pod)
+        lines += [
+            f"    - index: {index}",
+            f"      node: {scale.node(pod)}",
+            f"      devices: [{scale.device(pod)}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _pod(name: str, labels: dict[str, str], spec: Obj, resources: Obj | None = None) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "bench", **labels}},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": resources or {},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def gpuplace_pod(scale: Scale, pod: int, run: int) -> Obj:
+    """A pod of a placement map. No nvidia.com/gpu request: gpuplace places GPUs itself and
+    its pods must not take the device plugin's (see README, Honest limits)."""
+    name, index = scale.map_index(pod)
+    return _pod(
+        pod_name(scale, pod, run),
+        {MAP_LABEL: name, INDEX_LABEL: str(index)},
+        {"schedulerName": SCHEDULER_NAME},
+    )
+
+
+def pinned_pod(scale: Scale, pod: int, run: int) -> Obj:
+    """The same pod for kube-scheduler: pinned to its slot's node by required node affinity,
+    and asking for its GPU the way pods placed by kube-scheduler do (nvidia.com/gpu: 1)."""
+    term = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [scale.node(pod)]}
+        ]
+    }
+    required = {"nodeSelectorTerms": [term]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    gpu = {"limits": {GPU_RESOURCE: "1"}}
+    return _pod(pod_name(scale, pod, run), {}, {"affinity": affinity}, gpu)
+
+
+def unserved_pod(scale: Scale, pod: int, run: int) -> Obj:
+    return _pod(pod_name(scale, pod, run), {}, {"schedulerName": UNSERVED_SCHEDULER})
+
+
+def binding(scale: Scale, pod: int, run: int) -> Obj:
+    """What gpuplace's binder POSTs for this pod: target node plus the placement annotations."""
+    _, index = scale.map_index(pod)
+    node = scale.node(pod)
+    device = scale.device(pod)
+    annotations = {
+        NODE_ANNOTATION: node,
+        INDEX_ANNOTATION: str(index),
+        DEVICES_ANNOTATION: gpu_uuid(pod % scale.nodes, device),
+        CUDA_ANNOTATION: str(device),
+        GENERATION_ANNOTATION: "1",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod_name(scale, pod, run), "annotations": annotations},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+
+
+# --------------------------------------------------------------------------- one run's figures
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run of one contender: throughput, latency (burst only) and CPU of every process."""
+
+    rate: float
+    seconds: float
+    p50: float | None = None
+    p99: float | None = None
+    cpu: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
+    #: Per pod placed: API requests by verb and resource (apiserver_request_total), seconds
+    #: waited in API Priority and Fairness queues by priority level.
+    requests: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a run cost: CPU seconds by process, apiserver requests per pod, over `seconds`."""
+
+    cpu: dict[str, float]
+    requests: dict[str, float]
+    seconds: float
+
+    def add(self, process: str, seconds: float) -> None:
+        """Names the CPU of a process that started during the run (the machine total has it)."""
+        self.cpu[process] = seconds
+        self.cpu[OTHERS] -= seconds
+
+    def with_watcher(self, seen: Observed) -> dict[str, float]:
+        """The CPU figures with the pod watcher's own, which the machine total already holds."""
+        cpu = dict(self.cpu)
+        cpu["bench pod watch"] = seen.cpu
+        cpu[OTHERS] -= seen.cpu
+        return cpu
+
+    @property
+    def busy(self) -> float:
+        """The share of all cores that the whole machine used."""
+        return self.cpu[MACHINE] / (self.seconds * (os.cpu_count() or 1))
+
+
+def burst_result(sent: dict[str, float], seen: Observed, usage: Usage) -> RunResult:
+    latencies = [seen.bound[name] - t for name, t in sent.items()]
+    seconds = max(seen.bound[name] for name in sent) - min(sent.values())
+    creating = max(sent.values()) - min(sent.values())
+    return RunResult(
+        rate=len(sent) / seconds,
+        seconds=seconds,
+        p50=percentile(latencies, 0.5),
+        p99=percentile(latencies, 0.99),
+        cpu=usage.with_watcher(seen),
+        extra={
+            "creates_per_s": len(sent) / creating if creating > 0 else float("inf"),
+            "machine_busy_share": usage.busy,
+            "pod watch restarts": float(seen.restarts),
+        },
+        requests=usage.requests,
+    )
+
+
+def drain_result(seen: Observed, started: float, usage: Usage) -> RunResult:
+    times = sorted(seen.bound.values())
+    seconds = times[-1] - times[0]
+    return RunResult(
+        rate=(len(times) - 1) / seconds if seconds > 0 else float("inf"),
+        seconds=seconds,
+        cpu=usage.with_watcher(seen),
+        requests=usage.requests,
+        extra={
+            "machine_busy_share": usage.busy,
+            "pod watch restarts": float(seen.restarts),
+            "start_to_first_bound_s": times[0] - started,
+            "start_to_all_bound_s": times[-1] - started,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Admission latency histograms (bucket deltas over one burst)."""
+
+    apiserver: Buckets
+    webhook: Buckets
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+class PlacementBench:
+    """Sets the cluster and gpuplace up once; runs the contenders on it."""
+
+    def __init__(
+        self,
+        scale: Scale,
+        workdir: Path,
+        log: Callable[[str], None],
+        profile_dir: Path | None = None,
+    ) -> None:
+        self.scale = scale
+        self.profile_dir = profile_dir
+        self.workdir = workdir
+        self.log = log
+        self.cluster = LocalCluster(
+            workdir / "cluster", scheduler_qps=SCHEDULER_QPS, namespaces=[NAMESPACE]
+        )
+        self.components: Components | None = None
+        self.controller: Component | None = None
+        self.webhook: Component | None = None
+        self.controller_peak_mib = 0.0
+        self._runs = 0
+        self._phases: dict[str, int] = {}
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        began = time.monotonic()
+        cluster = self.cluster.start()
+        for namespace in (MODEL_NAMESPACE, INVENTORY_NAMESPACE):
+            cluster.create_namespace(namespace)
+        self.exempt_scheduler()
+        self.log(f"control plane up in {cluster.startup_seconds:.1f} s")
+        scale = self.scale
+        cluster.create_nodes(
+            [FakeNode(node_name(n), gpus=scale.gpus) for n in range(scale.nodes)], timeout=300
+        )
+        self.log(f"{scale.nodes} nodes Ready after {time.monotonic() - began:.1f} s")
+        self.publish_inventories()
+        self.log(f"inventories published after {time.monotonic() - began:.1f} s")
+        self.components = Components(cluster, self.workdir)
+        self.webhook = self.components.webhook()
+        cluster.wait_for("the webhook configurations", self._webhook_registered, 60)
+        self.start_controller()
+        self.apply_maps()
+        cluster.wait_for(
+            lambda: f"every placement map Valid (phases: {self._phases})",
+            self._maps_valid,
+            300,
+            interval=0.5,
+        )
+        cluster.wait_for(
+            "the webhook to load the model", lambda: self._webhook_maps() >= scale.maps, 120
+        )
+        self.log(f"gpuplace ready after {time.monotonic() - began:.1f} s")
+
+    def exempt_scheduler(self) -> None:
+        """Puts kube-scheduler's requests in API Priority and Fairness' exempt level, where the
+        admin user of gpuplace's controller and of the ceiling client already is: otherwise its
+        bindings and events queue behind the workload-high level's share of the apiserver and
+        the comparison measures APF, not the scheduler."""
+        body = {
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "FlowSchema",
+            "metadata": {"name": "bench-kube-scheduler-exempt"},
+            "spec": {
+                # Below the built-in kube-scheduler FlowSchema's precedence (800): matched first.
+                "matchingPrecedence": 100,
+                "priorityLevelConfiguration": {"name": "exempt"},
+                "rules": [
+                    {
+                        "subjects": [{"kind": "User", "user": {"name": "system:kube-scheduler"}}],
+                        "resourceRules": [
+                            {
+                                "verbs": ["*"],
+                                "apiGroups": ["*"],
+                                "resources": ["*"],
+                                "namespaces": ["*"],
+                                "clusterScope": True,
+                            }
+                        ],
+                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                    }
+                ],
+            },
+        }
+        status, response = self.cluster.request(
+            "POST", "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas", body
+        )
+        expect(status, response, {201}, "FlowSchema bench-kube-scheduler-exempt")
+
+    def publish_inventories(self) -> None:
+        """What every node's agent writes: its inventory ConfigMap and its liveness Lease."""
+        ns = INVENTORY_NAMESPACE
+        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+
+        def publish(connection: ApiConnection, n: int) -> None:
+            inv = inventory(n, self.scale.gpus)
+            configmap = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": inv.node, "namespace": ns},
+                "data": {INVENTORY_KEY: inv.to_json()},
+            }
+            status, body = connection.request(
+                "POST", f"/api/v1/namespaces/{ns}/configmaps", configmap
+            )
+            expect(status, body, {201}, f"inventory of {inv.node}")
+            lease = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": inv.node, "namespace": ns},
+                # Agents renew every interval; here nothing renews, so the lease lasts the bench.
+                "spec": {
+                    "holderIdentity": f"agent-{inv.node}",
+                    "leaseDurationSeconds": 24 * 3600,
+                    "renewTime": now,
+                },
+            }
+            status, body = connection.request(
+                "POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", lease
+            )
+            expect(status, body, {201}, f"lease of {inv.node}")
+
+        concurrently(self.cluster, list(range(self.scale.nodes)), publish, SETUP_THREADS)
+
+    def apply_maps(self) -> None:
+        def apply(connection: ApiConnection, m: int) -> None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": map_name(m),
+                    "namespace": NAMESPACE,
+                    "labels": {PLACEMENT_MAP_LABEL: "true"},
+                },
+                "data": {PLACEMENT_KEY: map_yaml(self.scale, m)},
+            }
+            status, response = connection.request(
+                "POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", body
+            )
+            expect(status, response, {201}, f"placement map {map_name(m)}")
+
+        concurrently(self.cluster, list(range(self.scale.maps)), apply, SETUP_THREADS)
+
+    def _webhook_registered(self) -> bool:
+        path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations?limit=10"
+        status, body = self.cluster.request("GET", path)
+        return status == 200 and any(
+            w.get("name") == POD_WEBHOOK for c in body["items"] for w in c.get("webhooks") or []
+        )
+
+    def _maps_valid(self) -> bool:
+        path = (
+            f"/api/v1/namespaces/{NAMESPACE}/configmaps?labelSelector={PLACEMENT_MAP_LABEL}%3Dtrue"
+        )
+        status, body = self.cluster.request("GET", path)
+        if status != 200:
+            return False
+        phases = []
+        for item in body["items"]:
+            text = (item["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)
+            phases.append(json.loads(text).get("phase") if text else None)
+        # Maps can be Degraded for a moment while the controller is still reading inventories.
+        self._phases = {str(p): phases.count(p) for p in set(phases)}
+        return len(phases) == self.scale.maps and all(p == "Valid" for p in phases)
+
+    def _webhook_metrics(self) -> str:
+        context = ssl.create_default_context(cafile=str(self.cluster.ca_file))
+        assert self.components is not None
+        return scrape("127.0.0.1", self.components.webhook_port, "/metrics", context)
+
+    def _webhook_maps(self) -> float:
+        try:
+            text = self._webhook_metrics()
+        except (OSError, BenchError):
+            return 0.0
+        for line in text.splitlines():
+            if line.startswith("gpuplace_webhook_model_maps "):
+                return float(line.split()[1])
+        return 0.0
+
+    def _apiserver_metrics(self) -> str:
+        host, port = self.cluster.server.removeprefix("https://").rsplit(":", 1)
+        return scrape(host, int(port), "/metrics", self.cluster.ssl_context())
+
+    def _webhook_buckets(self) -> Buckets:
+        return histogram_buckets(self._webhook_metrics(), WEBHOOK_METRIC)
+
+    # -- processes -------------------------------------------------------------------------------
+    def start_controller(self) -> Component:
+        assert self.components is not None
+        self.controller = self.components.controller()
+        return self.controller
+
+    def stop_controller(self) -> None:
+        if self.controller is not None:
+            self.note_controller_peak()
+            self.controller.stop()
+            self.controller = None
+
+    def note_controller_peak(self) -> None:
+        if self.controller is not None and self.controller.proc is not None:
+            pid = self.controller.proc.pid
+            self.controller_peak_mib = max(self.controller_peak_mib, peak_rss_mib(pid))
+
+    def pids(self) -> dict[str, int]:
+        """Every process that takes part: the control plane, gpuplace, this benchmark."""
+        state = ClusterState.read(self.cluster.layout.state_file)
+        pids = {record.name: record.pid for record in state.processes}
+        if self.webhook is not None and self.webhook.proc is not None:
+            pids["gpuplace webhook"] = self.webhook.proc.pid
+        if self.controller is not None and self.controller.proc is not None:
+            pids["gpuplace controller"] = self.controller.proc.pid
+        pids["bench client"] = os.getpid()
+        return pids
+
+    def _watch(self) -> PodWatch:
+        return PodWatch(self.cluster, NAMESPACE, self.scale.pods, RUN_TIMEOUT)
+
+    def _controller_pid(self) -> int:
+        if self.controller is None or self.controller.proc is None:
+            raise BenchError("the gpuplace controller is not running")
+        return self.controller.proc.pid
+
+    def _profile(self, what: str) -> Path | None:
+        if self.profile_dir is None:
+            return None
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        return self.profile_dir / f"controller-{what}-run{self._runs}.txt"
+
+    @contextlib.contextmanager
+    def _measuring(self, usage: list[Usage], metrics: list[str]) -> Iterator[None]:
+        """Appends to `usage` what the block cost and to `metrics` the apiserver's /metrics
+        before and after it."""
+        metrics.append(self._apiserver_metrics())
+        meter = CpuMeter(self.pids()).start()
+        began = time.monotonic()
+        yield
+        cpu = meter.stop()
+        seconds = time.monotonic() - began
+        metrics.append(self._apiserver_metrics())
+        by = ("verb", "resource", "subresource")
+        before, after = (counter_totals(text, "apiserver_request_total", by) for text in metrics)
+        requests = {
+            f"requests per pod: {verb} {resource}{'/' + sub if sub else ''}": count
+            / self.scale.pods
+            for (verb, resource, sub), count in counter_delta(before, after).items()
+            if count >= self.scale.pods / 100
+        }
+        # API Priority and Fairness: time requests waited in the queues of each priority level
+        # (kube-scheduler's user is not exempt as the admin user of gpuplace and the ceiling is).
+        level = ("priority_level",)
+        waited = counter_delta(*(counter_totals(text, APF_WAIT_METRIC, level) for text in metrics))
+        requests |= {
+            f"APF queue wait per pod ({name})": seconds / self.scale.pods
+            for (name,), seconds in waited.items()
+            if seconds > 0.001
+        }
+        usage.append(Usage(cpu, requests, seconds))
+
+    def _pods(self, build: Callable[[Scale, int, int], Obj]) -> tuple[int, list[Obj]]:
+        """A new run's number and its pods, in creation order."""
+        self._runs += 1
+        return self._runs, [build(self.scale, p, self._runs) for p in self.scale.creation_order()]
+
+    def _clear(self, pods: Sequence[Obj]) -> None:
+        names = [pod["metadata"]["name"] for pod in pods]
+        delete_pods(self.cluster, NAMESPACE, names, CREATE_THREADS, RUN_TIMEOUT)
+        self._quiesce()
+
+    def _pod_writes(self) -> float:
+        totals = counter_totals(self._apiserver_metrics(), "apiserver_request_total", ("verb",))
+        return sum(totals.get((verb,), 0.0) for verb in ("DELETE", "PATCH", "PUT", "POST"))
+
+    def _quiesce(self, quiet: float = 3.0, timeout: float = 120.0) -> None:
+        """Waits until the apiserver's write rate is back to the background of node heartbeats:
+        kwok works through the pods of a run (status updates, deletes of pods already gone) for
+        a while after they are gone, and the next run must not pay for that."""
+        background = self.scale.nodes / 5  # lease renewals and node status updates, per second
+        deadline = time.monotonic() + timeout
+        last, since = self._pod_writes(), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(quiet)
+            now = self._pod_writes()
+            if (now - last) / (time.monotonic() - since) <= background:
+                return
+            last, since = now, time.monotonic()
+        self.log(f"the apiserver was still busy writing {timeout:.0f} s after a run")
+
+    # -- contenders ------------------------------------------------------------------------------
+    def gpuplace_burst(self) -> tuple[RunResult, Admission]:
+        if self.controller is None:
+            self.start_controller()
+            self.ready("gpuplace controller", gpuplace_pod)
+        _, pods = self._pods(gpuplace_pod)
+        usage: list[Usage] = []
+        metrics: list[str] = []
+        watch = self._watch()
+        try:
+            webhook_before = self._webhook_buckets()
+            with (
+                self._measuring(usage, metrics),
+                profiling(self._controller_pid(), self._profile("burst")),
+            ):
+                sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+                seen = watch.wait()
+            webhook_after = self._webhook_buckets()
+        finally:
+            watch.stop()
+        self.note_controller_peak()
+        apiserver_before, apiserver_after = (
+            histogram_buckets(text, APISERVER_WEBHOOK_METRIC, {"name": POD_WEBHOOK})
+            for text in metrics
+        )
+        admission = Admission(
+            bucket_delta(apiserver_before, apiserver_after),
+            bucket_delta(webhook_before, webhook_after),
+        )
+        self._clear(pods)
+        return burst_result(sent, seen, usage[0]), admission
+
+    def gpuplace_drain(self) -> RunResult:
+        self.stop_controller()
+        _, pods = self._pods(gpuplace_pod)
+        create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+        usage: list[Usage] = []
+        watch = self._watch()
+        try:
+            with self._measuring(usage, []):
+                started = time.monotonic()
+                self.start_controller()
+                with profiling(self._controller_pid(), self._profile("drain")):
+                    seen = watch.wait()
+            # A new process: all of its CPU time belongs to this run, start-up included.
+            usage[0].add("gpuplace controller", process_cpu(self._controller_pid()))
+        finally:
+            watch.stop()
+        self.note_controller_peak()
+        self._clear(pods)
+        return drain_result(seen, started, usage[0])
+
+    def admission_one_at_a_time(self, count: int = 300) -> Admission:
+        """The webhook's latency with one pod create at a time: in a burst the apiserver's own
+        CPU is saturated and its figure for the webhook call holds the apiserver's wait for a
+        CPU as well; here it is close to the webhook's own cost plus a TLS round trip."""
+        if self.controller is None:
+            self.start_controller()
+            self.ready("gpuplace controller", gpuplace_pod)
+        _, pods = self._pods(gpuplace_pod)
+        pods = pods[:count]
+        metrics = [self._apiserver_metrics()]
+        webhook_before = self._webhook_buckets()
+        create_pods(self.cluster, NAMESPACE, pods, 1)
+        webhook_after = self._webhook_buckets()
+        metrics.append(self._apiserver_metrics())
+        apiserver_before, apiserver_after = (
+            histogram_buckets(text, APISERVER_WEBHOOK_METRIC, {"name": POD_WEBHOOK})
+            for text in metrics
+        )
+        self._clear(pods)
+        return Admission(
+            bucket_delta(apiserver_before, apiserver_after),
+            bucket_delta(webhook_before, webhook_after),
+        )
+
+    def ready(self, who: str, build: Callable[[Scale, int, int], Obj]) -> None:
+        """A binder that was just started has synced its caches once it binds a probe pod: a
+        burst must not time its start-up."""
+        probe = build(self.scale, 0, 0)
+        probe["metadata"]["name"] = "bench-probe"
+        status, body = self.cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", probe)
+        expect(status, body, {201}, f"creating the {who} probe pod")
+
+        def bound() -> bool:
+            _, pod = self.cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/bench-probe")
+            return bool(pod.get("spec", {}).get("nodeName"))
+
+        self.cluster.wait_for(f"{who} to bind a probe pod", bound, 120, interval=0.1)
+        delete_pods(self.cluster, NAMESPACE, ["bench-probe"], 1)
+
+    def scheduler_burst(self) -> RunResult:
+        self.stop_controller()
+        self.cluster.start_scheduler()
+        self.ready("kube-scheduler", pinned_pod)
+        _, pods = self._pods(pinned_pod)
+        usage: list[Usage] = []
+        watch = self._watch()
+        try:
+            with self._measuring(usage, []):
+                sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+                seen = watch.wait()
+        finally:
+            watch.stop()
+        self._clear(pods)
+        return burst_result(sent, seen, usage[0])
+
+    def scheduler_drain(self) -> RunResult:
+        self.stop_controller()
+        self.cluster.stop_scheduler()
+        _, pods = self._pods(pinned_pod)
+        create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+        usage: list[Usage] = []
+        watch = self._watch()
+        try:
+            with self._measuring(usage, []):
+                started = time.monotonic()
+                self.cluster.start_scheduler()
+                seen = watch.wait()
+            usage[0].add("kube-scheduler", process_cpu(self.pids()["kube-scheduler"]))
+        finally:
+            watch.stop()
+        self.cluster.stop_scheduler()
+        self._clear(pods)
+        return drain_result(seen, started, usage[0])
+
+    def ceiling(self, concurrency: int) -> RunResult:
+        """Only Bindings, from `concurrency` threads, for pods created beforehand."""
+        self.stop_controller()
+        self.cluster.stop_scheduler()
+        run, pods = self._pods(unserved_pod)
+        order = self.scale.creation_order()
+        create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+
+        def bind(connection: ApiConnection, pod: int) -> tuple[float, float]:
+            body = binding(self.scale, pod, run)
+            sent = time.monotonic()
+            status, response = connection.request(
+                "POST",
+                f"/api/v1/namespaces/{NAMESPACE}/pods/{body['metadata']['name']}/binding",
+                body,
+            )
+            done = time.monotonic()
+            expect(status, response, {201}, f"binding {body['metadata']['name']}")
+            return sent, done
+
+        usage: list[Usage] = []
+        # The same pod watch as in the drains: it loads the apiserver as much here as there, and
+        # the rate is read from it the same way.
+        watch = self._watch()
+        try:
+            with self._measuring(usage, []):
+                started = time.monotonic()
+                times = concurrently(self.cluster, order, bind, concurrency)
+                seen = watch.wait()
+        finally:
+            watch.stop()
+        self._clear(pods)
+        result = drain_result(seen, started, usage[0])
+        client_seconds = max(done for _, done in times) - min(sent for sent, _ in times)
+        latencies = [done - sent for sent, done in times]
+        return replace(
+            result,
+            p50=percentile(latencies, 0.5),
+            p99=percentile(latencies, 0.99),
+            extra=result.extra
+            | {"concurrency": float(concurrency), "client pods/s": len(times) / client_seconds},
+        )
+
+    def idle(self, seconds: float = 10.0, settle: float = 15.0) -> dict[str, float]:
+        """CPU seconds per second each process uses with nothing to place, once the set-up has
+        settled: the background the runs share the machine with (kwok's node heartbeats and
+        leases, controllers' resyncs)."""
+        time.sleep(settle)
+        meter = CpuMeter(self.pids()).start()
+        time.sleep(seconds)
+        return {name: used / seconds for name, used in meter.stop().items()}
+
+    def stop(self) -> None:
+        if self.components is not None:
+            self.note_controller_peak()
+            self.components.stop()
+        self.cluster.stop()
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+@dataclass
+class Results:
+    gpuplace_burst: list[RunResult] = field(default_factory=list)
+    gpuplace_drain: list[RunResult] = field(default_factory=list)
+    scheduler_burst: list[RunResult] = field(default_factory=list)
+    scheduler_drain: list[RunResult] = field(default_factory=list)
+    ceiling: list[RunResult] = field(default_factory=list)
+    ceiling_search: dict[int, float] = field(default_factory=dict)
+    idle_cpu: dict[str, float] = field(default_factory=dict)
+    admission: list[Admission] = field(default_factory=list)
+    admission_sequential: list[Admission] = field(default_factory=list)
+    controller_peak_mib: float = 0.0
+
+
+def _ms(seconds: float | None) -> float:
+    return float("nan") if seconds is None else seconds * 1000
+
+
+def measurements(scale: Scale, r: Results) -> list[Measurement]:
+    label = f"{NAME} {scale.label}"
+    gp_b, gp_d, ks_b, ks_d, ceil = (
+        r.gpuplace_burst,
+        r.gpuplace_drain,
+        r.scheduler_burst,
+        r.scheduler_drain,
+        r.ceiling,
+    )
+
+    def rates(runs: Sequence[RunResult]) -> list[float]:
+        return [x.rate for x in runs]
+
+    def ratio(a: Sequence[RunResult], b: Sequence[RunResult]) -> list[float]:
+        return [x.rate / y.rate for x, y in zip(a, b, strict=True)]
+
+    def p(runs: Sequence[RunResult], which: str) -> list[float]:
+        return [getattr(x, which) for x in runs]
+
+    def cpu(runs: Sequence[RunResult], process: str) -> list[float]:
+        return [x.cpu.get(process, float("nan")) for x in runs]
+
+    api_p50 = [_ms(histogram_quantile(0.5, a.apiserver)) for a in r.admission]
+    api_p99 = [_ms(histogram_quantile(0.99, a.apiserver)) for a in r.admission]
+    api_fast = [100 * (share_at_most(0.005, a.apiserver) or 0.0) for a in r.admission]
+    hook_p50 = [_ms(histogram_quantile(0.5, a.webhook)) for a in r.admission]
+    hook_p99 = [_ms(histogram_quantile(0.99, a.webhook)) for a in r.admission]
+    admitted = [histogram_count(a.apiserver) for a in r.admission]
+    best = int(ceil[0].extra["concurrency"]) if ceil else 0
+    result = [
+        below(label, "gpuplace burst: pods/s (create -> bound)", rates(gp_b), "pods/s"),
+        below(label, "gpuplace burst: create -> bound p50", p(gp_b, "p50"), "s"),
+        below(label, "gpuplace burst: create -> bound p99", p(gp_b, "p99"), "s", TARGET_P99_S),
+        below(label, "gpuplace burst: controller CPU", cpu(gp_b, "gpuplace controller"), "s"),
+        below(label, "gpuplace controller peak RSS (all runs)", [r.controller_peak_mib], "MiB"),
+        below(label, "gpuplace drain: pods/s (binds only)", rates(gp_d), "pods/s"),
+        below(label, "gpuplace drain: controller CPU", cpu(gp_d, "gpuplace controller"), "s"),
+        below(label, "kube-scheduler burst: pods/s", rates(ks_b), "pods/s"),
+        below(label, "kube-scheduler burst: create -> bound p50", p(ks_b, "p50"), "s"),
+        below(label, "kube-scheduler burst: create -> bound p99", p(ks_b, "p99"), "s"),
+        below(label, "kube-scheduler drain: pods/s", rates(ks_d), "pods/s"),
+        below(label, "kube-scheduler drain: CPU", cpu(ks_d, "kube-scheduler"), "s"),
+        below(label, "gpuplace / kube-scheduler, burst", ratio(gp_b, ks_b), "x"),
+        above(
+            label, "gpuplace / kube-scheduler, drain", ratio(gp_d, ks_d), "x", TARGET_VS_SCHEDULER
+        ),
+        below(
+            label,
+            f"Binding ceiling: pods/s (best of {len(r.ceiling_search)}: {best} threads)",
+            rates(ceil),
+            "pods/s",
+        ),
+        above(label, "gpuplace drain / ceiling", ratio(gp_d, ceil), "x", TARGET_VS_CEILING),
+        below(label, "gpuplace burst / ceiling", ratio(gp_b, ceil), "x"),
+        below(label, "webhook p50 (apiserver's histogram)", api_p50, "ms"),
+        below(label, "webhook p99 (apiserver's histogram)", api_p99, "ms", TARGET_WEBHOOK_P99_MS),
+        below(label, "webhook calls <= 5 ms (apiserver's histogram)", api_fast, "%"),
+        below(label, "webhook p50 (webhook's histogram)", hook_p50, "ms"),
+        below(label, "webhook p99 (webhook's histogram)", hook_p99, "ms"),
+        below(label, "admissions counted by the apiserver", admitted, "calls"),
+        below(
+            label,
+            "webhook p50 (apiserver's histogram), one create at a time",
+            [_ms(histogram_quantile(0.5, a.apiserver)) for a in r.admission_sequential],
+            "ms",
+        ),
+        below(
+            label,
+            "webhook p99 (apiserver's histogram), one create at a time",
+            [_ms(histogram_quantile(0.99, a.apiserver)) for a in r.admission_sequential],
+            "ms",
+        ),
+        below(
+            label,
+            "webhook p99 (webhook's histogram), one create at a time",
+            [_ms(histogram_quantile(0.99, a.webhook)) for a in r.admission_sequential],
+            "ms",
+            detail=True,
+        ),
+    ]
+    result += [
+        below(label, "ceiling: Binding POST p50", p(ceil, "p50"), "s", detail=True),
+        below(label, "ceiling: Binding POST p99", p(ceil, "p99"), "s", detail=True),
+    ]
+    for process, share in sorted(r.idle_cpu.items()):
+        result.append(below(label, f"idle: CPU of {process}", [share], "s/s", detail=True))
+    for concurrency, rate in sorted(r.ceiling_search.items()):
+        result.append(
+            below(label, f"ceiling search: {concurrency} threads", [rate], "pods/s", detail=True)
+        )
+    for run_name, runs in (
+        ("gpuplace burst", gp_b),
+        ("gpuplace drain", gp_d),
+        ("kube-scheduler burst", ks_b),
+        ("kube-scheduler drain", ks_d),
+        ("ceiling", ceil),
+    ):
+        processes = sorted({name for run in runs for name in run.cpu})
+        for process in processes:
+            result.append(
+                below(label, f"{run_name}: CPU of {process}", cpu(runs, process), "s", detail=True)
+            )
+        for key in sorted({k for run in runs for k in run.extra}):
+            values = [run.extra[key] for run in runs if key in run.extra]
+            result.append(below(label, f"{run_name}: {key}", values, "", detail=True))
+        for key in sorted({k for run in runs for k in run.requests}):
+            values = [run.requests.get(key, 0.0) for run in runs]
+            unit = "s" if key.startswith("APF") else ""
+            result.append(below(label, f"{run_name}: {key}", values, unit, detail=True))
+    return result
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def bench(
+    scale: Scale,
+    repeats: int,
+    log: Callable[[str], None],
+    workdir: Path | None = None,
+    profile_dir: Path | None = None,
+) -> Results:
+    results = Results()
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuplace-bench-"))
+            )
+        b = PlacementBench(scale, workdir, log, profile_dir)
+        try:
+            b.setup()
+            results.idle_cpu = b.idle()
+            log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
+            for concurrency in CEILING_CONCURRENCY:
+                run = b.ceiling(concurrency)
+                results.ceiling_search[concurrency] = run.rate
+                log(f"ceiling search: {concurrency} threads: {run.rate:,.0f} pods/s")
+            best = max(results.ceiling_search, key=lambda c: results.ceiling_search[c])
+            for repeat in range(1, repeats + 1):
+                log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
+                run, admission = b.gpuplace_burst()
+                results.gpuplace_burst.append(run)
+                results.admission.append(admission)
+                log(
+                    f"  gpuplace burst: {run.rate:,.0f} pods/s, p50 {run.p50:.3f} s, p99 {run.p99:.3f} s"
+                )
+                results.admission_sequential.append(b.admission_one_at_a_time())
+                run = b.gpuplace_drain()
+                results.gpuplace_drain.append(run)
+                log(f"  gpuplace drain: {run.rate:,.0f} pods/s")
+                run = b.scheduler_burst()
+                results.scheduler_burst.append(run)
+                log(
+                    f"  kube-scheduler burst: {run.rate:,.0f} pods/s, p50 {run.p50:.3f} s, p99 {run.p99:.3f} s"
+                )
+                run = b.scheduler_drain()
+                results.scheduler_drain.append(run)
+                log(f"  kube-scheduler drain: {run.rate:,.0f} pods/s")
+                run = b.ceiling(best)
+                results.ceiling.append(run)
+                log(f"  ceiling ({best} threads): {run.rate:,.0f} pods/s")
+            results.controller_peak_mib = b.controller_peak_mib
+        finally:
+            b.stop()
+    return results
+
+
+def _stderr(message: str) -> None:
+    print(f"[placement] {message}", file=sys.stderr, flush=True)
+
+
+def run(repeats: int, small: bool = False) -> list[Measurement]:
+    scale = Scale(nodes=100, pods=500) if small else Scale()
+    return measurements(scale, bench(scale, repeats, _stderr))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.placement", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=Scale.nodes)
+    parser.add_argument("--pods", type=int, default=Scale.pods)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the cluster's files and logs here (default: temporary)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample the controller with py-spy during gpuplace's runs (collapsed stacks in DIR)",
+    )
+    args = parser.parse_args(argv)
+    scale = Scale(nodes=args.nodes, pods=args.pods)
+    _stderr(f"machine: {describe(machine())}")
+    results = bench(scale, args.repeats, _stderr, args.workdir, args.profile)
+    _stderr(f"machine at the end: {describe(machine())}")
+    for m in measurements(scale, results):
+        flag = "" if m.ok is None else (" ok" if m.ok else " MISSED")
+        print(f"{m.metric}: {m.value:.4g} {m.unit} {m.target}{flag}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
