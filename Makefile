@@ -27,7 +27,7 @@ tools:
 	@hack/build-tools.sh >/dev/null
 
 # ArgoCD's application-controller, repo-server and applicationset-controller, and kustomize, built
-# from their Go modules (10-20 minutes the first time); `make demo` syncs through them once built.
+# from their Go modules (several minutes the first time); `make demo` syncs through them once built.
 argocd:
 	@hack/build-argocd.sh >/dev/null
 

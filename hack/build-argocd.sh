@@ -57,7 +57,7 @@ main() {
     return 0
   fi
 
-  log "building ArgoCD $version and kustomize $kustomize_version into $bin (a first build takes 10-20 minutes; logs in $logs)"
+  log "building ArgoCD $version and kustomize $kustomize_version into $bin (a first build downloads about 1.3 GiB of modules and takes several minutes; logs in $logs)"
   begin_staging
   local total_start=$SECONDS
 

@@ -76,7 +76,7 @@ def available() -> bool:
 
 
 def find_argocd(*, build: bool = True) -> ArgoCDBinaries:
-    """The built components; with ``build`` builds them first when missing (10-20 minutes the
+    """The built components; with ``build`` builds them first when missing (several minutes the
     first time; progress goes to stderr)."""
     binaries = cached()
     if binaries.complete():
