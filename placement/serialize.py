@@ -44,5 +44,14 @@ def map_document(pmap: PlacementMap) -> dict[str, Any]:
     }
 
 
+#: Unicode line breaks that PyYAML writes raw inside a quoted scalar and then folds into a space
+#: when it reads the text back; written as escapes (\N, \L, \P) they survive.
+_UNICODE_BREAKS = ("\x85", "\u2028", "\u2029")
+
+
 def dump_map(pmap: PlacementMap) -> str:
-    return yaml.safe_dump(map_document(pmap), sort_keys=False, allow_unicode=True)
+    document = map_document(pmap)
+    text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+    if any(b in text for b in _UNICODE_BREAKS):
+        text = yaml.safe_dump(document, sort_keys=False, allow_unicode=False)
+    return text

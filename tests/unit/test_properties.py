@@ -6,6 +6,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -257,6 +258,14 @@ def test_legacy_like_lines(lines: list[str]) -> None:
 @given(placement_maps())
 def test_valid_maps_round_trip_through_yaml(pmap: PlacementMap) -> None:
     assert parse_map(dump_map(pmap), "generated.yaml") == pmap
+
+
+@pytest.mark.parametrize("product", ["\x85", "A\u2028B", "H100\u2029", "Ærø H100"])
+def test_unicode_line_breaks_and_letters_survive_the_round_trip(product: str) -> None:
+    # Found by the property above: PyYAML folds a raw U+0085 in a quoted scalar into a space.
+    slot = DeclaredSlot(0, "gpu-1", count=1, require=Requirement(product))
+    pmap = PlacementMap(MapKey("ml", "m"), (slot,))
+    assert parse_map(dump_map(pmap), "generated.yaml").slots[0].require == Requirement(product)
 
 
 @ROUND_TRIP
