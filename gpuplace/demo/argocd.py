@@ -114,35 +114,34 @@ class ArgoCDSync:
 
     # -- syncing --------------------------------------------------------------------------------
     def refresh(self) -> None:
+        """Asks ArgoCD to compare with git now (nothing to do before the Application exists)."""
         path = f"{APPLICATIONS.format(namespace=NAMESPACE)}/{APPLICATION}"
         patch = {"metadata": {"annotations": {REFRESH_ANNOTATION: "normal"}}}
         status, body = self.cluster.request("PATCH", path, patch)
-        if status != 200:
+        if status not in (200, 404):
             raise RuntimeError(f"refreshing {APPLICATION}: {status} {body}")
 
-    def sync(self, revision: str) -> SyncResult:
+    def sync(self, revision: str, *, rejected: bool = False) -> SyncResult:
         """Waits for ArgoCD's sync of `revision` (a SHA or its prefix) to end; ok when it
-        succeeded."""
-        if self.application() is not None:
-            self.refresh()
+        succeeded. A failed attempt that ArgoCD will retry ends the wait only for a `rejected`
+        revision: otherwise it may be transient (the application controller not having seen the
+        AppProject yet) and the retry decides. The result is read from the one Application object
+        that showed the end: a retry started afterwards clears the per-resource messages."""
+        self.refresh()
+
+        def ended(s: AppState) -> bool:
+            if s.operation in ("Succeeded", "Failed", "Error"):
+                return True
+            return rejected and s.attempt_failed
+
         state: AppState = self.wait(
             f"ArgoCD to sync {revision[:7]}",
             lambda: (
-                (s := self.state())
-                and s.operation_revision.startswith(revision)
-                and s.attempt_ended
-                and s
+                (s := self.state()) and s.operation_revision.startswith(revision) and ended(s) and s
             ),
         )
         self.out(f"    {state.line()}")
-        app = self.application() or {}
-        lines = [state.operation_message]
-        result = ((app.get("status") or {}).get("operationState") or {}).get("syncResult") or {}
-        for r in result.get("resources") or []:
-            if r.get("status") not in (None, "Synced"):
-                lines.append(
-                    f"{r.get('kind')} {r.get('namespace')}/{r.get('name')}: {r.get('message')}"
-                )
+        lines = [state.operation_message, *state.unsynced]
         return SyncResult(state.operation == "Succeeded", "\n".join(line for line in lines if line))
 
     def settled(self, revision: str, health: str) -> AppState:

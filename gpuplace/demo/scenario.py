@@ -228,7 +228,7 @@ class Demo:
         before = self.pods()
         repo.edit(LLM_MAP, "      devices: [2, 3]", "      devices: [2, 2]")
         broken = repo.commit("A typo: device 2 twice")
-        result = self._sync(repo, broken)
+        result = self._sync(repo, broken, rejected=True)
         self.out(_indent(result.output.strip()))
         self.check(not result.ok, f"sync of {broken} was rejected by the validating webhook")
         self.check(
@@ -282,9 +282,9 @@ class Demo:
 
         self.step(f"All {len(self.checks)} checks passed")
 
-    def _sync(self, repo: GitOpsRepo, revision: str) -> SyncResult:
+    def _sync(self, repo: GitOpsRepo, revision: str, *, rejected: bool = False) -> SyncResult:
         if self.argocd is not None:
-            return self.argocd.sync(revision)
+            return self.argocd.sync(revision, rejected=rejected)
         assert self.cluster is not None
         return repo.sync(self.cluster, CLUSTER_DIR)
 

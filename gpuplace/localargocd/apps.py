@@ -23,6 +23,8 @@ class AppState:
     operation_message: str
     conditions: tuple[str, ...]
     resources: tuple[tuple[str, str, str, str], ...]  # kind, namespace/name, sync, health
+    #: What the last sync attempt said of each resource it did not sync: "<kind> <ns>/<name>: ...".
+    unsynced: tuple[str, ...] = ()
 
     @classmethod
     def from_object(cls, app: dict[str, Any]) -> AppState:
@@ -53,6 +55,11 @@ class AppState:
                 f"{c.get('type')}: {c.get('message')}" for c in status.get("conditions") or []
             ),
             resources=resources,
+            unsynced=tuple(
+                f"{r.get('kind')} {r.get('namespace')}/{r.get('name')}: {r.get('message')}"
+                for r in result.get("resources") or []
+                if r.get("status") not in (None, "Synced")
+            ),
         )
 
     @property

@@ -20,7 +20,14 @@ FAILED_RETRYING = application(
         "phase": "Running",
         "message": "one or more objects failed to apply, reason: admission webhook denied the "
         "request: placement.yaml:15:20: error. Retrying attempt #1 at 1:42AM.",
-        "syncResult": {"revision": "d32cc4319eb4aa"},
+        "syncResult": {
+            "revision": "d32cc4319eb4aa",
+            "resources": [
+                {"kind": "Namespace", "namespace": "", "name": "inference", "status": "Synced"},
+                {"kind": "ConfigMap", "namespace": "inference", "name": "llm-serving",
+                 "status": "SyncFailed", "message": "denied: placement.yaml:15:20"},
+            ],
+        },
     },
     resources=[
         {"kind": "ConfigMap", "namespace": "inference", "name": "llm-serving", "status": "OutOfSync",
@@ -42,6 +49,7 @@ def test_a_failed_attempt_that_argocd_will_retry_counts_as_failed_and_ended() ->
         "last sync Failed, retrying @ d32cc43"
     )
     assert "placement.yaml:15:20" in state.describe()
+    assert state.unsynced == ("ConfigMap inference/llm-serving: denied: placement.yaml:15:20",)
 
 
 def test_an_operation_still_applying_has_not_ended() -> None:
