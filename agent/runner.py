@@ -185,7 +185,7 @@ class Agent:
             )
             return None
         self._nvml_failures = 0
-        self._log_health(inventory)
+        log_health_changes(self._inventory, inventory)
         self._inventory = inventory
         self.metrics.observe_inventory(inventory)
         return inventory
@@ -209,34 +209,6 @@ class Agent:
                     )
         return self._checks
 
-    def _log_health(self, inventory: NodeInventory) -> None:
-        before = self._inventory
-        if before is None:
-            sick = [d for d in inventory.devices if not d.healthy]
-            log.info(
-                "node %s: %d GPUs, %d unhealthy", inventory.node, len(inventory.devices), len(sick)
-            )
-            for device in sick:
-                log.warning(
-                    "GPU %d (%s) is unhealthy: %s", device.index, device.uuid, device.health_reason
-                )
-            return
-        for device in inventory.devices:
-            old = before.by_index.get(device.index)
-            if old is None:
-                log.info("GPU %d (%s) appeared", device.index, device.uuid)
-            elif old.healthy and not device.healthy:
-                log.warning(
-                    "GPU %d (%s) turned unhealthy: %s",
-                    device.index,
-                    device.uuid,
-                    device.health_reason,
-                )
-            elif device.healthy and not old.healthy:
-                log.info("GPU %d (%s) is healthy again", device.index, device.uuid)
-        for index in before.by_index.keys() - inventory.by_index.keys():
-            log.warning("GPU %d disappeared", index)
-
     def _wait_until(self, deadline: float) -> None:
         """Waits for the deadline, a health event, a wake-up (model or ConfigMap) or stop."""
         while not self._stop.is_set():
@@ -248,3 +220,33 @@ class Agent:
                 return
             if self.probe.wait(min(remaining, _SLICE_SECONDS)):
                 return
+
+
+def log_health_changes(before: NodeInventory | None, inventory: NodeInventory) -> None:
+    """Logs what changed between two probes of a node's GPUs, each GPU named by its UUID too."""
+    if before is None:
+        sick = [d for d in inventory.devices if not d.healthy]
+        log.info("node %s: %d GPUs, %d unhealthy", inventory.node, len(inventory.devices), len(sick))
+        for device in sick:
+            log.warning(
+                "GPU %d (%s) is unhealthy: %s", device.index, device.uuid, device.health_reason
+            )
+        return
+    # By UUID: NVML renumbers the remaining GPUs when one goes away, so an index names a
+    # different GPU before and after.
+    for device in inventory.devices:
+        old = before.by_uuid.get(device.uuid)
+        if old is None:
+            log.info("GPU %d (%s) appeared", device.index, device.uuid)
+            continue
+        if old.index != device.index:
+            log.info("GPU %s is now index %d (was %d)", device.uuid, device.index, old.index)
+        if old.healthy and not device.healthy:
+            log.warning(
+                "GPU %d (%s) turned unhealthy: %s", device.index, device.uuid, device.health_reason
+            )
+        elif device.healthy and not old.healthy:
+            log.info("GPU %d (%s) is healthy again", device.index, device.uuid)
+    for device in before.devices:
+        if device.uuid not in inventory.by_uuid:
+            log.warning("GPU %d (%s) disappeared", device.index, device.uuid)
