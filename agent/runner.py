@@ -226,7 +226,9 @@ def log_health_changes(before: NodeInventory | None, inventory: NodeInventory) -
     """Logs what changed between two probes of a node's GPUs, each GPU named by its UUID too."""
     if before is None:
         sick = [d for d in inventory.devices if not d.healthy]
-        log.info("node %s: %d GPUs, %d unhealthy", inventory.node, len(inventory.devices), len(sick))
+        log.info(
+            "node %s: %d GPUs, %d unhealthy", inventory.node, len(inventory.devices), len(sick)
+        )
         for device in sick:
             log.warning(
                 "GPU %d (%s) is unhealthy: %s", device.index, device.uuid, device.health_reason
