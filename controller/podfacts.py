@@ -20,12 +20,14 @@ def facts(pod: Obj, legacy: bool) -> PodFacts:
     owner = next(
         (o.get("kind") for o in meta.get("ownerReferences") or [] if o.get("controller")), None
     )
+    generate_name = meta.get("generateName") or ""
     return PodFacts(
         namespace=meta["namespace"],
         name=meta["name"],
         uid=meta["uid"],
         labels=labels,
         owner_kind=owner,
+        generated_name=bool(generate_name) and str(meta["name"]).startswith(generate_name),
         map_name=labels.get(MAP_LABEL),
         legacy_map=annotations.get(LEGACY_ANNOTATION) if legacy else None,
     )

@@ -59,6 +59,7 @@ class PodFacts:
     owner_kind: str | None = None
     map_name: str | None = None  # label gpuplace.io/map
     legacy_map: str | None = None  # annotation gpu-scheduling-map
+    generated_name: bool = False  # metadata.name came from metadata.generateName
 
 
 class SlotView(Protocol):
@@ -119,7 +120,8 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     cmap = cluster.model.maps.get(key)
     if cmap is None:
         return _wait("MapNotFound", f"placement map {key} is not in the model", "model")
-    choice = resolve_index(PodIdentity(pod.name, pod.labels, pod.owner_kind), cmap.indexing)
+    identity = PodIdentity(pod.name, pod.labels, pod.owner_kind, pod.generated_name)
+    choice = resolve_index(identity, cmap.indexing)
     if choice.error:
         return _fail("IndexInvalid", f"map {key}: {choice.error}")
     taken = slots.taken_indices(key)

@@ -1,4 +1,12 @@
-"""Which slot index a pod asks for: explicit label, StatefulSet ordinal, or allocation."""
+"""Which slot index a pod asks for, in this order of precedence:
+
+1. label `gpuplace.io/index` (not under `indexing: allocate`);
+2. label `apps.kubernetes.io/pod-index` (what the StatefulSet controller sets);
+3. the name's `-<n>` suffix, for pods a StatefulSet owns and for pods without a controller whose
+   name was written, not generated (`webhook-test-2`): such a name says its index, so the slot
+   never depends on the order in which pods are created;
+4. otherwise (Deployments, Jobs, generated names) the lowest free slot.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +31,13 @@ class PodIdentity:
 
     name: str
     labels: Mapping[str, str]
-    owner_kind: str | None = None
+    owner_kind: str | None = None  # kind of the controller in ownerReferences, if any
+    generated: bool = False  # the name came from metadata.generateName
+
+    @property
+    def named_by_hand(self) -> bool:
+        """A pod without a controller whose name someone chose: its suffix is deliberate."""
+        return self.owner_kind is None and not self.generated
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +73,7 @@ def resolve_index(pod: PodIdentity, indexing: Indexing) -> IndexChoice:
             if isinstance(parsed, str):
                 return IndexChoice(None, IndexSource.ORDINAL, parsed)
             return IndexChoice(parsed, IndexSource.ORDINAL)
-        if pod.owner_kind == "StatefulSet" or indexing is Indexing.ORDINAL:
+        if pod.owner_kind == "StatefulSet" or pod.named_by_hand or indexing is Indexing.ORDINAL:
             ordinal = name_ordinal(pod.name)
             if ordinal is not None and ordinal <= MAX_INDEX:
                 return IndexChoice(ordinal, IndexSource.NAME)

@@ -74,7 +74,8 @@ class PodView:
         return f"{self.namespace}/{name}"
 
     def identity(self) -> PodIdentity:
-        return PodIdentity(self.name, self.labels, self.owner_kind)
+        generated = bool(self.generate_name) and self.name.startswith(self.generate_name)
+        return PodIdentity(self.name, self.labels, self.owner_kind, generated)
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:

@@ -256,3 +256,18 @@ def test_legacy_pod_resolves_logical_node_by_alias() -> None:
     status = plan(broken, cluster, SlotCache())
     assert isinstance(status, Status) and status.reason == "MapInvalid"
     assert ":1:" in status.message
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
+def test_bare_pods_take_the_index_their_name_says_in_any_order(order: tuple[int, ...]) -> None:
+    slots = [*TWO_SLOTS, DeclaredSlot(2, "gpu-1", (2, 3))]
+    cluster = build(slots)
+    cache = SlotCache()
+    for i in order:
+        result = plan(pod(f"webhook-test-{i}", owner=None), cluster, cache)
+        assert isinstance(result, Placement)
+        assert result.decision.index == i
+        cache.assume(f"uid-{i}", f"ml/webhook-test-{i}", result)
+    # A Deployment's pod named like an index is still allocated: the lowest free slot.
+    deployed = plan(pod("webhook-test-2", uid="rs", owner="ReplicaSet"), build(slots), SlotCache())
+    assert isinstance(deployed, Placement) and deployed.decision.index == 0

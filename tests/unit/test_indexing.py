@@ -32,7 +32,20 @@ STS = "StatefulSet"
         ),
         (pod("web-3", STS), Indexing.AUTO, IndexChoice(3, IndexSource.NAME)),
         (pod("web-3", None), Indexing.ORDINAL, IndexChoice(3, IndexSource.NAME)),
+        # A pod without a controller whose name says its index takes it, whatever the order of
+        # creation (the migration of the earlier tools' bare pods webhook-test-0..2).
+        (pod("webhook-test-2", None), Indexing.AUTO, IndexChoice(2, IndexSource.NAME)),
+        (pod("webhook-test-0", None), Indexing.AUTO, IndexChoice(0, IndexSource.NAME)),
+        (pod("trainer", None), Indexing.AUTO, IndexChoice(None, IndexSource.ALLOCATE)),
+        # ... but a generated name (metadata.generateName) says nothing.
+        (
+            PodIdentity("web-24567", {}, None, generated=True),
+            Indexing.AUTO,
+            IndexChoice(None, IndexSource.ALLOCATE),
+        ),
+        (pod("webhook-test-2", None), Indexing.ALLOCATE, IndexChoice(None, IndexSource.ALLOCATE)),
         # Deployments and Jobs: no ordinal, allocate.
+        (pod("train-3", "Job"), Indexing.AUTO, IndexChoice(None, IndexSource.ALLOCATE)),
         (
             pod("web-7f9c-x2x4z", "ReplicaSet"),
             Indexing.AUTO,

@@ -360,6 +360,22 @@ def test_name_suffix_counts_only_for_statefulset_pods() -> None:
     assert answer(pod)["response"]["allowed"] is True
 
 
+def test_bare_pod_takes_the_index_its_name_says() -> None:
+    """A pod without a controller named web-99 asks for index 99, as a StatefulSet pod would."""
+    out = answer(make_pod("web-99").label(MAP, "llm").obj())
+    assert out["response"]["allowed"] is False
+    assert (
+        "has no index 99 (from the pod name's ordinal suffix)"
+        in out["response"]["status"]["message"]
+    )
+    assert answer(make_pod("web-3").label(MAP, "llm").obj())["response"]["allowed"] is True
+
+
+def test_bare_pod_with_a_generated_name_is_allocated() -> None:
+    pod = make_pod("").generate_name("web-").label(MAP, "llm").obj()
+    assert answer(pod)["response"]["allowed"] is True
+
+
 def test_statefulset_pod_in_range_is_admitted() -> None:
     pod = make_pod("web-3").label(MAP, "llm").owner("StatefulSet", "web").obj()
     assert answer(pod)["response"]["allowed"] is True
