@@ -53,7 +53,7 @@ class Binder:
         metrics: ControllerMetrics,
         events: EventRecorder,
         cluster: Callable[[], Cluster],
-        on_bound: Callable[[SlotKey], None] = lambda _key: None,
+        on_bound: Callable[[SlotKey], None] = lambda _key: None,  # a slot was bound or freed
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -94,12 +94,16 @@ class Binder:
                 self._pods.pop(uid, None)
             self.queue.remove(uid)
             self._reported.pop(uid, None)
-            if self.cache.holding(uid) is not None:
-                self.cache.confirm(uid)
+            held = self.cache.holding(uid)
+            if held is not None:
+                if held.assumed:
+                    self.cache.confirm(uid)
+                    self.on_bound(held.slot)
             else:
                 holding = podfacts.holding_from_bound(pod, shared_maps or set())
                 if holding is not None:
                     self.cache.add_bound(holding)
+                    self.on_bound(holding.slot)
             return
         if podfacts.is_deleting(pod):
             return
@@ -115,6 +119,7 @@ class Binder:
         self._reported.pop(uid, None)
         holding = self.cache.release(uid)
         if holding is not None:
+            self.on_bound(holding.slot)  # the map's bound count moved
             keys = [f"slot:{holding.slot}", f"map:{holding.slot.map}"]
             keys += [f"gpu:{holding.node}/{gpu}" for gpu in holding.gpus]
             self.queue.wake(keys)

@@ -316,7 +316,7 @@ class Controller:
             state = self.sources.get(key)
             if state is None:
                 continue
-            bound = len(self.binder.cache.taken_indices(key))
+            bound = self.binder.cache.bound_count(key)
             status = map_status(state, reports.get(key), self.model.generation, bound)
             text = status.to_json()
             sources = self.informers.get("sources")

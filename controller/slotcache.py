@@ -47,6 +47,17 @@ class SlotCache:
     def holding(self, uid: str) -> Holding | None:
         return self._by_uid.get(uid)
 
+    def bound_count(self, key: MapKey) -> int:
+        """Slots of map `key` whose pods are bound (assumed ones, still being bound, are not):
+        what a map's status reports, from the state the binder decides with."""
+        with self._lock:
+            taken = self._by_map.get(key, {})
+            return sum(
+                1
+                for uid in taken.values()
+                if (held := self._by_uid.get(uid)) is not None and not held.assumed
+            )
+
     def __len__(self) -> int:
         return len(self._by_uid)
 

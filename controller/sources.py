@@ -67,6 +67,7 @@ def map_status(
     total = report.total if report else 0
     served = report.served if report else 0
     counts = SlotCounts(total=total, served=served, bound=bound, blocked=total - served)
+    warnings = state.valid.warnings if state.valid is not None else ()
     if state.errors:
         serving = (
             f"; still serving version {state.valid_version}"
@@ -82,13 +83,24 @@ def map_status(
             state.errors,
             counts,
             state.valid_version,
+            warnings,
         )
     if report is None:
         return MapStatus(
-            Phase.VALID, generation, state.version, "compiling", (), counts, state.valid_version
+            Phase.VALID,
+            generation,
+            state.version,
+            "compiling",
+            (),
+            counts,
+            state.valid_version,
+            warnings,
         )
+    message = report.message
+    if warnings:
+        message += f"; {len(warnings)} warning(s): {warnings[0].format()}"
     return MapStatus(
-        report.phase, generation, state.version, report.message, (), counts, state.valid_version
+        report.phase, generation, state.version, message, (), counts, state.valid_version, warnings
     )
 
 

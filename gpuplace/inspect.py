@@ -14,14 +14,19 @@ from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
     ENV_CUDA_VISIBLE_DEVICES,
+    GENERATION_ANNOTATION,
     INDEX_ANNOTATION,
     LEGACY_ANNOTATION,
+    LEGACY_MAP_PREFIX,
     MAP_ANNOTATION,
     MAP_LABEL,
     PLACEMENT_MAP_LABEL,
     STATUS_ANNOTATION,
+    name_ordinal,
 )
+from placement.errors import PlacementError
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
+from placement.legacy import parse_legacy, shared_gpus
 from placement.status import MapStatus
 
 Obj = dict[str, Any]
@@ -105,7 +110,17 @@ def gpuplace_pods(kube: Kube, scheduler_names: Sequence[str]) -> list[PodRow]:
 
 def pod_table(rows: Iterable[PodRow]) -> str:
     return table(
-        ("NAMESPACE", "POD", "MAP", "INDEX", "NODE", "GPU UUIDS", "CUDA_VISIBLE_DEVICES", "PHASE"),
+        (
+            "NAMESPACE",
+            "POD",
+            "MAP",
+            "INDEX",
+            "NODE",
+            "GPU UUIDS",
+            "CUDA_VISIBLE_DEVICES",
+            "PHASE",
+            "REASON",
+        ),
         [
             (
                 r.namespace,
@@ -116,10 +131,15 @@ def pod_table(rows: Iterable[PodRow]) -> str:
                 r.devices or "-",
                 r.cuda_visible_devices or "-",
                 r.phase,
+                _short(r.reason) if r.reason else "-",
             )
             for r in rows
         ],
     )
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def map_statuses(kube: Kube) -> list[tuple[str, MapStatus | None]]:
@@ -168,6 +188,28 @@ def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[t
     return out
 
 
+def _provenance(pod: Obj) -> list[str]:
+    """Where the binding came from: a placement map's model generation, or (legacy pods) the
+    pod's own gpu-scheduling-map line, which no model generation describes."""
+    meta = pod["metadata"]
+    ann = meta.get("annotations") or {}
+    if not ann.get(MAP_ANNOTATION, "").startswith(LEGACY_MAP_PREFIX):
+        return [f"  model generation: {ann.get(GENERATION_ANNOTATION, '?')}"]
+    out = [
+        f"  legacy mode: placed by line {ann.get(INDEX_ANNOTATION, '?')} of the pod's own "
+        f"{LEGACY_ANNOTATION} annotation (no placement map, so no model generation applies)"
+    ]
+    index = name_ordinal(meta["name"])
+    try:
+        entries = parse_legacy(ann.get(LEGACY_ANNOTATION, ""), LEGACY_ANNOTATION)
+    except PlacementError:
+        return out
+    for shared in shared_gpus(entries):
+        if index in shared.indices:
+            out.append(f"  {shared.describe()}")
+    return out
+
+
 def explain(kube: Kube, namespace: str, name: str) -> str:
     """Why a pod is where it is, or why it is Pending, in a few lines."""
     try:
@@ -182,7 +224,7 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
             lines.append(f"  bound to node {row.node} by gpuplace: map {row.map} index {row.index}")
             lines.append(f"  GPUs: {row.devices or '(indices only)'}")
             lines.append(f"  CUDA_VISIBLE_DEVICES in the container: {row.cuda_visible_devices}")
-            lines.append(f"  model generation: {ann.get('gpuplace.io/model-generation', '?')}")
+            lines.extend(_provenance(pod))
         else:
             lines.append(f"  bound to node {row.node}, not by gpuplace (no placement annotations)")
     else:

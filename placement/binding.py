@@ -7,7 +7,7 @@ binder retries at once when one of them changes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -16,7 +16,7 @@ from placement.annotations import BindingDecision, legacy_map_key, name_ordinal
 from placement.errors import PlacementError
 from placement.indexing import IndexSource, PodIdentity, lowest_free, resolve_index
 from placement.inventory import NodeInventory
-from placement.legacy import parse_legacy
+from placement.legacy import parse_legacy, shared_gpus
 from placement.model import CompiledSlot, Model
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName, Sharing, SlotKey
 
@@ -62,10 +62,22 @@ class PodFacts:
     generated_name: bool = False  # metadata.name came from metadata.generateName
 
 
+class Held(Protocol):
+    """One pod's holding, as far as a decision needs it."""
+
+    @property
+    def pod(self) -> str: ...  # namespace/name
+
+    @property
+    def slot(self) -> SlotKey: ...
+
+
 class SlotView(Protocol):
     """What the binder's cache knows: which pod holds a slot, which pods use a GPU."""
 
     def slot_holder(self, slot: SlotKey) -> str | None: ...
+
+    def holding(self, uid: str) -> Held | None: ...
 
     def gpu_holders(self, node: NodeName, gpu: str) -> Mapping[str, Sharing]: ...
 
@@ -87,6 +99,20 @@ class Cluster:
     aliases: Mapping[str, frozenset[NodeName]]
     inventories: Mapping[NodeName, InventoryState]
     require_inventory: bool = True
+
+
+#: Whether the holder of a slot may use a GPU together with the pod being placed.
+MayShare = Callable[[SlotKey, str], bool]
+
+
+def _never(_held: SlotKey, _gpu: str) -> bool:
+    return False
+
+
+def _who(slots: SlotView, uid: str) -> str:
+    """A holder as people know it: pod namespace/name, the uid as a detail."""
+    held = slots.holding(uid)
+    return f"pod {held.pod} (uid {uid})" if held is not None else f"pod uid {uid}"
 
 
 def _wait(reason: str, message: str, *keys: str) -> Status:
@@ -152,14 +178,26 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     if holder is not None and holder != pod.uid:
         return _wait(
             "SlotTaken",
-            f"map {key} index {index} is held by pod uid {holder}",
+            f"map {key} index {index} is held by {_who(slots, holder)}",
             f"slot:{slot_key}",
             "model",
         )
     if slot.blocked:
         return _wait(slot.blocked, f"map {key} index {index}: {slot.message}", "model")
+
+    def lines_share(held: SlotKey, gpu: str) -> bool:
+        return held.map == key and cmap.lines_share(index, held.index, gpu)
+
     return _check_and_place(
-        pod, slot_key, slot, cmap.env_mode, cmap.sharing, cmap.generation, cluster, slots
+        pod,
+        slot_key,
+        slot,
+        cmap.env_mode,
+        cmap.sharing,
+        cmap.generation,
+        cluster,
+        slots,
+        lines_share if cmap.legacy_sharing else _never,
     )
 
 
@@ -172,6 +210,7 @@ def _check_and_place(
     generation: int,
     cluster: Cluster,
     slots: SlotView,
+    may_share: MayShare = _never,
 ) -> Placement | Status:
     where = f"map {slot_key.map} index {slot_key.index}"
     node = cluster.nodes.get(slot.node)
@@ -225,17 +264,21 @@ def _check_and_place(
                     f"inventory:{slot.node}",
                     "model",
                 )
-    gpus = tuple(slot.devices) if slot.devices else tuple(f"#{i}" for i in slot.device_indices)
+    gpus = slot.gpus
     for gpu in gpus:
         for holder, their_sharing in slots.gpu_holders(slot.node, gpu).items():
             if holder == pod.uid:
                 continue
-            if sharing is Sharing.EXCLUSIVE or their_sharing is Sharing.EXCLUSIVE:
-                return _wait(
-                    "DeviceBusy",
-                    f"{where}: GPU {gpu} on node {slot.node} is still used by pod uid {holder}",
-                    f"gpu:{slot.node}/{gpu}",
-                )
+            if sharing is Sharing.SHARED and their_sharing is Sharing.SHARED:
+                continue
+            held = slots.holding(holder)
+            if held is not None and may_share(held.slot, gpu):
+                continue
+            return _wait(
+                "DeviceBusy",
+                f"{where}: GPU {gpu} on node {slot.node} is still used by {_who(slots, holder)}",
+                f"gpu:{slot.node}/{gpu}",
+            )
     cvd = slot.cuda_visible_devices(env_mode)
     if not cvd:
         return _wait(
@@ -281,7 +324,9 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
     holder = slots.slot_holder(slot_key)
     if holder is not None and holder != pod.uid:
         return _wait(
-            "SlotTaken", f"legacy slot {slot_key} is held by pod uid {holder}", f"slot:{slot_key}"
+            "SlotTaken",
+            f"legacy slot {slot_key} is held by {_who(slots, holder)}",
+            f"slot:{slot_key}",
         )
     node = resolve_node(entry.node, cluster)
     if node is None:
@@ -315,6 +360,16 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
         tuple(indices) if len(indices) == len(entry.devices) else (),
         ",".join(str(d) for d in entry.devices),
     )
+    # The lines of this pod's text that name each of its GPUs too: their pods share it.
+    partners: dict[str, set[int]] = {}
+    for shared in shared_gpus(entries):
+        if index in shared.indices:
+            gpu = slot.gpus[entry.devices.index(shared.device)] if slot.gpus else ""
+            partners.setdefault(gpu, set()).update(i for i in shared.indices if i != index)
+
+    def lines_share(held: SlotKey, gpu: str) -> bool:
+        return held.map == key and held.index in partners.get(gpu, ())
+
     return _check_and_place(
-        pod, slot_key, slot, EnvMode.INDEX, Sharing.EXCLUSIVE, 0, cluster, slots
+        pod, slot_key, slot, EnvMode.INDEX, Sharing.EXCLUSIVE, 0, cluster, slots, lines_share
     )

@@ -7,7 +7,8 @@ not the cluster's.
 
 Invariants:
 - a GPU claimed by an exclusive slot and any other slot is served to at most one of them: the slot
-  that held it in the previous model (the incumbent), otherwise to none;
+  that held it in the previous model (the incumbent), otherwise to none; lines of one legacy map
+  that name the same GPU count as one claimant (they share it, see placement.legacy);
 - a `count` entry keeps the devices it was given while they stay present, healthy and matching,
   and no other entry names them: a pick yields to a named claim and is made again around it (a pod
   still running on the old pick keeps its GPU; the binder places the named slot's pod once it is
@@ -491,12 +492,23 @@ class Compiler:
             sharing = [self._maps[h.map].sharing for h in holders if h.map in self._maps]
             if all(s is Sharing.SHARED for s in sharing):
                 continue
+            if len(self._co_tenants(next(iter(holders)), holders)) == len(holders):
+                continue  # lines of one legacy map that share their GPU, and nobody else
             incumbent = self._incumbent(claim, holders)
+            winners = self._co_tenants(incumbent, holders) if incumbent is not None else set()
             for holder in holders:
-                contenders[holder] |= holders - {holder}
-                if holder != incumbent:
+                contenders[holder] |= holders - self._co_tenants(holder, holders)
+                if holder not in winners:
                     losers.add(holder)
         return losers, contenders
+
+    def _co_tenants(self, slot: SlotKey, holders: set[SlotKey]) -> set[SlotKey]:
+        """`slot` and the holders it shares a GPU with as lines of the same legacy map; whoever
+        wins or loses the GPU against anyone else, they win or lose it together."""
+        pmap = self._maps.get(slot.map)
+        if pmap is None or not pmap.legacy_sharing:
+            return {slot}
+        return {h for h in holders if h.map == slot.map}
 
     def _incumbent(self, claim: Claim, holders: set[SlotKey]) -> SlotKey | None:
         node, device = claim
@@ -537,6 +549,7 @@ class Compiler:
             pmap.env_mode,
             generation,
             self._versions.get(key, ""),
+            pmap.legacy_sharing,
         )
 
     def _report(

@@ -2,10 +2,16 @@
 
 Blank lines and `#` comments are allowed. Devices are NVML indices or GPU UUIDs. Every error names
 its line and column within the text; callers add the offset of the text inside its file.
+
+One rule wherever the text appears (pod annotation or a PlacementMap's `spec.map`): a GPU that
+several lines name is shared by exactly those lines' pods, as the earlier tools did (their own
+example gives GPU 3 of one node to lines 3 and 4); against every other map and pod it stays
+exclusive. Only a PlacementMap that says `sharing: exclusive` explicitly refuses such text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from placement.errors import Diagnostic, Location, PlacementError
@@ -142,3 +148,40 @@ def parse_legacy(
 
 def render_legacy(entries: list[tuple[int, str, tuple[DeviceRef, ...]]]) -> str:
     return "".join(f"{i}={node}:{','.join(str(d) for d in devs)}\n" for i, node, devs in entries)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedGpu:
+    """One GPU that several lines of one legacy text name: the earlier tools ran those lines' pods
+    on it together, so gpuplace shares it among exactly those slots."""
+
+    node: str
+    device: DeviceRef
+    entries: tuple[LegacyEntry, ...]  # in line order, two or more
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(e.index for e in self.entries)
+
+    def describe(self, *, line_offset: int = 0) -> str:
+        lines = _and(str(e.line + line_offset) for e in self.entries)
+        return (
+            f"GPU {self.device} on node {self.node} is listed by lines {lines} (indices "
+            f"{_and(str(i) for i in self.indices)}): their pods share it, as the earlier tools "
+            "did; every other map and pod is kept off it"
+        )
+
+
+def shared_gpus(entries: Iterable[LegacyEntry]) -> tuple[SharedGpu, ...]:
+    """The GPUs named by more than one line (same node text, same device), in line order."""
+    by_gpu: dict[tuple[str, DeviceRef], list[LegacyEntry]] = {}
+    for entry in entries:
+        for device in entry.devices:
+            by_gpu.setdefault((entry.node, device), []).append(entry)
+    shared = [SharedGpu(n, d, tuple(es)) for (n, d), es in by_gpu.items() if len(es) > 1]
+    return tuple(sorted(shared, key=lambda s: (s.entries[0].line, s.entries[1].line)))
+
+
+def _and(items: Iterable[str]) -> str:
+    words = list(items)
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from placement.errors import Location
+from placement.errors import Diagnostic, Location
 from placement.types import DeviceRef, EnvMode, Indexing, MapKey, Sharing
 
 
@@ -44,6 +44,11 @@ class PlacementMap:
     indexing: Indexing = Indexing.AUTO
     env_mode: EnvMode = EnvMode.INDEX
     source: str = field(default="", compare=False)
+    #: Legacy text (`spec.map`) without an explicit `sharing`: lines that name the same GPU share
+    #: it (see placement.legacy); exclusive against every other map.
+    legacy_sharing: bool = False
+    #: Located notes that do not make the map invalid (e.g. a GPU shared by legacy lines).
+    warnings: tuple[Diagnostic, ...] = field(default=(), compare=False)
     by_index: Mapping[int, DeclaredSlot] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:

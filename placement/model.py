@@ -43,6 +43,14 @@ class CompiledSlot:
         return ",".join(str(i) for i in self.device_indices)
 
     @property
+    def gpus(self) -> tuple[str, ...]:
+        """The GPUs this slot holds, as the binder counts them: UUIDs, or "#<index>" until the
+        node's inventory resolves them."""
+        if self.devices:
+            return tuple(self.devices)
+        return tuple(f"#{i}" for i in self.device_indices)
+
+    @property
     def resolved(self) -> bool:
         return bool(self.devices) and len(self.devices) == len(self.device_indices)
 
@@ -56,12 +64,28 @@ class CompiledMap:
     env_mode: EnvMode = EnvMode.INDEX
     generation: int = 0  # model generation in which this map last changed
     source_version: str = ""  # resourceVersion of the source ConfigMap compiled
+    #: Slots of this map that name the same GPU share it (legacy text, see placement.legacy).
+    legacy_sharing: bool = False
     sorted_indices: tuple[int, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.slots, MappingProxyType):
             object.__setattr__(self, "slots", MappingProxyType(dict(self.slots)))
         object.__setattr__(self, "sorted_indices", tuple(sorted(self.slots)))
+
+    def lines_share(self, index: int, other: int, gpu: str) -> bool:
+        """Whether slots `index` and `other` of this map may hold `gpu` (a UUID, or "#<index>"
+        while unresolved) together: both name it in legacy text whose lines share."""
+        if not self.legacy_sharing or index == other:
+            return False
+        mine, theirs = self.slots.get(index), self.slots.get(other)
+        return (
+            mine is not None
+            and theirs is not None
+            and mine.node == theirs.node
+            and gpu in mine.gpus
+            and gpu in theirs.gpus
+        )
 
     def content_equal(self, other: CompiledMap) -> bool:
         """Equal apart from the generation stamp."""
@@ -104,6 +128,8 @@ def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[st
             for s in (cmap.slots[i] for i in cmap.sorted_indices)
         ],
     }
+    if cmap.legacy_sharing:
+        out["legacySharing"] = True
     if include_generation:
         out["generation"] = cmap.generation
     return out
@@ -130,6 +156,7 @@ def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
         env_mode=EnvMode(data["envMode"]),
         generation=int(data.get("generation", 0)),
         source_version=str(data.get("sourceVersion", "")),
+        legacy_sharing=bool(data.get("legacySharing", False)),
     )
 
 

@@ -69,6 +69,7 @@ class Snapshot:
     @property
     def diagnostics(self) -> list[Diagnostic]:
         out = [d for bad in self.invalid for d in bad.diagnostics]
+        out.extend(w for good in self.maps.values() for w in good.map.warnings)
         out.extend(self.cross)
         out.extend(c.diagnostic() for c in self.clashes)
         return out

@@ -34,6 +34,7 @@ class MapStatus:
     errors: tuple[Diagnostic, ...] = ()
     slots: SlotCounts = field(default_factory=SlotCounts)
     serving_version: str = ""  # digest of the version in service (the last valid one)
+    warnings: tuple[Diagnostic, ...] = ()  # of the version in service, e.g. legacy lines sharing
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -50,6 +51,8 @@ class MapStatus:
                 "blocked": self.slots.blocked,
             },
         }
+        if self.warnings:
+            data["warnings"] = [d.to_json() for d in self.warnings]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -69,4 +72,5 @@ class MapStatus:
                 int(slots.get("blocked", 0)),
             ),
             serving_version=str(data.get("servingVersion", "")),
+            warnings=tuple(Diagnostic.from_json(w) for w in data.get("warnings", [])),
         )

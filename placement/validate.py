@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from placement.errors import Diagnostic, Location, PlacementError
-from placement.legacy import LegacyEntry, parse_legacy
+from placement.legacy import LegacyEntry, parse_legacy, shared_gpus
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.schema import (
     EXPECTED_API_VERSION,
@@ -268,7 +268,11 @@ def _entry_slots(
     return slots, errors
 
 
-def _legacy_slots(doc: Document, text: str) -> tuple[list[DeclaredSlot], list[Diagnostic]]:
+def _legacy_slots(
+    doc: Document, text: str, lines_share: bool
+) -> tuple[list[DeclaredSlot], list[Diagnostic], list[Diagnostic]]:
+    """The slots of `spec.map`, its errors, and (when its lines may share GPUs) one warning per
+    GPU that several lines name, at the later lines' positions in the file."""
     path: Path = ("spec", "map")
     line, col = doc.values.get(path, (1, 1))
     line_offset, col_offset = line - 1, col - 1
@@ -281,8 +285,22 @@ def _legacy_slots(doc: Document, text: str) -> tuple[list[DeclaredSlot], list[Di
             text, doc.source, line_offset=line_offset, column_offset=col_offset, path="spec.map"
         )
     except PlacementError as exc:
-        return [], list(exc.diagnostics)
-    return [_legacy_to_slot(doc.source, e, line_offset, col_offset) for e in entries], []
+        return [], list(exc.diagnostics), []
+    slots = [_legacy_to_slot(doc.source, e, line_offset, col_offset) for e in entries]
+    warnings: list[Diagnostic] = []
+    if lines_share:
+        for shared in shared_gpus(entries):
+            entry = shared.entries[-1]
+            column = entry.device_columns[entry.devices.index(shared.device)]
+            warnings.append(
+                Diagnostic(
+                    Location(doc.source, entry.line + line_offset, column + col_offset, "spec.map"),
+                    shared.describe(line_offset=line_offset),
+                    severity="warning",
+                    hint="say 'sharing: exclusive' to refuse this",
+                )
+            )
+    return slots, [], warnings
 
 
 def _legacy_to_slot(source: str, e: LegacyEntry, line_offset: int, col_offset: int) -> DeclaredSlot:
@@ -290,8 +308,11 @@ def _legacy_to_slot(source: str, e: LegacyEntry, line_offset: int, col_offset: i
     return DeclaredSlot(e.index, e.node, e.devices, None, None, loc)
 
 
-def cross_entry_checks(slots: Iterable[DeclaredSlot], sharing: Sharing) -> list[Diagnostic]:
-    """Duplicate indices, and (exclusive maps) one GPU given to two entries."""
+def cross_entry_checks(
+    slots: Iterable[DeclaredSlot], sharing: Sharing, *, lines_share: bool = False
+) -> list[Diagnostic]:
+    """Duplicate indices, and (exclusive maps whose entries may not share) one GPU given to two
+    entries."""
     errors: list[Diagnostic] = []
     by_index: dict[int, DeclaredSlot] = {}
     claims: dict[tuple[str, DeviceRef], DeclaredSlot] = {}
@@ -307,7 +328,7 @@ def cross_entry_checks(slots: Iterable[DeclaredSlot], sharing: Sharing) -> list[
             )
             continue
         by_index[slot.index] = slot
-        if sharing is Sharing.SHARED:
+        if sharing is Sharing.SHARED or lines_share:
             continue
         for device in slot.devices:
             owner = claims.get((slot.node, device))
@@ -354,6 +375,10 @@ def document_to_map(doc: Document) -> PlacementMap:
             )
     spec = parsed.spec
     slots: list[DeclaredSlot] = []
+    warnings: list[Diagnostic] = []
+    # The earlier tools' text keeps their meaning (lines naming one GPU share it) unless the map
+    # asks for exclusive placement in so many words.
+    lines_share = spec.map is not None and "sharing" not in spec.model_fields_set
     if spec.placements is not None and spec.map is not None:
         errors.append(
             Diagnostic(
@@ -367,11 +392,11 @@ def document_to_map(doc: Document) -> PlacementMap:
         slots, entry_errors = _entry_slots(doc, spec.placements)
         errors.extend(entry_errors)
     elif spec.map is not None:
-        slots, entry_errors = _legacy_slots(doc, spec.map)
+        slots, entry_errors, warnings = _legacy_slots(doc, spec.map, lines_share)
         errors.extend(entry_errors)
         if not slots and not entry_errors:
             errors.append(Diagnostic(doc.locate(("spec", "map")), "the map text has no entries"))
-    errors.extend(cross_entry_checks(slots, spec.sharing))
+    errors.extend(cross_entry_checks(slots, spec.sharing, lines_share=lines_share))
     if errors:
         raise PlacementError(tuple(errors))
     return PlacementMap(
@@ -381,6 +406,8 @@ def document_to_map(doc: Document) -> PlacementMap:
         indexing=spec.indexing,
         env_mode=spec.env_mode,
         source=doc.source,
+        legacy_sharing=lines_share,
+        warnings=tuple(warnings),
     )
 
 

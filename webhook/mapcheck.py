@@ -62,10 +62,10 @@ def check_configmap(request: AdmissionRequest) -> Verdict:
         # down is invalid.
         return Verdict(True)
     try:
-        parse_map_for(text, source_name(key), key)
+        pmap = parse_map_for(text, source_name(key), key)
     except PlacementError as exc:
         return _invalid(exc.format())
-    return Verdict(True)
+    return Verdict(True, warnings=tuple(w.format() for w in pmap.warnings))
 
 
 def _same_map(old: Mapping[str, Any] | None, text: str) -> bool:

@@ -30,7 +30,7 @@ from placement.annotations import (
 )
 from placement.errors import PlacementError
 from placement.indexing import IndexChoice, IndexSource, PodIdentity, resolve_index
-from placement.legacy import parse_legacy
+from placement.legacy import parse_legacy, shared_gpus
 from placement.model import CompiledMap, Model
 from placement.types import EnvMode, Indexing, MapKey
 from webhook.jsonpatch import Operation, add, pointer, remove
@@ -257,6 +257,24 @@ def _source_of(choice: IndexChoice) -> str:
     }[choice.source]
 
 
+def _shared_lines(cmap: CompiledMap, index: int) -> list[str]:
+    """Warnings for the GPUs that slot `index` shares with other lines of legacy text."""
+    slot = cmap.slots.get(index)
+    if slot is None or not cmap.legacy_sharing:
+        return []
+    out = []
+    for position, gpu in enumerate(slot.gpus):
+        partners = [i for i in cmap.sorted_indices if cmap.lines_share(index, i, gpu)]
+        if partners:
+            indices = describe_indices(sorted([index, *partners]))
+            device = slot.device_indices[position] if slot.device_indices else gpu
+            out.append(
+                f"placement map {cmap.key}: GPU {device} on node {slot.node} is given to indices "
+                f"{indices} by its spec.map lines: their pods share it, as the earlier tools did"
+            )
+    return out
+
+
 def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Verdict:
     key = MapKey(pod.namespace, pod.labels[MAP_LABEL])
     cmap: CompiledMap | None = model.maps.get(key)
@@ -286,6 +304,7 @@ def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Ve
                 f"{_source_of(choice)}); it declares {describe_indices(cmap.sorted_indices)}; "
                 f"declare index {choice.index} in the map or run fewer replicas"
             )
+        warnings.extend(_shared_lines(cmap, choice.index))
         if slot.blocked:
             detail = f": {slot.message}" if slot.message else ""
             warnings.append(
@@ -326,8 +345,13 @@ def _admit_legacy(pod: PodView) -> Verdict:
             f"pod {pod}: annotation {LEGACY_ANNOTATION} has no line for index {index} (the pod "
             f"name's suffix); it declares {describe_indices(declared)}"
         )
+    sharing = [
+        f"annotation {LEGACY_ANNOTATION}: {shared.describe()}"
+        for shared in shared_gpus(entries)
+        if index in shared.indices
+    ]
     ops, warnings = _wiring(pod, EnvMode.INDEX, None)
-    return Verdict(True, patch=ops, warnings=warnings)
+    return Verdict(True, patch=ops, warnings=(*sharing, *warnings))
 
 
 def admit_pod(request: AdmissionRequest, model: Model, settings: AdmissionSettings) -> Verdict:

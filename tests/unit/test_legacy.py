@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from placement.errors import PlacementError
-from placement.legacy import FORMAT_HINT, parse_legacy, render_legacy
-from placement.types import GpuUuid
+from placement.legacy import FORMAT_HINT, parse_legacy, render_legacy, shared_gpus
+from placement.types import GpuUuid, Sharing
 from placement.validate import load_maps, parse_map
 
 UUID_A = "GPU-5c1d0c3e-0b7a-4c2e-9f61-3a1b2c3d4e00"
@@ -164,6 +164,8 @@ def test_duplicate_index_in_a_map_block() -> None:
 
 def test_one_gpu_twice_in_an_exclusive_map_block() -> None:
     text = MAP_FILE.format(one="2").replace("2=node3:0,1,2", "2=node1:1")
+    # Only a map that says so refuses legacy lines sharing a GPU; the default shares it.
+    text += "  sharing: exclusive\n"
     (d,) = load_maps(text, "m.yaml").diagnostics
     assert (d.location.line, d.location.column) == (12, 5)
     assert d.message.startswith("device 1 on node node1 is already given to index 0 (line 9)")
@@ -173,3 +175,64 @@ def test_an_empty_map_block_is_an_error() -> None:
     text = MAP_FILE.split("  map: |", maxsplit=1)[0] + "  map: |\n    # nothing\n"
     (d,) = load_maps(text, "m.yaml").diagnostics
     assert d.message == "the map text has no entries"
+
+
+AKS_TEXT = """\
+0=aks-workerpool-25338008-vmss000000:0,1
+1=aks-workerpool-25338008-vmss000001:2
+2=aks-workerpool-25338008-vmss000003:0,1,2
+3=aks-workerpool-25338008-vmss000004:3
+4=aks-workerpool-25338008-vmss000004:3
+"""
+
+
+def test_lines_naming_one_gpu_share_it_with_a_located_warning() -> None:
+    """The earlier tools' own example gives GPU 3 of the fourth node to lines 3 and 4."""
+    block = "".join(f"    {line}\n" for line in AKS_TEXT.splitlines())
+    text = MAP_FILE.split("  map: |", maxsplit=1)[0] + "  map: |\n" + block
+    result = load_maps(text, "aks.yaml")
+    assert result.diagnostics == []
+    (pmap,) = result.maps
+    assert pmap.legacy_sharing and pmap.sharing is Sharing.EXCLUSIVE
+    (warning,) = pmap.warnings
+    assert warning.format() == (
+        "aks.yaml:12:42: warning: spec.map: GPU 3 on node aks-workerpool-25338008-vmss000004 is "
+        "listed by lines 11 and 12 (indices 3 and 4): their pods share it, as the earlier tools "
+        "did; every other map and pod is kept off it (say 'sharing: exclusive' to refuse this)"
+    )
+
+
+def test_explicit_sharing_exclusive_refuses_the_same_text() -> None:
+    block = "".join(f"    {line}\n" for line in AKS_TEXT.splitlines())
+    text = MAP_FILE.split("  map: |", maxsplit=1)[0] + "  sharing: exclusive\n  map: |\n" + block
+    (d,) = load_maps(text, "aks.yaml").diagnostics
+    assert d.format().startswith(
+        "aks.yaml:13:5: error: spec.map: device 3 on node aks-workerpool-25338008-vmss000004 is "
+        "already given to index 3 (line 12)"
+    )
+
+
+def test_placements_keep_sharing_only_with_sharing_shared() -> None:
+    text = MAP_FILE.split("  map: |", maxsplit=1)[0] + (
+        "  placements:\n"
+        "    - {index: 3, node: n4, devices: [3]}\n"
+        "    - {index: 4, node: n4, devices: [3]}\n"
+    )
+    (d,) = load_maps(text, "p.yaml").diagnostics
+    assert "device 3 on node n4 is already given to index 3" in d.message
+    shared = load_maps(text.replace("spec:\n", "spec:\n  sharing: shared\n"), "p.yaml")
+    assert shared.diagnostics == [] and not shared.maps[0].legacy_sharing
+
+
+def test_shared_gpus_lists_each_gpu_with_its_lines() -> None:
+    (shared,) = shared_gpus(parse_legacy(AKS_TEXT, "annotation"))
+    assert (shared.node, shared.device, shared.indices) == (
+        "aks-workerpool-25338008-vmss000004",
+        3,
+        (3, 4),
+    )
+    shared_text = parse_legacy("0=a:0,1\n1=b:0\n2=a:1\n3=a:1,0\n", "x")
+    assert {(s.node, s.device, s.indices) for s in shared_gpus(shared_text)} == {
+        ("a", 0, (0, 3)),
+        ("a", 1, (0, 2, 3)),
+    }
