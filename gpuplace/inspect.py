@@ -131,15 +131,11 @@ def pod_table(rows: Iterable[PodRow]) -> str:
                 r.devices or "-",
                 r.cuda_visible_devices or "-",
                 r.phase,
-                _short(r.reason) if r.reason else "-",
+                r.reason or "-",  # last column, in full: it names what the pod waits for
             )
             for r in rows
         ],
     )
-
-
-def _short(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def map_statuses(kube: Kube) -> list[tuple[str, MapStatus | None]]:

@@ -459,6 +459,9 @@ def test_seed_scenario_legacy_annotation(cluster: LocalCluster, namespace: str) 
         )
     finally:
         proc.stop()
+        # Logical names node1..3 must not stay taken: a later test's nodes use them too.
+        for i in (1, 2, 3):
+            cluster.request("DELETE", f"/api/v1/nodes/{prefix}-{i}")
     expected = {0: (1, "0,1"), 1: (2, "2"), 2: (3, "0,1,2")}
     for i, (node, devices) in expected.items():
         pod = pods[f"webhook-test-{i}"]
