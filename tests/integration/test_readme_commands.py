@@ -1,0 +1,209 @@
+"""Every shell command the READMEs show works as written.
+
+The commands are read out of the ```sh blocks of README.md and examples/README.md, and out of
+inline code that starts with `gpuplace`, `make`, `helm`, `kubectl` or `--set`. Each is checked in
+one of these ways (a command no rule covers fails the test, so a new one gets a check):
+
+- run verbatim by bash, with `gpuplace` (this checkout's), `kubectl` (the pinned one) and `helm`
+  on PATH and KUBECONFIG naming the local cluster:
+  - in the checkout: `gpuplace validate examples/gitops`, the namespaces and the `gpuplace render
+    ... | kubectl apply -f -` pipeline, `kubectl apply -f examples/workloads/` (what they
+    create is deleted afterwards);
+  - in a GitOps repository made from examples/gitops (commits on `main`, a remote-tracking
+    `origin/main` one change behind, as in a pull request): `gpuplace validate clusters/`, both
+    `gpuplace diff` forms;
+- `helm install ...`: verbatim plus `--dry-run=server` (a real install would register webhooks
+  with failurePolicy Fail for every test after this one); `--set KEY=VALUE` switches shown inline:
+  `helm template` of the chart with that switch, so its values.schema.json judges the key;
+- `make <target>`: the target exists in the Makefile. `make test` would run this test again, and
+  `make demo` is what tests/e2e runs; neither is run here;
+- inline `gpuplace <command> [--flags]`: the command exists and `--help` lists every flag shown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import git
+import pytest
+
+from gpuplace.localcluster import LocalCluster
+from tests.chartkit import helm, helm_binary
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = ("README.md", "examples/README.md")
+CHART = REPO / "charts" / "gpuplace"
+
+IN_CHECKOUT = {
+    "gpuplace validate examples/gitops",
+    "kubectl apply -f examples/gitops/clusters/dev/namespaces.yaml",
+    "gpuplace render examples/gitops/clusters/dev | kubectl apply -f -",
+    "kubectl apply -f examples/workloads/",
+}
+IN_GITOPS_REPO = {
+    "gpuplace validate clusters/",
+    "gpuplace diff origin/main HEAD --repo . --path clusters/prod",
+    "gpuplace diff origin/main --path clusters/dev",
+}
+HELM_INSTALL = (
+    "helm install gpuplace charts/gpuplace --namespace gpuplace-system --create-namespace"
+)
+MAKE_TARGETS = {"make demo", "make test"}
+
+
+def fenced_commands(text: str) -> list[str]:
+    """The command lines of ```sh / ```bash blocks, without trailing comments."""
+    out: list[str] = []
+    for block in re.findall(r"^```(?:sh|bash|shell)\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = re.sub(r"\s+#.*$", "", line).strip()
+            if command and not command.startswith("#"):
+                out.append(command)
+    return out
+
+
+def inline_commands(text: str) -> list[str]:
+    spans = re.findall(r"(?<!`)`([^`\n]+)`(?!`)", text)
+    return [s for s in spans if re.match(r"(gpuplace|make|helm|kubectl) |--set ", s)]
+
+
+def documented() -> tuple[list[str], list[str]]:
+    fenced: list[str] = []
+    inline: list[str] = []
+    for doc in DOCS:
+        text = (REPO / doc).read_text()
+        fenced += fenced_commands(text)
+        inline += inline_commands(text)
+    return fenced, inline
+
+
+def test_every_fenced_command_has_a_check() -> None:
+    fenced, _ = documented()
+    known = IN_CHECKOUT | IN_GITOPS_REPO | MAKE_TARGETS | {HELM_INSTALL}
+    assert set(fenced) == known, "commands in the READMEs without a check (or checks for none)"
+
+
+@pytest.fixture(scope="module")
+def shell_env(cluster: LocalCluster) -> dict[str, str]:
+    bins = [Path(sys.executable).parent, cluster.binaries.kubectl.parent, helm_binary().parent]
+    home = helm_binary().parent.parent / "helm-home"
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([*map(str, bins), os.environ.get("PATH", "/usr/bin:/bin")]),
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+
+
+def sh(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"{command!r} in {cwd}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture
+def gitops_repo(tmp_path: Path) -> Iterator[Path]:
+    """examples/gitops as its own repository; origin/main is one reviewed change behind HEAD."""
+    root = tmp_path / "gitops"
+    shutil.copytree(REPO / "examples" / "gitops", root)
+    repo = git.Repo.init(root, initial_branch="main")
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "gpuplace test")
+        config.set_value("user", "email", "test@gpuplace.invalid")
+    repo.git.add(A=True)
+    base = repo.index.commit("maps as merged")
+    repo.git.update_ref("refs/remotes/origin/main", base.hexsha)
+    for cluster_dir in ("dev", "prod"):
+        maps = sorted((root / "clusters" / cluster_dir / "maps").glob("*.yaml"))
+        text = maps[0].read_text()
+        maps[0].write_text(text.replace("devices: [0, 1]", "devices: [1, 0]", 1))
+    repo.git.add(A=True)
+    repo.index.commit("a change under review")
+    yield root
+    repo.close()
+
+
+def test_commands_run_in_the_checkout(cluster: LocalCluster, shell_env: dict[str, str]) -> None:
+    ordered = [c for c in documented()[0] if c in IN_CHECKOUT]
+    assert len(ordered) == len(IN_CHECKOUT)
+    try:
+        outputs = {command: sh(command, REPO, shell_env) for command in ordered}
+    finally:
+        cleanup = [
+            "kubectl delete -f examples/workloads/ --ignore-not-found --wait=false",
+            "gpuplace render examples/gitops/clusters/dev | kubectl delete --ignore-not-found -f -",
+            "kubectl delete -f examples/gitops/clusters/dev/namespaces.yaml --ignore-not-found "
+            "--wait=false",
+        ]
+        for command in cleanup:
+            subprocess.run(["bash", "-c", command], cwd=REPO, env=shell_env, check=False)
+    assert outputs["gpuplace validate examples/gitops"].stdout.startswith("OK: ")
+    applied = outputs["gpuplace render examples/gitops/clusters/dev | kubectl apply -f -"].stdout
+    assert "configmap/webhook-test created" in applied
+    assert "pod/webhook-test-0 created" in outputs["kubectl apply -f examples/workloads/"].stdout
+
+
+def test_commands_run_in_a_gitops_repository(gitops_repo: Path, shell_env: dict[str, str]) -> None:
+    for command in sorted(IN_GITOPS_REPO):
+        result = sh(command, gitops_repo, shell_env)
+        if " diff " in f" {command} ":
+            assert result.stdout.strip(), f"{command!r} printed no plan"
+    validate = sh("gpuplace validate clusters/", gitops_repo, shell_env)
+    assert validate.stdout.startswith("OK: ")
+
+
+def test_helm_install_as_shown_passes_a_server_dry_run(shell_env: dict[str, str]) -> None:
+    result = sh(f"{HELM_INSTALL} --dry-run=server", REPO, shell_env)
+    assert "kind: Deployment" in result.stdout
+
+
+def test_inline_helm_switches_are_keys_of_the_chart() -> None:
+    switches = [s for s in documented()[1] if s.startswith("--set ")]
+    assert switches, "the README shows the cert-manager switch"
+    for switch in switches:
+        out = helm("template", "gpuplace", str(CHART), *switch.split()).stdout
+        if "certManager" in switch:
+            assert "cert-manager.io/inject-ca-from" in out
+
+
+def test_make_targets_exist() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    _, inline = documented()
+    targets = {c.split()[1] for c in MAKE_TARGETS | {s for s in inline if s.startswith("make ")}}
+    for target in targets:
+        assert re.search(rf"^{re.escape(target)}:", makefile, flags=re.M), target
+
+
+def test_inline_gpuplace_commands_and_flags_exist() -> None:
+    _, inline = documented()
+    commands = [s for s in inline if s.startswith("gpuplace ")]
+    assert commands
+    for command in commands:
+        words = command.split()
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuplace", words[1], "--help"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, f"{command!r}: {result.stderr}"
+        for flag in [w.strip("[]|") for w in words[2:] if w.strip("[]|").startswith("--")]:
+            assert flag in result.stdout, f"{command!r}: {flag} is not an option"
