@@ -223,3 +223,18 @@ def test_applying_the_map_warns_with_the_location_and_status_carries_it() -> Non
     )
     assert [w.format() for w in status.warnings] == [warning]
     assert status.message.startswith("5 slots; 1 warning(s): configmap ml/aks placement.yaml:12")
+
+
+def test_bound_count_counts_bound_pods_only() -> None:
+    """What a map's status reports: a pod being bound (assumed) is not bound yet, a released one
+    no longer is."""
+    cluster = compile_maps(map_yaml())
+    cache = SlotCache()
+    key = MapKey("ml", "aks")
+    placed = place_all([map_pod("check-0"), map_pod("check-1")], cluster, cache)
+    assert placed and cache.bound_count(key) == 0
+    cache.confirm("uid-check-0")
+    assert cache.bound_count(key) == 1
+    cache.forget("uid-check-1")  # its Binding failed
+    cache.release("uid-check-0")  # deleted
+    assert cache.bound_count(key) == 0
