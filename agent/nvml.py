@@ -4,7 +4,9 @@ Health has two sources. A device that NVML cannot query (its handle, UUID, name,
 info fails) is unhealthy for as long as that lasts, with the failing call as the reason. A device
 that reported a critical XID through an NVML event set is unhealthy until the agent restarts, as
 the NVIDIA device plugin does: after a critical XID the GPU needs a reset or a drain, and a
-driver that stops repeating the error has not proven it healthy.
+driver that stops repeating the error has not proven it healthy. With `xid_recovery_seconds` set,
+a device that reports no further critical XID for that long is healthy again (each XID starts the
+wait over): for fleets that reset GPUs in place rather than restart the agent.
 """
 
 from __future__ import annotations
@@ -122,10 +124,12 @@ class NvmlProbe:
         *,
         ignored_xids: frozenset[int] = xid.APPLICATION_XIDS,
         sysfs: Path = Path("/sys"),
+        xid_recovery_seconds: float = 0.0,
     ) -> None:
         _initialize()
         self._open = True
         self._ignored_xids = ignored_xids
+        self._xid_recovery_seconds = xid_recovery_seconds  # 0: until the agent restarts
         self._sysfs = sysfs
         try:
             self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
@@ -137,6 +141,7 @@ class NvmlProbe:
         self._watched: set[int] = set()
         self._index_by_handle: dict[int, int] = {}
         self._xid_reasons: dict[GpuUuid, str] = {}
+        self._xid_at: dict[GpuUuid, float] = {}  # monotonic time of each device's last XID
         self._last: dict[int, GpuDevice] = {}  # last complete reading per index
         self._watch_all()
 
@@ -144,6 +149,7 @@ class NvmlProbe:
     def snapshot(self, node: NodeName) -> NodeInventory:
         self._require_open()
         self._drain_events()
+        self._recover()
         try:
             count = int(pynvml.nvmlDeviceGetCount())
         except pynvml.NVMLError as exc:
@@ -335,8 +341,25 @@ class NvmlProbe:
             log.warning("%s reported %s but cannot be identified", where, xid.describe(code))
             return _Event.HEALTH
         self._xid_reasons[uuid] = xid.describe(code)
+        self._xid_at[uuid] = time.monotonic()
         log.warning("%s (%s) reported %s; marking it unhealthy", where, uuid, xid.describe(code))
         return _Event.HEALTH
+
+    def _recover(self) -> None:
+        """Clears the XIDs of devices that have reported none for `xid_recovery_seconds`."""
+        if self._xid_recovery_seconds <= 0:
+            return
+        now = time.monotonic()
+        for uuid, at in list(self._xid_at.items()):
+            if now - at >= self._xid_recovery_seconds:
+                log.warning(
+                    "%s reported no critical XID for %.0fs since %s; healthy again",
+                    uuid,
+                    self._xid_recovery_seconds,
+                    self._xid_reasons.get(uuid, "an XID"),
+                )
+                self._xid_reasons.pop(uuid, None)
+                del self._xid_at[uuid]
 
     def _index_of(self, handle: Any) -> int | None:
         index = self._index_by_handle.get(_address(handle))

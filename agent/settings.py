@@ -21,6 +21,10 @@ class AgentSettings:
     interval_seconds: float = 10.0
     #: Publish an empty inventory instead of exiting when this node has no NVML.
     publish_empty: bool = False
+    #: A GPU marked unhealthy by a critical XID is healthy again after this many seconds without
+    #: another one; 0 keeps it out of service until the agent restarts (the NVIDIA device
+    #: plugin's behaviour, and the default).
+    xid_recovery_seconds: float = 0.0
     #: The Lease's holderIdentity: who renewed it last (the pod name in a DaemonSet).
     identity: str = ""
     kubeconfig: str | None = None  # None: $KUBECONFIG / ~/.kube/config, else in-cluster

@@ -133,6 +133,9 @@ class Binder:
         self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
         self._thread.start()
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         self.queue.close()

@@ -2,7 +2,9 @@
 
 A thread clones the repository once, then fetches the branch every interval and, when its head
 moved, hands every PlacementMap document under the path to the controller exactly as if it had
-arrived in a source ConfigMap (resourceVersion = commit). Maps that disappear from git are removed.
+arrived in a source ConfigMap, stamped with the commit and its file (gpuplace.io/revision,
+gpuplace.io/source-file). Maps that disappear from git are removed; a map whose file holds a
+document that does not parse is not: it turns Invalid and keeps serving its last valid version.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import git
 import yaml
 
 from controller.settings import GitSourceSettings
-from placement.annotations import PLACEMENT_KEY
+from placement.annotations import PLACEMENT_KEY, REVISION_ANNOTATION, SOURCE_FILE_ANNOTATION
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -30,30 +32,44 @@ def documents(text: str) -> list[str]:
     return [d for d in _SEPARATOR.split(text) if d.strip()]
 
 
-def map_objects(root: Path, commit: str) -> dict[tuple[str, str], Obj]:
-    """Source-ConfigMap-shaped objects for every PlacementMap document under `root`."""
+def map_objects(
+    root: Path, commit: str, repo_root: Path | None = None
+) -> tuple[dict[tuple[str, str], Obj], dict[str, str]]:
+    """Source-ConfigMap-shaped objects for every PlacementMap document under `root`, and the
+    first unreadable document of each file that has one (file -> text): which map such a
+    document meant cannot be told, so the maps its file held before are not taken as deleted."""
     found: dict[tuple[str, str], Obj] = {}
+    broken: dict[str, str] = {}
+    base = repo_root or root
     for path in sorted([*root.rglob("*.yaml"), *root.rglob("*.yml")]):
         if ".git" in path.parts:
             continue
+        file = path.relative_to(base).as_posix() if path.is_relative_to(base) else str(path)
         for doc in documents(path.read_text(errors="replace")):
             try:
                 value = yaml.safe_load(doc)
             except yaml.YAMLError:
-                log.warning("%s: unreadable YAML document skipped", path)
+                log.warning("%s: unreadable YAML document", path)
+                broken.setdefault(file, doc.lstrip("\n"))
                 continue
             if not isinstance(value, dict) or value.get("kind") != "PlacementMap":
                 continue
             meta = value.get("metadata") or {}
             name, namespace = meta.get("name"), meta.get("namespace")
             if not isinstance(name, str) or not isinstance(namespace, str):
-                log.warning("%s: PlacementMap without metadata.name/namespace skipped", path)
+                log.warning("%s: PlacementMap without metadata.name/namespace", path)
+                broken.setdefault(file, doc.lstrip("\n"))
                 continue
             found[(namespace, name)] = {
-                "metadata": {"namespace": namespace, "name": name, "resourceVersion": commit},
+                "metadata": {
+                    "namespace": namespace,
+                    "name": name,
+                    "resourceVersion": commit,
+                    "annotations": {REVISION_ANNOTATION: commit, SOURCE_FILE_ANNOTATION: file},
+                },
                 "data": {PLACEMENT_KEY: doc.lstrip("\n")},
             }
-    return found
+    return found, broken
 
 
 class GitSource:
@@ -85,18 +101,27 @@ class GitSource:
                     repo.git.reset("--hard", f"origin/{self.settings.branch}")
                 head = repo.head.commit.hexsha
                 if head != self._head:
-                    self._publish(Path(repo.working_dir) / self.settings.path, head[:12])
+                    workdir_root = Path(repo.working_dir)
+                    self._publish(workdir_root / self.settings.path, head[:12], workdir_root)
                     self._head = head
                 self.synced.set()
             except (git.GitCommandError, OSError, ValueError) as exc:
                 log.warning("git source %s: %s", self.settings.repo, exc)
             self._stop.wait(self.settings.interval_seconds)
 
-    def _publish(self, root: Path, commit: str) -> None:
-        found = map_objects(root, commit)
+    def _publish(self, root: Path, commit: str, repo_root: Path | None = None) -> None:
+        found, broken = map_objects(root, commit, repo_root)
         for obj in found.values():
             self.emit("source", obj)
         for key in set(self._known) - set(found):
-            self.emit("source-deleted", self._known[key])
+            known = self._known[key]
+            file = known["metadata"]["annotations"][SOURCE_FILE_ANNOTATION]
+            if file in broken:
+                # Served on as Invalid, with the parser's error, until the file reads again.
+                unreadable = {**known, "data": {PLACEMENT_KEY: broken[file]}}
+                self.emit("source", unreadable)
+                found[key] = known
+                continue
+            self.emit("source-deleted", known)
         self._known = found
         log.info("git source at %s: %d maps", commit, len(found))

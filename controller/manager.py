@@ -12,24 +12,34 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from controller import podfacts
 from controller.binder import Binder
+from controller.drift import DriftTracker
 from controller.gitsource import GitSource
 from controller.inventories import InventoryTracker
 from controller.metrics import ControllerMetrics
+from controller.rollout import Rollouts
 from controller.settings import ControllerSettings
-from controller.sources import SourceState, map_status, only_bound_changed, read_source
+from controller.sources import SourceState, map_status, only_bound_changed, read_source, restore
 from controller.writer import ModelWriter, patch_status
 from kubeio.client import Kube
+from kubeio.errors import APIError, APINotFoundError
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from kubeio.informer import DELETED, Informer
 from kubeio.leader import LeaderElector, LeaderSettings
-from placement.annotations import PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
-from placement.binding import Cluster, NodeState
+from placement.annotations import (
+    LEGACY_MAP_PREFIX,
+    PLACEMENT_MAP_LABEL,
+    STATUS_ANNOTATION,
+    decode_binding,
+)
+from placement.binding import Cluster, NodeState, Status, slot_status
 from placement.compile import Compiler
 from placement.inventory import NodeInventory
 from placement.model import MODEL_LABEL, Model, decode_model
+from placement.restore import declared_map
 from placement.status import MapStatus, Phase
-from placement.types import MapKey, NodeName, Sharing, SlotKey
+from placement.types import MapKey, NodeName, RolloutStrategy, Sharing, SlotKey
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -69,6 +79,11 @@ class Controller:
             kube, settings.binder, self.metrics, self.events, self._cluster, self._on_bound
         )
         self.writer = ModelWriter(kube, settings.system_namespace)
+        self.drift = DriftTracker(kube, self.events, self.metrics.drifted.set)
+        self._running: dict[str, bool] = {}  # bound pod uid -> Running (informer threads write)
+        self.rollouts = Rollouts(kube, self.events, self._is_running, self._servable)
+        self._drift_dirty: set[MapKey] = set()  # maps whose bound pods to judge again
+        self._loop_beat = time.monotonic()
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._pending: list[tuple[str, Any]] = []
@@ -181,10 +196,30 @@ class Controller:
     def _on_pod(self, event: str, obj: Obj, _old: Obj | None) -> None:
         if self.binder.active.is_set():
             self.binder.on_pod(event, obj, self._shared_maps())
+        if not podfacts.is_bound(obj):
+            return
+        uid = podfacts.uid_of(obj)
+        gone = event == DELETED or podfacts.is_finished(obj)
+        if gone:
+            self._running.pop(uid, None)
+        else:
+            self._running[uid] = obj.get("status", {}).get("phase") == "Running"
+        meta = obj["metadata"]
+        decision = decode_binding(meta["namespace"], meta.get("annotations") or {})
+        if decision is not None and not decision.map.name.startswith(LEGACY_MAP_PREFIX):
+            with self._lock:
+                self._drift_dirty.add(decision.map)
+
+    def _is_running(self, uid: str) -> bool:
+        return self._running.get(uid, False)
+
+    def _servable(self, uid: str, slot: SlotKey) -> Status | None:
+        return slot_status(uid, slot, self._cluster(), self.binder.cache)
 
     def _on_bound(self, slot: SlotKey) -> None:
         with self._lock:
             self._status_dirty.add(slot.map)
+            self._drift_dirty.add(slot.map)
 
     # -- reconcile loop (one thread) ------------------------------------------------------------
     def _apply(self, kind: str, payload: Any) -> set[str] | None:
@@ -197,8 +232,10 @@ class Controller:
             if state is known:
                 return None  # same text: e.g. our own status patch came back
             self.sources[state.key] = state
-            if state.valid is not None and (known is None or known.valid != state.valid):
-                self.compiler.set_map(state.valid, state.valid_version)
+            if state.valid is not None and (
+                known is None or known.valid != state.valid or known.provenance != state.provenance
+            ):
+                self.compiler.set_map(state.valid, state.valid_version, state.provenance)
             self._status_dirty.add(state.key)
             return set()
         if kind == "source-deleted":
@@ -215,6 +252,8 @@ class Controller:
             if kind == "node-deleted":
                 self.nodes.pop(name, None)
                 self.compiler.remove_node(name)
+                if self._leading.is_set():
+                    self._remove_inventory(name)
             else:
                 after = node_state(payload, self.settings.alias_label)
                 if before == after:
@@ -236,6 +275,36 @@ class Controller:
                 self.compiler.set_inventory(inventory)
             return {f"inventory:{node}"}
         return None
+
+    def _remove_inventory(self, node: NodeName) -> None:
+        """A deleted node's inventory and Lease go with it: no agent renews them any more, and
+        a node of the same name joining later starts from its own agent's report. Pods bound to
+        the node keep their holdings until they are gone (the pod garbage collector deletes
+        them), so their GPUs are not handed out twice meanwhile."""
+        ns = self.settings.inventory_namespace
+        for path in (
+            f"/api/v1/namespaces/{ns}/configmaps/{node}",
+            f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{node}",
+        ):
+            try:
+                self.kube.delete(path)
+            except APINotFoundError:
+                pass
+            except APIError as exc:
+                log.warning("inventory of deleted node %s not removed: %s", node, exc)
+
+    def _sweep_inventories(self) -> None:
+        """Removes inventories of nodes that no longer exist and whose Lease nobody renews
+        (nodes deleted while no controller was leading)."""
+        with self.informers["inventories"].lock:
+            names = [n for (_ns, n) in self.informers["inventories"].store]
+        for name in names:
+            node = NodeName(name)
+            if node in self.nodes or name == "kube-root-ca.crt":
+                continue
+            state = self.tracker.states.get(node)
+            if state is None or not state.fresh:
+                self._remove_inventory(node)
 
     def _rebuild_aliases(self) -> None:
         aliases: dict[str, set[NodeName]] = {}
@@ -259,6 +328,7 @@ class Controller:
     def _reconcile_loop(self) -> None:
         last_status = last_expiry = 0.0
         while not self._stop.is_set():
+            self._loop_beat = time.monotonic()
             with self._wake:
                 if not self._pending:
                     self._wake.wait(0.5)
@@ -270,6 +340,8 @@ class Controller:
                 # compile that started its leadership and the moment it counted as leading.
                 if self._leading.is_set() and self._uncompiled:
                     self._compile_and_publish(set())
+            if self._leading.is_set():
+                self._judge_drift()
             now = time.monotonic()
             if self._leading.is_set() and now - last_status > 0.5 and self._status_dirty:
                 self._write_statuses()
@@ -277,6 +349,17 @@ class Controller:
             if now - last_expiry >= 1.0:  # looks at every inventory: once a second is enough
                 self.tracker.check_expiry()
                 last_expiry = now
+
+    def _judge_drift(self) -> None:
+        """Drift of the bound pods of maps that changed or whose pods did, then rollouts."""
+        with self._lock:
+            dirty, self._drift_dirty = self._drift_dirty, set()
+            model = self.model
+        changed = self.drift.check(dirty, model, self.binder.cache) if dirty else set()
+        changed |= self.rollouts.step(model, self.drift, self.binder.cache)
+        if changed:
+            with self._lock:
+                self._status_dirty |= changed
 
     def _compile_and_publish(self, keys: set[str]) -> None:
         keys |= self._unblocked
@@ -299,6 +382,7 @@ class Controller:
             self._shared = {str(k) for k, m in model.maps.items() if m.sharing is Sharing.SHARED}
             self.metrics.model_generation.set(model.generation)
             self._status_dirty |= changed
+            self._drift_dirty |= changed
             keys.add("model")
             keys |= {f"map:{k}" for k in changed}
         self._status_dirty |= set(reports) & set(self.sources)
@@ -317,7 +401,16 @@ class Controller:
             if state is None:
                 continue
             bound = self.binder.cache.bound_count(key)
-            status = map_status(state, reports.get(key), self.model.generation, bound)
+            cmap = self.model.maps.get(key)
+            status = map_status(
+                state,
+                reports.get(key),
+                self.model.generation,
+                bound,
+                self.drift.count(key),
+                cmap.provenance.revision if cmap else "",
+                self._rollout_note(key),
+            )
             text = status.to_json()
             sources = self.informers.get("sources")
             obj = sources.get(key.namespace, key.name) if sources else None
@@ -346,6 +439,32 @@ class Controller:
                 phases[phase.value] += 1
         for phase_name, count in phases.items():
             self.metrics.maps.labels(phase_name).set(count)
+        self._count_slots()
+
+    def _rollout_note(self, key: MapKey) -> str:
+        """How the map's drifted pods move, for its status (empty while none is drifted)."""
+        cmap = self.model.maps.get(key)
+        if cmap is None or not self.drift.count(key):
+            return ""
+        if cmap.rollout.strategy is RolloutStrategy.MANUAL:
+            return "manual: delete the drifted pods to move them"
+        state = self.rollouts.states.get(key)
+        note = cmap.rollout.describe()
+        if state is not None and state.down:
+            note += f", {state.down} down"
+        if state is not None and state.waiting:
+            note += f", waiting: {state.waiting}"
+        return note
+
+    def _count_slots(self) -> None:
+        reports = self.compiler.reports.values()
+        total = sum(r.total for r in reports)
+        served = sum(r.served for r in reports)
+        self.metrics.slots.labels("total").set(total)
+        self.metrics.slots.labels("served").set(served)
+        self.metrics.slots.labels("blocked").set(total - served)
+        self.metrics.slots.labels("bound").set(len(self.binder.cache))
+        self.metrics.slots.labels("drifted").set(self.drift.total())
 
     def _coalesce(self, key: MapKey, status: MapStatus, on_object: str | None) -> bool:
         """Whether to hold back a status whose only news is the bound count, written recently."""
@@ -378,17 +497,22 @@ class Controller:
             name: obj.get("data") or {}
             for (_ns, name), obj in self.informers["model"].store.items()
         }
+        seeded: Model | None = None
         if stored:
             try:
+                seeded = decode_model(stored)
                 with self._lock:
-                    self.compiler.seed(decode_model(stored))
+                    self.compiler.seed(seeded)
             except (ValueError, KeyError) as exc:
                 log.warning("stored model unreadable, compiling from scratch: %s", exc)
         with self._lock:
             # The informers have queued every object they listed: compile them all at once,
             # not a partial model that the next pass would correct with another generation.
             self._apply_pending()
+            if seeded is not None:
+                self._restore_last_valid(seeded)
             self._compile_and_publish(set())
+        self._sweep_inventories()
         pods: list[Obj] = []
         for key, informer in self.informers.items():
             if key.startswith("pods:"):
@@ -396,6 +520,8 @@ class Controller:
                     pods.extend(informer.store.values())
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self._shared_maps())
+        with self._lock:
+            self._drift_dirty |= {h.slot.map for h in self.binder.cache.holdings()}
         log.info(
             "leading: model generation %d, %d bound pods in the slot cache",
             self.model.generation,
@@ -404,12 +530,32 @@ class Controller:
         self.binder.start()
         self._leading.set()
 
+    def _restore_last_valid(self, stored: Model) -> None:
+        """Sources that are invalid now and had no valid version in this process keep serving
+        the version the stored model holds, as they would have without the restart (caller
+        holds the lock). A map whose source is gone is not restored: deleting it is meant."""
+        for key, cmap in stored.maps.items():
+            state = self.sources.get(key)
+            if state is None or state.valid is not None:
+                continue
+            pmap = declared_map(cmap)
+            restored = restore(state, pmap, cmap.source_version, cmap.provenance)
+            self.sources[key] = restored
+            self.compiler.set_map(pmap, cmap.source_version, cmap.provenance)
+            self._status_dirty.add(key)
+            log.info(
+                "map %s is invalid; serving version %s from the stored model",
+                key,
+                cmap.source_version,
+            )
+
     def _stop_leading(self) -> None:
         self.metrics.leader.set(0)
         if self._leading.is_set() and not self._stop.is_set():
             self.lost_leadership.set()
         self._leading.clear()
         self.binder.stop()
+        self.drift.stop()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -429,6 +575,37 @@ class Controller:
             self.git.stop()
         for informer in self.informers.values():
             informer.stop()
+
+    def health_problems(self) -> list[str]:
+        """What makes this replica unhealthy: an informer failing to list or watch, a stuck
+        reconcile loop, a leader-election loop that stopped trying, a dead binder."""
+        grace = max(30.0, 4 * self.settings.lease_seconds)
+        now = time.monotonic()
+        problems = [
+            f"informer {name} has been failing for over {grace:.0f}s"
+            for name, informer in self.informers.items()
+            if not informer.healthy(grace)
+        ]
+        if now - self._loop_beat > grace:
+            problems.append(f"reconcile loop stuck for {now - self._loop_beat:.0f}s")
+        if now - self.elector.last_attempt > grace and not self._starting_to_lead():
+            problems.append(
+                f"leader election made no attempt for {now - self.elector.last_attempt:.0f}s"
+            )
+        if self._leading.is_set() and not self.binder.alive():
+            problems.append("binder thread is not running")
+        return problems
+
+    def _starting_to_lead(self) -> bool:
+        # Between winning the lease and leading, the elector waits for the informers to sync;
+        # those have their own check.
+        return self.elector.is_leader.is_set() and not self._leading.is_set()
+
+    def healthy(self) -> bool:
+        problems = self.health_problems()
+        for problem in problems:
+            log.error("unhealthy: %s", problem)
+        return not problems
 
     def snapshot(self) -> Mapping[MapKey, SourceState]:
         return dict(self.sources)

@@ -34,3 +34,16 @@ class ControllerMetrics:
         )
         self.model_generation = Gauge("gpuplace_model_generation", "Model generation", registry=r)
         self.leader = Gauge("gpuplace_leader", "1 while this replica leads", registry=r)
+        self.drifted = Gauge(
+            "gpuplace_drifted_pods",
+            "Bound pods whose slot their map has moved or removed since they were bound",
+            registry=r,
+        )
+        # Every labelled series exists from the start (at 0), so dashboards and alerts see a
+        # value, not an absent series, until the first event of its kind.
+        for result in ("bound", "conflict", "error"):
+            self.binds.labels(result)
+        for phase in ("Valid", "Invalid", "Conflict", "Degraded"):
+            self.maps.labels(phase).set(0)
+        for state in ("total", "served", "blocked", "bound", "drifted"):
+            self.slots.labels(state).set(0)

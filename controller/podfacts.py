@@ -74,4 +74,5 @@ def holding_from_bound(pod: Obj, shared_maps: set[str]) -> Holding | None:
         gpus,
         sharing,
         assumed=False,
+        revision=decision.revision,
     )

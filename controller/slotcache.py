@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from placement.binding import Placement
 from placement.types import MapKey, NodeName, Sharing, SlotKey
@@ -24,6 +24,7 @@ class Holding:
     gpus: tuple[str, ...]
     sharing: Sharing
     assumed: bool  # True until the pod is seen bound
+    revision: str = ""  # revision of the map version that placed the pod, when known
 
 
 class SlotCache:
@@ -75,6 +76,7 @@ class SlotCache:
                 placement.gpus,
                 placement.sharing,
                 assumed=True,
+                revision=placement.decision.revision,
             )
         )
 
@@ -94,15 +96,7 @@ class SlotCache:
         with self._lock:
             holding = self._by_uid.get(uid)
             if holding is not None and holding.assumed:
-                self._by_uid[uid] = Holding(
-                    holding.uid,
-                    holding.pod,
-                    holding.slot,
-                    holding.node,
-                    holding.gpus,
-                    holding.sharing,
-                    assumed=False,
-                )
+                self._by_uid[uid] = replace(holding, assumed=False)
 
     def forget(self, uid: str) -> None:
         self.release(uid)

@@ -7,14 +7,15 @@ located errors, and which version is still in service.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from placement.annotations import PLACEMENT_KEY
+from placement.annotations import PLACEMENT_KEY, source_provenance
 from placement.compile import MapReport
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.maps import PlacementMap
-from placement.status import MapStatus, Phase, SlotCounts
+from placement.model import Provenance
+from placement.status import MapStatus, Phase, SlotCounts, data_hash
 from placement.types import MapKey
 from placement.validate import parse_map_for
 
@@ -28,6 +29,11 @@ class SourceState:
     valid: PlacementMap | None = None  # last valid version, still served when the current is not
     valid_version: str = ""
     errors: tuple[Diagnostic, ...] = ()
+    data_hash: str = ""  # placement.status.data_hash of the text last read
+    #: The valid version was rebuilt from the stored model (the source was invalid when this
+    #: process started, so its text is not at hand).
+    restored: bool = False
+    provenance: Provenance = field(default_factory=Provenance)  # of the valid version
 
 
 def source_name(key: MapKey) -> str:
@@ -47,7 +53,7 @@ def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
     version = digest(text) if text is not None else "missing"
     if previous is not None and previous.version == version:
         return previous
-    base = previous or SourceState(key, version)
+    base = replace(previous or SourceState(key, version), data_hash=data_hash(text or ""))
     if text is None:
         error = Diagnostic(
             Location(source_name(key), 0, 0, f"data.{PLACEMENT_KEY}"),
@@ -58,15 +64,35 @@ def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
         pmap = parse_map_for(text, source_name(key), key)
     except PlacementError as exc:
         return replace(base, version=version, errors=tuple(exc.diagnostics))
-    return SourceState(key, version, pmap, version, ())
+    revision, file = source_provenance(meta.get("annotations") or {})
+    return SourceState(
+        key, version, pmap, version, (), base.data_hash, False, Provenance(revision, file)
+    )
+
+
+def restore(
+    state: SourceState, pmap: PlacementMap, version: str, provenance: Provenance
+) -> SourceState:
+    """A source with no valid version of its own (invalid since this process started) serves
+    the version the stored model holds."""
+    return replace(state, valid=pmap, valid_version=version, restored=True, provenance=provenance)
 
 
 def map_status(
-    state: SourceState, report: MapReport | None, generation: int, bound: int
+    state: SourceState,
+    report: MapReport | None,
+    generation: int,
+    bound: int,
+    drifted: int = 0,
+    revision: str = "",
+    rollout: str = "",
 ) -> MapStatus:
     total = report.total if report else 0
     served = report.served if report else 0
-    counts = SlotCounts(total=total, served=served, bound=bound, blocked=total - served)
+    counts = SlotCounts(
+        total=total, served=served, bound=bound, blocked=total - served, drifted=drifted
+    )
+    extra = {"observed_data_hash": state.data_hash, "revision": revision, "rollout": rollout}
     warnings = state.valid.warnings if state.valid is not None else ()
     if state.errors:
         serving = (
@@ -74,6 +100,8 @@ def map_status(
             if state.valid is not None
             else "; nothing served"
         )
+        if state.valid is not None and state.restored:
+            serving += " (restored from the stored model)"
         first = state.errors[0].format()
         return MapStatus(
             Phase.INVALID,
@@ -84,6 +112,7 @@ def map_status(
             counts,
             state.valid_version,
             warnings,
+            **extra,
         )
     if report is None:
         return MapStatus(
@@ -95,12 +124,23 @@ def map_status(
             counts,
             state.valid_version,
             warnings,
+            **extra,
         )
     message = report.message
     if warnings:
         message += f"; {len(warnings)} warning(s): {warnings[0].format()}"
+    if drifted:
+        message += f"; {drifted} pod(s) drifted"
     return MapStatus(
-        report.phase, generation, state.version, message, (), counts, state.valid_version, warnings
+        report.phase,
+        generation,
+        state.version,
+        message,
+        (),
+        counts,
+        state.valid_version,
+        warnings,
+        **extra,
     )
 
 

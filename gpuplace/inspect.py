@@ -13,6 +13,7 @@ from kubeio.errors import APINotFoundError
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
+    DRIFTED_CONDITION,
     ENV_CUDA_VISIBLE_DEVICES,
     GENERATION_ANNOTATION,
     INDEX_ANNOTATION,
@@ -21,6 +22,8 @@ from placement.annotations import (
     MAP_ANNOTATION,
     MAP_LABEL,
     PLACEMENT_MAP_LABEL,
+    REVISION_ANNOTATION,
+    SOURCE_FILE_ANNOTATION,
     STATUS_ANNOTATION,
     name_ordinal,
 )
@@ -87,6 +90,10 @@ class PodRow:
             for cond in pod.get("status", {}).get("conditions") or []:
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                     reason = f"{cond.get('reason')}: {cond.get('message')}"
+        else:
+            drifted = drift_condition(pod)
+            if drifted is not None:
+                reason = f"Drifted ({drifted.get('reason')}): {drifted.get('message')}"
         return cls(
             meta["namespace"],
             meta["name"],
@@ -98,6 +105,14 @@ class PodRow:
             pod.get("status", {}).get("phase", ""),
             reason,
         )
+
+
+def drift_condition(pod: Obj) -> Obj | None:
+    """The pod's Drifted condition while it is True."""
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == DRIFTED_CONDITION and cond.get("status") == "True":
+            return dict(cond)
+    return None
 
 
 def gpuplace_pods(kube: Kube, scheduler_names: Sequence[str]) -> list[PodRow]:
@@ -153,7 +168,7 @@ def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
     rows = []
     for key, s in statuses:
         if s is None:
-            rows.append((key, "Pending", "-", "-", "-", "no status yet"))
+            rows.append((key, "Pending", "-", "-", "-", "-", "no status yet"))
         else:
             rows.append(
                 (
@@ -161,11 +176,12 @@ def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
                     s.phase.value,
                     str(s.slots.total),
                     str(s.slots.bound),
+                    str(s.slots.drifted),
                     str(s.slots.blocked),
                     s.message[:100],
                 )
             )
-    return table(("MAP", "PHASE", "SLOTS", "BOUND", "BLOCKED", "MESSAGE"), rows)
+    return table(("MAP", "PHASE", "SLOTS", "BOUND", "DRIFTED", "BLOCKED", "MESSAGE"), rows)
 
 
 def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[tuple[str, str]]:
@@ -221,6 +237,10 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
             lines.append(f"  GPUs: {row.devices or '(indices only)'}")
             lines.append(f"  CUDA_VISIBLE_DEVICES in the container: {row.cuda_visible_devices}")
             lines.extend(_provenance(pod))
+            lines.append(f"  placed by: {placed_by(ann)}")
+            drifted = drift_condition(pod)
+            if drifted is not None:
+                lines.append(f"  Drifted ({drifted.get('reason')}): {drifted.get('message')}")
         else:
             lines.append(f"  bound to node {row.node}, not by gpuplace (no placement annotations)")
     else:
@@ -243,6 +263,16 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
     for event in sorted(events, key=lambda e: e.get("lastTimestamp") or "")[-5:]:
         lines.append(f"  event {event.get('type')} {event.get('reason')}: {event.get('message')}")
     return "\n".join(lines)
+
+
+def placed_by(annotations: dict[str, str]) -> str:
+    """Which commit and file of the map placed the pod, as its Binding recorded them."""
+    revision = annotations.get(REVISION_ANNOTATION, "")
+    file = annotations.get(SOURCE_FILE_ANNOTATION, "")
+    if not revision and not file:
+        return "unknown revision (the map's source stamps none)"
+    where = f" ({file})" if file else ""
+    return f"revision {revision or 'unknown'}{where}"
 
 
 def dumps(rows: Iterable[PodRow]) -> str:

@@ -49,6 +49,9 @@ class Informer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rv = ""
+        #: monotonic time of the first failure since the last successful list or watch; None
+        #: while healthy. Read by health checks from other threads (a float swap is atomic).
+        self.failing_since: float | None = None
         self.lock = threading.RLock()  # held while the store changes and handlers run
 
     def add_handler(self, handler: Handler) -> None:
@@ -68,6 +71,18 @@ class Informer:
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self.synced.wait(timeout)
+
+    def healthy(self, grace_seconds: float) -> bool:
+        """Whether the informer runs and has not been failing to list or watch for longer than
+        `grace_seconds` (a short apiserver restart is not a reason to restart this process)."""
+        if self._thread is None or not self._thread.is_alive():
+            return self._stop.is_set()
+        failing = self.failing_since
+        return failing is None or time.monotonic() - failing < grace_seconds
+
+    def _failed(self) -> None:
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
 
     def get(self, namespace: str, name: str) -> Obj | None:
         return self.store.get((namespace, name))
@@ -95,6 +110,7 @@ class Informer:
             if not cont:
                 self._rv = str(meta.get("resourceVersion", ""))
                 break
+        self.failing_since = None
         fresh = {obj_key(o): o for o in items}
         with self.lock:
             for key, obj in fresh.items():
@@ -124,6 +140,7 @@ class Informer:
             ):
                 if self._stop.is_set():
                     return
+                self.failing_since = None
                 kind = event.get("type")
                 obj = event.get("object", {})
                 if kind == "ERROR":
@@ -170,11 +187,13 @@ class Informer:
                 need_list = True
             except APIError as exc:
                 log.warning("watch failed: %s", exc, extra={"informer": self.name})
+                self._failed()
                 need_list = need_list or exc.status in (0, 500, 503)
                 self._stop.wait(backoff * (1 + random.random()))  # noqa: S311 - jitter only
                 backoff = min(backoff * 2, 10.0)
             except Exception:
                 log.exception("informer crashed; restarting", extra={"informer": self.name})
+                self._failed()
                 need_list = True
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)

@@ -49,6 +49,8 @@ class LeaderElector:
         self._stop = threading.Event()
         self._observed: tuple[str, str] = ("", "")  # (holder, renewTime) last seen
         self._observed_at = 0.0
+        #: monotonic time of the loop's last campaign or renewal attempt (for /healthz)
+        self.last_attempt = time.monotonic()
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases"
 
     def stop(self) -> None:
@@ -88,6 +90,7 @@ class LeaderElector:
         }
 
     def _try_acquire(self) -> bool:
+        self.last_attempt = time.monotonic()
         try:
             lease = self.kube.get(f"{self._path}/{self.s.name}")
         except APINotFoundError:

@@ -24,6 +24,17 @@ GENERATION_ANNOTATION = "gpuplace.io/model-generation"
 #: Which map the slot belongs to (needed for legacy pods, whose map has no label).
 MAP_ANNOTATION = "gpuplace.io/map"
 
+#: Provenance. On a source ConfigMap: the git revision its content came from (stamped by the
+#: ApplicationSet of argocd/ or the git source), the directory of the Application that renders it,
+#: and the map file (relative to that directory, or to the repository when no directory is set).
+#: On a pod: the revision and file of the map version that placed it.
+REVISION_ANNOTATION = "gpuplace.io/revision"
+SOURCE_PATH_ANNOTATION = "gpuplace.io/source-path"
+SOURCE_FILE_ANNOTATION = "gpuplace.io/source-file"
+
+#: Pod condition of a bound pod whose slot its map no longer declares as bound.
+DRIFTED_CONDITION = "gpuplace.io/Drifted"
+
 LEGACY_ANNOTATION = "gpu-scheduling-map"
 LEGACY_NODE_LABEL = "gpu-node-name"
 LEGACY_MAP_PREFIX = "legacy."
@@ -46,10 +57,12 @@ class BindingDecision:
     devices: tuple[GpuUuid, ...]
     cuda_visible_devices: str
     model_generation: int
+    revision: str = ""  # git revision of the map version that placed the pod, when known
+    source_file: str = ""  # its file in git, when known
 
 
 def encode_binding(decision: BindingDecision) -> dict[str, str]:
-    return {
+    out = {
         MAP_ANNOTATION: decision.map.name,
         NODE_ANNOTATION: decision.node,
         INDEX_ANNOTATION: str(decision.index),
@@ -57,6 +70,23 @@ def encode_binding(decision: BindingDecision) -> dict[str, str]:
         CUDA_ANNOTATION: decision.cuda_visible_devices,
         GENERATION_ANNOTATION: str(decision.model_generation),
     }
+    if decision.revision:
+        out[REVISION_ANNOTATION] = decision.revision
+    if decision.source_file:
+        out[SOURCE_FILE_ANNOTATION] = decision.source_file
+    return out
+
+
+def source_provenance(annotations: Mapping[str, str]) -> tuple[str, str]:
+    """(revision, file) stamped on a source ConfigMap; the file joined to the source path."""
+    revision = annotations.get(REVISION_ANNOTATION, "").strip()
+    file = annotations.get(SOURCE_FILE_ANNOTATION, "").strip()
+    base = annotations.get(SOURCE_PATH_ANNOTATION, "").strip().strip("/")
+    if base and file:
+        file = file.lstrip("/") if file.startswith("/") else f"{base}/{file.removeprefix('./')}"
+    elif base:
+        file = base
+    return revision, file
 
 
 def decode_binding(namespace: str, annotations: Mapping[str, str]) -> BindingDecision | None:
@@ -69,6 +99,8 @@ def decode_binding(namespace: str, annotations: Mapping[str, str]) -> BindingDec
             devices=tuple(GpuUuid(d) for d in annotations[DEVICES_ANNOTATION].split(",") if d),
             cuda_visible_devices=annotations[CUDA_ANNOTATION],
             model_generation=int(annotations[GENERATION_ANNOTATION]),
+            revision=annotations.get(REVISION_ANNOTATION, ""),
+            source_file=annotations.get(SOURCE_FILE_ANNOTATION, ""),
         )
     except (KeyError, ValueError):
         return None

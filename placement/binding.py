@@ -14,10 +14,10 @@ from typing import Protocol
 
 from placement.annotations import BindingDecision, legacy_map_key, name_ordinal
 from placement.errors import PlacementError
-from placement.indexing import IndexSource, PodIdentity, lowest_free, resolve_index
+from placement.indexing import IndexSource, PodIdentity, resolve_index
 from placement.inventory import NodeInventory
 from placement.legacy import parse_legacy, shared_gpus
-from placement.model import CompiledSlot, Model
+from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName, Sharing, SlotKey
 
 
@@ -153,18 +153,9 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     taken = slots.taken_indices(key)
     if choice.source is IndexSource.ALLOCATE:
         mine = [i for i, uid in taken.items() if uid == pod.uid]
-        if mine:
-            index: int | None = mine[0]
-        else:
-            servable = [i for i in cmap.sorted_indices if not cmap.slots[i].blocked]
-            index = lowest_free(servable, taken)
-        if index is None:
-            return _wait(
-                "NoFreeSlot",
-                f"map {key}: all {len(cmap.slots)} slots are taken or blocked",
-                f"map:{key}",
-                "model",
-            )
+        if not mine:
+            return _allocate(pod, cmap, cluster, slots)
+        index: int | None = mine[0]
     else:
         index = choice.index
     assert index is not None
@@ -184,20 +175,62 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
         )
     if slot.blocked:
         return _wait(slot.blocked, f"map {key} index {index}: {slot.message}", "model")
+    return _place_in_map(pod, cmap, index, cluster, slots)
 
+
+def _place_in_map(
+    pod: PodFacts, cmap: CompiledMap, index: int, cluster: Cluster, slots: SlotView
+) -> Placement | Status:
     def lines_share(held: SlotKey, gpu: str) -> bool:
-        return held.map == key and cmap.lines_share(index, held.index, gpu)
+        return held.map == cmap.key and cmap.lines_share(index, held.index, gpu)
 
     return _check_and_place(
         pod,
-        slot_key,
-        slot,
+        SlotKey(cmap.key, index),
+        cmap.slots[index],
         cmap.env_mode,
         cmap.sharing,
         cmap.generation,
         cluster,
         slots,
         lines_share if cmap.legacy_sharing else _never,
+        cmap.provenance,
+    )
+
+
+def _allocate(
+    pod: PodFacts, cmap: CompiledMap, cluster: Cluster, slots: SlotView
+) -> Placement | Status:
+    """The lowest free slot that can be served now: its node Ready and schedulable, its devices
+    present, healthy and not in use. A cordoned node or a sick GPU under the lowest free slot
+    does not keep the pod waiting while a higher one is servable. Checks stop at the first
+    servable slot, so a healthy map costs one check, as before."""
+    key = cmap.key
+    taken = slots.taken_indices(key)
+    free = [i for i in cmap.sorted_indices if i not in taken and not cmap.slots[i].blocked]
+    if not free:
+        return _wait(
+            "NoFreeSlot",
+            f"map {key}: all {len(cmap.slots)} slots are taken or blocked",
+            f"map:{key}",
+            "model",
+        )
+    refused: list[Status] = []
+    for index in free:
+        outcome = _place_in_map(pod, cmap, index, cluster, slots)
+        if isinstance(outcome, Placement):
+            return outcome
+        refused.append(outcome)
+    if len(refused) == 1:
+        return refused[0]
+    waits = frozenset({f"map:{key}", "model"}).union(*(s.waits_for for s in refused))
+    shown = "; ".join(f"{s.reason}: {s.message}" for s in refused[:3])
+    more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
+    return Status(
+        Code.UNSCHEDULABLE,
+        "NoServableSlot",
+        f"map {key}: none of its {len(refused)} free slots can be served now: {shown}{more}",
+        waits,
     )
 
 
@@ -211,6 +244,7 @@ def _check_and_place(
     cluster: Cluster,
     slots: SlotView,
     may_share: MayShare = _never,
+    provenance: Provenance | None = None,
 ) -> Placement | Status:
     where = f"map {slot_key.map} index {slot_key.index}"
     node = cluster.nodes.get(slot.node)
@@ -295,6 +329,8 @@ def _check_and_place(
         tuple(GpuUuid(u) for u in slot.devices),
         cvd,
         generation,
+        provenance.revision if provenance else "",
+        provenance.file if provenance else "",
     )
     return Placement(slot_key, decision, sharing, gpus)
 
@@ -373,3 +409,17 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
     return _check_and_place(
         pod, slot_key, slot, EnvMode.INDEX, Sharing.EXCLUSIVE, 0, cluster, slots, lines_share
     )
+
+
+def slot_status(uid: str, slot_key: SlotKey, cluster: Cluster, slots: SlotView) -> Status | None:
+    """Why the current slot `slot_key` could not take the pod `uid` now, or None if it could:
+    what a rollout asks before it evicts a pod to move it there."""
+    cmap = cluster.model.maps.get(slot_key.map)
+    slot = cmap.slots.get(slot_key.index) if cmap is not None else None
+    if cmap is None or slot is None:
+        return _wait("IndexNotInMap", f"map {slot_key.map} has no index {slot_key.index}", "model")
+    if slot.blocked:
+        return _wait(slot.blocked, f"map {slot_key.map} index {slot_key.index}: {slot.message}")
+    pod = PodFacts(slot_key.map.namespace, "", uid, {})
+    outcome = _place_in_map(pod, cmap, slot_key.index, cluster, slots)
+    return outcome if isinstance(outcome, Status) else None

@@ -25,7 +25,7 @@ from placement.annotations import LEGACY_NODE_LABEL
 from placement.bulk import without_cycle_collection
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
-from placement.model import CompiledMap, CompiledSlot, Model
+from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.status import Phase
 from placement.types import DeviceRef, MapKey, NodeName, Sharing, SlotKey
 
@@ -72,6 +72,7 @@ class Compiler:
         self.alias_label = alias_label
         self._maps: dict[MapKey, PlacementMap] = {}
         self._versions: dict[MapKey, str] = {}
+        self._provenance: dict[MapKey, Provenance] = {}
         self._nodes: dict[NodeName, str | None] = {}  # node -> its alias label value
         self._aliases: dict[str, set[NodeName]] = defaultdict(set)
         self._inventories: dict[NodeName, NodeInventory] = {}
@@ -91,13 +92,16 @@ class Compiler:
         self._dirty |= set(self._model.maps)
 
     # -- inputs ------------------------------------------------------------------------------
-    def set_map(self, pmap: PlacementMap, source_version: str = "") -> None:
+    def set_map(
+        self, pmap: PlacementMap, source_version: str = "", provenance: Provenance | None = None
+    ) -> None:
         old = self._maps.get(pmap.key)
         if old is not None:
             for slot in old.slots:
                 self._by_node[slot.node].discard(pmap.key)
         self._maps[pmap.key] = pmap
         self._versions[pmap.key] = source_version
+        self._provenance[pmap.key] = provenance or Provenance()
         for slot in pmap.slots:
             self._by_node[slot.node].add(pmap.key)
         self._dirty.add(pmap.key)
@@ -109,6 +113,7 @@ class Compiler:
         for slot in old.slots:
             self._by_node[slot.node].discard(key)
         self._versions.pop(key, None)
+        self._provenance.pop(key, None)
         self._dirty.add(key)
 
     def set_node(self, name: NodeName, labels: Mapping[str, str]) -> None:
@@ -550,6 +555,8 @@ class Compiler:
             generation,
             self._versions.get(key, ""),
             pmap.legacy_sharing,
+            pmap.rollout,
+            self._provenance.get(key, Provenance()),
         )
 
     def _report(

@@ -158,6 +158,8 @@ def diff_settings(before: PlacementMap, after: PlacementMap) -> list[str]:
     ):
         if a != b:
             out.append(f"{name}: {a.value} -> {b.value}")
+    if before.rollout != after.rollout:
+        out.append(f"rollout: {before.rollout.describe()} -> {after.rollout.describe()}")
     return out
 
 
@@ -307,3 +309,58 @@ def summary(result: Plan) -> str:
     slots = ", ".join(f"{c[f'slots{k.value.title()}']} {k.value}" for k in SlotChangeKind)
     text = f"Plan: maps {maps or 'unchanged'}; slots {slots}."
     return text if result.valid else text + " The new revision has errors."
+
+
+@dataclass(frozen=True, slots=True)
+class RunningPod:
+    """A bound pod as the cluster shows it: which map and index it was placed by."""
+
+    namespace: str
+    name: str
+    map: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class DriftingPod:
+    pod: RunningPod
+    reason: str  # what the Drifted condition will say: SlotMoved | SlotRemoved | MapDeleted
+    change: str  # the slot change that causes it, as the plan prints it
+
+    def describe(self) -> str:
+        return f"{self.pod.namespace}/{self.pod.name} ({self.reason}): {self.change}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pod": f"{self.pod.namespace}/{self.pod.name}",
+            "map": f"{self.pod.namespace}/{self.pod.map}",
+            "index": self.pod.index,
+            "reason": self.reason,
+            "change": self.change,
+        }
+
+
+def drifting_pods(result: Plan, pods: Iterable[RunningPod]) -> list[DriftingPod]:
+    """The running pods the planned change leaves where their map no longer puts them. A map
+    that turns invalid keeps serving its last valid version: its pods do not drift."""
+    by_map: dict[tuple[str, str], list[RunningPod]] = {}
+    for pod in pods:
+        by_map.setdefault((pod.namespace, pod.map), []).append(pod)
+    out: list[DriftingPod] = []
+    for change in result.changes:
+        running = by_map.get((change.id.key.namespace, change.id.key.name), [])
+        if not running:
+            continue
+        if change.kind is MapChangeKind.REMOVED:
+            out += [DriftingPod(p, "MapDeleted", f"map {change.id.key} removed") for p in running]
+            continue
+        if change.kind not in (MapChangeKind.CHANGED, MapChangeKind.FIXED):
+            continue
+        slots = {s.index: s for s in change.slots}
+        for pod in running:
+            slot = slots.get(pod.index)
+            if slot is None or slot.kind in (SlotChangeKind.ADDED, SlotChangeKind.CHANGED):
+                continue
+            reason = "SlotRemoved" if slot.kind is SlotChangeKind.REMOVED else "SlotMoved"
+            out.append(DriftingPod(pod, reason, slot.describe()))
+    return sorted(out, key=lambda d: (d.pod.namespace, d.pod.name))

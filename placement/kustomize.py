@@ -13,7 +13,7 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL
+from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL, SOURCE_FILE_ANNOTATION
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.maps import PlacementMap
 from placement.yamlsource import Document, Path, load_documents
@@ -122,6 +122,22 @@ class _Checker:
                 )
                 continue
             self.check_identity(i, generator, maps[0], relative)
+            self.check_source_file(i, generator, relative.strip())
+
+    def check_source_file(self, i: int, generator: dict[str, Any], relative: str) -> None:
+        """The file a generator stamps as the map's provenance must be the one it reads."""
+        options = generator.get("options")
+        annotations = options.get("annotations") if isinstance(options, dict) else None
+        if not isinstance(annotations, dict) or SOURCE_FILE_ANNOTATION not in annotations:
+            return
+        stamped = annotations[SOURCE_FILE_ANNOTATION]
+        if posixpath.normpath(str(stamped)) != posixpath.normpath(relative):
+            self.error(
+                ("configMapGenerator", i, "options", "annotations", SOURCE_FILE_ANNOTATION),
+                f"{SOURCE_FILE_ANNOTATION} says {stamped!r} but the map is read from {relative!r};"
+                " `gpuplace explain` would name the wrong file",
+                hint=f"write '{SOURCE_FILE_ANNOTATION}: {relative}'",
+            )
 
     def check_identity(
         self, i: int, generator: dict[str, Any], pmap: PlacementMap, relative: str

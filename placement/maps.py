@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from placement.errors import Diagnostic, Location
-from placement.types import DeviceRef, EnvMode, Indexing, MapKey, Sharing
+from placement.types import DeviceRef, EnvMode, Indexing, MapKey, RolloutStrategy, Sharing
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +22,20 @@ class Requirement:
         if self.min_memory_mib:
             parts.append(f">= {self.min_memory_mib} MiB")
         return ", ".join(parts) or "any GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """How pods follow a new version of their map: `manual` (default) leaves drifted pods where
+    they run; `evict` evicts them, at most `max_unavailable` of the map's pods down at a time."""
+
+    strategy: RolloutStrategy = RolloutStrategy.MANUAL
+    max_unavailable: int = 1
+
+    def describe(self) -> str:
+        if self.strategy is RolloutStrategy.MANUAL:
+            return "manual"
+        return f"evict, maxUnavailable {self.max_unavailable}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +57,7 @@ class PlacementMap:
     sharing: Sharing = Sharing.EXCLUSIVE
     indexing: Indexing = Indexing.AUTO
     env_mode: EnvMode = EnvMode.INDEX
+    rollout: Rollout = field(default_factory=Rollout)
     source: str = field(default="", compare=False)
     #: Legacy text (`spec.map`) without an explicit `sharing`: lines that name the same GPU share
     #: it (see placement.legacy); exclusive against every other map.

@@ -16,7 +16,16 @@ from types import MappingProxyType
 from typing import Any
 
 from placement.bulk import without_cycle_collection
-from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName, Sharing
+from placement.maps import Rollout
+from placement.types import (
+    EnvMode,
+    GpuUuid,
+    Indexing,
+    MapKey,
+    NodeName,
+    RolloutStrategy,
+    Sharing,
+)
 
 MODEL_NAMESPACE = "gpuplace-system"
 MANIFEST_NAME = "gpuplace-model"
@@ -56,6 +65,21 @@ class CompiledSlot:
 
 
 @dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a map's content came from: the git revision and the file, as its source stamped
+    them (the ApplicationSet of argocd/, the git source, `gpuplace render`); empty when unknown."""
+
+    revision: str = ""
+    file: str = ""
+
+    def describe(self) -> str:
+        if not self.revision and not self.file:
+            return "unknown revision"
+        where = f" ({self.file})" if self.file else ""
+        return f"revision {self.revision or 'unknown'}{where}"
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledMap:
     key: MapKey
     slots: Mapping[int, CompiledSlot]
@@ -63,9 +87,11 @@ class CompiledMap:
     indexing: Indexing = Indexing.AUTO
     env_mode: EnvMode = EnvMode.INDEX
     generation: int = 0  # model generation in which this map last changed
-    source_version: str = ""  # resourceVersion of the source ConfigMap compiled
+    source_version: str = ""  # digest of the source text compiled
     #: Slots of this map that name the same GPU share it (legacy text, see placement.legacy).
     legacy_sharing: bool = False
+    rollout: Rollout = field(default_factory=Rollout)
+    provenance: Provenance = field(default_factory=Provenance)
     sorted_indices: tuple[int, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +156,13 @@ def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[st
     }
     if cmap.legacy_sharing:
         out["legacySharing"] = True
+    # Written only when set: most maps keep the defaults, and the model stays small.
+    if cmap.rollout != Rollout():
+        out["rollout"] = [cmap.rollout.strategy.value, cmap.rollout.max_unavailable]
+    if cmap.provenance.revision:
+        out["revision"] = cmap.provenance.revision
+    if cmap.provenance.file:
+        out["sourceFile"] = cmap.provenance.file
     if include_generation:
         out["generation"] = cmap.generation
     return out
@@ -157,7 +190,16 @@ def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
         generation=int(data.get("generation", 0)),
         source_version=str(data.get("sourceVersion", "")),
         legacy_sharing=bool(data.get("legacySharing", False)),
+        rollout=_decode_rollout(data.get("rollout")),
+        provenance=Provenance(str(data.get("revision", "")), str(data.get("sourceFile", ""))),
     )
+
+
+def _decode_rollout(value: Any) -> Rollout:
+    if not value:
+        return Rollout()
+    strategy, max_unavailable = value
+    return Rollout(RolloutStrategy(strategy), int(max_unavailable))
 
 
 def _shard_of(key: MapKey, count: int) -> int:

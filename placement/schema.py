@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from placement.types import API_VERSION, KIND, MAX_COUNT, MAX_INDEX, EnvMode, Indexing, Sharing
+from placement.types import (
+    API_VERSION,
+    KIND,
+    MAX_COUNT,
+    MAX_INDEX,
+    EnvMode,
+    Indexing,
+    RolloutStrategy,
+    Sharing,
+)
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
@@ -26,6 +35,13 @@ class PlacementSpec(BaseModel):
     require: RequireSpec | None = None
 
 
+class RolloutSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    strategy: RolloutStrategy = RolloutStrategy.MANUAL
+    max_unavailable: StrictInt = Field(default=1, alias="maxUnavailable", ge=1, le=MAX_INDEX)
+
+
 class MapSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -34,6 +50,7 @@ class MapSpec(BaseModel):
     env_mode: EnvMode = Field(default=EnvMode.INDEX, alias="envMode")
     placements: list[PlacementSpec] | None = None
     map: StrictStr | None = None
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
 
 
 class Metadata(BaseModel):

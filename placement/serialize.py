@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from placement.maps import DeclaredSlot, PlacementMap
+from placement.maps import DeclaredSlot, PlacementMap, Rollout
 from placement.types import API_VERSION, KIND
 
 
@@ -40,7 +40,19 @@ def map_document(pmap: PlacementMap) -> dict[str, Any]:
             "indexing": pmap.indexing.value,
             "envMode": pmap.env_mode.value,
             "placements": [slot_document(s) for s in pmap.slots],
+            **_rollout_document(pmap),
         },
+    }
+
+
+def _rollout_document(pmap: PlacementMap) -> dict[str, Any]:
+    if pmap.rollout == Rollout():
+        return {}  # the default is left out, as users write it
+    return {
+        "rollout": {
+            "strategy": pmap.rollout.strategy.value,
+            "maxUnavailable": pmap.rollout.max_unavailable,
+        }
     }
 
 

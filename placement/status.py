@@ -9,6 +9,28 @@ from typing import Any
 
 from placement.errors import Diagnostic
 
+#: Moduli and multipliers of `data_hash`: primes below 2**31, so that every intermediate value
+#: stays below 2**40 and the Lua health check (float64 numbers, no bit operations) computes the
+#: same digits exactly.
+_HASHES = ((2147483647, 257), (2147483629, 263))
+
+
+def data_hash(text: str) -> str:
+    """A fingerprint of a map's text that argocd/health/configmap.lua can compute too.
+
+    The status records the fingerprint of the text the controller validated; the health check
+    compares it with the text in the object it is shown, so a map whose new content the
+    controller has not seen yet reads Progressing, not the verdict on its previous content.
+    Not cryptographic: it only has to tell versions of one map apart."""
+    data = text.encode()
+    parts = []
+    for modulus, multiplier in _HASHES:
+        h = 0
+        for byte in data:
+            h = (h * multiplier + byte + 1) % modulus
+        parts.append(f"{h}")
+    return f"{len(data)}-{parts[0]}-{parts[1]}"
+
 
 class Phase(StrEnum):
     VALID = "Valid"
@@ -23,6 +45,7 @@ class SlotCounts:
     served: int = 0
     bound: int = 0
     blocked: int = 0
+    drifted: int = 0  # bound pods whose binding the map's current slot no longer matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +58,9 @@ class MapStatus:
     slots: SlotCounts = field(default_factory=SlotCounts)
     serving_version: str = ""  # digest of the version in service (the last valid one)
     warnings: tuple[Diagnostic, ...] = ()  # of the version in service, e.g. legacy lines sharing
+    observed_data_hash: str = ""  # data_hash of the placement.yaml that was read
+    revision: str = ""  # git revision of the content in service, when its source stamps one
+    rollout: str = ""  # how drifted pods move (set while any is drifted)
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -42,6 +68,9 @@ class MapStatus:
             "observedGeneration": self.observed_generation,
             "observedVersion": self.observed_version,
             "servingVersion": self.serving_version,
+            "observedDataHash": self.observed_data_hash,
+            "revision": self.revision,
+            "rollout": self.rollout,
             "message": self.message,
             "errors": [d.to_json() for d in self.errors],
             "slots": {
@@ -49,6 +78,7 @@ class MapStatus:
                 "served": self.slots.served,
                 "bound": self.slots.bound,
                 "blocked": self.slots.blocked,
+                "drifted": self.slots.drifted,
             },
         }
         if self.warnings:
@@ -70,7 +100,11 @@ class MapStatus:
                 int(slots.get("served", 0)),
                 int(slots.get("bound", 0)),
                 int(slots.get("blocked", 0)),
+                int(slots.get("drifted", 0)),
             ),
             serving_version=str(data.get("servingVersion", "")),
             warnings=tuple(Diagnostic.from_json(w) for w in data.get("warnings", [])),
+            observed_data_hash=str(data.get("observedDataHash", "")),
+            revision=str(data.get("revision", "")),
+            rollout=str(data.get("rollout", "")),
         )

@@ -53,6 +53,13 @@ class Indexing(StrEnum):
     ALLOCATE = "allocate"
 
 
+class RolloutStrategy(StrEnum):
+    """What happens to pods whose slot a new version of their map moved or removed."""
+
+    MANUAL = "manual"  # nothing moves by itself; the pods show as Drifted
+    EVICT = "evict"  # drifted pods are evicted (Eviction API) and re-placed on their new slots
+
+
 class EnvMode(StrEnum):
     INDEX = "index"
     UUID = "uuid"

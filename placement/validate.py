@@ -16,7 +16,7 @@ from pydantic_core import ErrorDetails
 
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.legacy import LegacyEntry, parse_legacy, shared_gpus
-from placement.maps import DeclaredSlot, PlacementMap, Requirement
+from placement.maps import DeclaredSlot, PlacementMap, Requirement, Rollout
 from placement.schema import (
     EXPECTED_API_VERSION,
     PlacementMapDocument,
@@ -50,6 +50,9 @@ _KNOWN_FIELDS = (
     "envMode",
     "placements",
     "map",
+    "rollout",
+    "strategy",
+    "maxUnavailable",
     "index",
     "node",
     "devices",
@@ -405,6 +408,7 @@ def document_to_map(doc: Document) -> PlacementMap:
         sharing=spec.sharing,
         indexing=spec.indexing,
         env_mode=spec.env_mode,
+        rollout=Rollout(spec.rollout.strategy, spec.rollout.max_unavailable),
         source=doc.source,
         legacy_sharing=lines_share,
         warnings=tuple(warnings),

@@ -2,9 +2,15 @@
 -- gpuplace controller's verdict from the annotation gpuplace.io/status; every other ConfigMap is
 -- Healthy, as ArgoCD treats ConfigMaps without this script.
 --
+--   no status yet, or a status of other content -> Progressing (the controller has not read
+--                                                  this version of placement.yaml yet)
+--   Valid, pods drifted         -> Progressing (pods run where the map no longer puts them)
 --   Valid                       -> Healthy
 --   Invalid, Conflict, Degraded -> Degraded, with the controller's message
---   no status yet               -> Progressing (the controller has not read this version)
+--
+-- "Other content": the status carries observedDataHash, a fingerprint of the placement.yaml the
+-- controller validated (placement/status.py data_hash); right after a sync the object holds new
+-- text and the previous verdict, which must not show as the new one's.
 --
 -- The status is JSON and ArgoCD's Lua has no JSON library, so a small decoder follows. It needs
 -- the string library: argocd-cm sets resource.customizations.useOpenLibs.ConfigMap: "true".
@@ -12,6 +18,19 @@
 
 local STATUS = "gpuplace.io/status"
 local MAP_LABEL = "gpuplace.io/placement-map"
+local DATA_KEY = "placement.yaml"
+
+-- Two polynomial hashes modulo primes below 2^31: every intermediate value stays below 2^40, exact
+-- in the float64 numbers of ArgoCD's Lua. Must equal placement.status.data_hash.
+local function data_hash(text)
+  local h1, h2 = 0, 0
+  for i = 1, #text do
+    local b = string.byte(text, i) + 1
+    h1 = (h1 * 257 + b) % 2147483647
+    h2 = (h2 * 263 + b) % 2147483629
+  end
+  return string.format("%d-%d-%d", #text, h1, h2)
+end
 
 local function decode_json(text)
   local pos = 1
@@ -215,12 +234,33 @@ local function health(o)
     hs.message = STATUS .. " is not a JSON object (" .. tostring(status) .. ")"
     return hs
   end
+  local seen = status.observedDataHash
+  if type(seen) == "string" and seen ~= "" then
+    local data = o.data or {}
+    local text = data[DATA_KEY]
+    if type(text) ~= "string" then
+      text = ""
+    end
+    if data_hash(text) ~= seen then
+      hs.status = "Progressing"
+      hs.message = "waiting for the gpuplace controller to validate this version of the placement map"
+      return hs
+    end
+  end
   local phase = status.phase
   local message = status.message
   if type(message) ~= "string" or message == "" then
     message = first_error(status)
   end
-  if phase == "Valid" then
+  local slots = status.slots
+  local drifted = type(slots) == "table" and slots.drifted or 0
+  if phase == "Valid" and type(drifted) == "number" and drifted > 0 then
+    hs.status = "Progressing"
+    hs.message = drifted .. " pod(s) drifted: bound to slots this version of the map moved or removed"
+    if type(status.rollout) == "string" and status.rollout ~= "" then
+      hs.message = hs.message .. " (rollout " .. status.rollout .. ")"
+    end
+  elseif phase == "Valid" then
     hs.status = "Healthy"
     hs.message = message or "placement map is valid"
   elseif phase == "Invalid" or phase == "Conflict" or phase == "Degraded" then

@@ -68,6 +68,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds between heartbeats and NVML polls (default 10)",
     )
     p.add_argument(
+        "--xid-recovery-seconds",
+        type=float,
+        default=env_float("GPUPLACE_XID_RECOVERY_SECONDS", 0.0),
+        metavar="SECONDS",
+        help="a GPU marked unhealthy by a critical XID is healthy again after this long without "
+        "another one (default 0: until the agent restarts)",
+    )
+    p.add_argument(
         "--publish-empty",
         action="store_true",
         default=env_bool("GPUPLACE_PUBLISH_EMPTY", False),
@@ -127,9 +135,14 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
             f"--inventory-namespace and --model-namespace are both {args.model_namespace!r}: "
             "agents may write the inventory namespace, so the model must live elsewhere"
         )
+    if args.xid_recovery_seconds < 0:
+        raise ValueError(
+            f"--xid-recovery-seconds must be 0 or more seconds, got {args.xid_recovery_seconds}"
+        )
     return AgentSettings(
         node=NodeName(args.node or socket.gethostname()),
         interval_seconds=float(args.interval),
+        xid_recovery_seconds=float(args.xid_recovery_seconds),
         publish_empty=bool(args.publish_empty),
         identity=str(args.identity or socket.gethostname()),
         kubeconfig=args.kubeconfig,
@@ -210,7 +223,7 @@ def publish(settings: AgentSettings, *, once: bool) -> int:
 
 def _open_probe(settings: AgentSettings) -> GpuProbe | None:
     try:
-        return NvmlProbe()
+        return NvmlProbe(xid_recovery_seconds=settings.xid_recovery_seconds)
     except NvmlUnavailableError as exc:
         if not settings.publish_empty:
             _fail(str(exc))

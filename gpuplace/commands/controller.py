@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         settings.metrics_port,
         controller.metrics.registry,
         ready=lambda: controller.ready.is_set() or not controller.elector.is_leader.is_set(),
+        healthy=controller.healthy,
     )
     ops.start()
     log.info("controller %s starting; metrics on port %d", settings.identity, ops.port)

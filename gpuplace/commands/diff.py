@@ -7,6 +7,10 @@ their last valid version). Without REV2 the files on disk are compared, includin
 untracked ones (files ignored by git excepted), as `git diff REV1` does; so a CI job on a pull
 request runs `gpuplace diff origin/main`.
 
+With --kubeconfig it also names the running pods the change makes drift: pods bound to a slot
+that REV2 moves or removes, or to a map it removes (see `rollout` in the README for what happens
+to them).
+
 Exit status: 0 when REV2 is valid, 1 when it has errors (the plan is printed either way),
 2 when a revision or the repository cannot be read.
 """
@@ -21,8 +25,12 @@ from typing import Any
 
 import git
 
+from gpuplace.commands._env import env_str
 from gpuplace.commands._tree import walk_yaml
-from placement.diff import format_plan, plan
+from kubeio.client import ClientSettings, Kube
+from kubeio.errors import APIError
+from placement.annotations import INDEX_ANNOTATION, MAP_LABEL
+from placement.diff import DriftingPod, RunningPod, drifting_pods, format_plan, plan
 from placement.snapshot import is_yaml_path, load_snapshot
 
 #: Paths a `git check-ignore` call: keeps its command line short in a repository of many maps.
@@ -51,7 +59,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--format", choices=("text", "json"), default="text", help="output format (default text)"
     )
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        nargs="?",
+        const=env_str("KUBECONFIG", "") or "",
+        metavar="FILE",
+        help="also name the running pods of that cluster the change makes drift",
+    )
     parser.set_defaults(handler=run)
+
+
+def running_pods(kube: Kube) -> list[RunningPod]:
+    """Pods bound through a map, from one LIST of the pods that carry the map label."""
+    out: list[RunningPod] = []
+    for pod in kube.get("/api/v1/pods", labelSelector=MAP_LABEL)["items"]:
+        meta = pod["metadata"]
+        index = (meta.get("annotations") or {}).get(INDEX_ANNOTATION, "")
+        if not pod.get("spec", {}).get("nodeName") or not index.isdecimal():
+            continue
+        out.append(
+            RunningPod(meta["namespace"], meta["name"], meta["labels"][MAP_LABEL], int(index))
+        )
+    return out
 
 
 def open_repo(directory: str) -> git.Repo:
@@ -126,14 +156,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuplace diff: error: {exc}", file=sys.stderr)
         return 2
     result = plan(load_snapshot(old_files), load_snapshot(new_files))
+    drifting: list[DriftingPod] | None = None
+    if args.kubeconfig is not None:
+        try:
+            kube = Kube.connect(ClientSettings(kubeconfig=args.kubeconfig or None))
+            drifting = drifting_pods(result, running_pods(kube))
+        except APIError as exc:
+            print(f"gpuplace diff: error: cannot list the cluster's pods: {exc}", file=sys.stderr)
+            return 2
     old_label = f"{args.rev1} ({old_sha})"
     if subdir:
         old_label, new_label = f"{old_label} {subdir}/", f"{new_label} {subdir}/"
     if args.format == "json":
-        report = {"from": {"rev": args.rev1, "commit": old_sha}, "to": new_ref, "path": subdir}
+        report: dict[str, Any] = {
+            "from": {"rev": args.rev1, "commit": old_sha},
+            "to": new_ref,
+            "path": subdir,
+        }
         report.update(result.to_json())
+        if drifting is not None:
+            report["drifting"] = [d.to_json() for d in drifting]
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(format_plan(result, old_label, new_label))
+        if drifting is not None:
+            print(f"\nRunning pods this change makes drift: {len(drifting) or 'none'}")
+            for drift in drifting:
+                print(f"  {drift.describe()}")
     return 0 if result.valid else 1

@@ -10,13 +10,21 @@ with the errors on stderr.
 from __future__ import annotations
 
 import argparse
+import posixpath
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpuplace.commands._tree import read_paths
-from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL
+from placement.annotations import (
+    PLACEMENT_KEY,
+    PLACEMENT_MAP_LABEL,
+    REVISION_ANNOTATION,
+    SOURCE_FILE_ANNOTATION,
+)
 from placement.errors import Diagnostic, Location
 from placement.snapshot import Snapshot, SourceMap, load_snapshot
 
@@ -29,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="DIR", help="map directory or file")
+    parser.add_argument(
+        "--revision",
+        default="",
+        help="git revision to stamp on the ConfigMaps (gpuplace.io/revision), e.g. $(git rev-parse HEAD)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -44,20 +57,42 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def configmap(entry: SourceMap, text: str) -> dict[str, Any]:
+def configmap(entry: SourceMap, text: str, file: str = "", revision: str = "") -> dict[str, Any]:
+    """The source ConfigMap; `file` and `revision` are its provenance (what the kustomizations
+    of examples/gitops and the ApplicationSet stamp)."""
+    annotations = {}
+    if revision:
+        annotations[REVISION_ANNOTATION] = revision
+    if file:
+        annotations[SOURCE_FILE_ANNOTATION] = file
+    metadata: dict[str, Any] = {
+        "name": entry.map.key.name,
+        "namespace": entry.map.key.namespace,
+        "labels": {PLACEMENT_MAP_LABEL: "true"},
+    }
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": entry.map.key.name,
-            "namespace": entry.map.key.namespace,
-            "labels": {PLACEMENT_MAP_LABEL: "true"},
-        },
+        "metadata": metadata,
         "data": {PLACEMENT_KEY: text},
     }
 
 
-def render(snapshot: Snapshot) -> str | list[Diagnostic]:
+def relative_file(source: str, bases: Sequence[str]) -> str:
+    """A map file's path relative to the directory it was rendered from, as a kustomization
+    next to that directory names it."""
+    for base in bases:
+        rel = posixpath.relpath(source, base)
+        if not rel.startswith(".."):
+            return rel
+    return source
+
+
+def render(
+    snapshot: Snapshot, bases: Sequence[str] = (), revision: str = ""
+) -> str | list[Diagnostic]:
     """The YAML stream, or why there is none."""
     problems = list(snapshot.errors)
     entries = sorted(snapshot.maps.values(), key=lambda m: (m.map.key, m.source))
@@ -85,7 +120,12 @@ def render(snapshot: Snapshot) -> str | list[Diagnostic]:
     documents = []
     for entry in entries:
         body = yaml.dump(
-            configmap(entry, snapshot.files[entry.source]),
+            configmap(
+                entry,
+                snapshot.files[entry.source],
+                relative_file(entry.source, bases),
+                revision,
+            ),
             Dumper=_Dumper,
             sort_keys=False,
             default_flow_style=False,
@@ -98,7 +138,8 @@ def render(snapshot: Snapshot) -> str | list[Diagnostic]:
 def run(args: argparse.Namespace) -> int:
     files, problems = read_paths(args.paths)
     snapshot = load_snapshot(files)
-    result = problems or render(snapshot)
+    bases = [Path(p).as_posix() for p in args.paths if Path(p).is_dir()]
+    result = problems or render(snapshot, bases, args.revision)
     if isinstance(result, list):
         for diagnostic in result:
             print(diagnostic.format(), file=sys.stderr)

@@ -42,9 +42,10 @@ def loaded_library() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sysfs", default="/sys")
+    parser.add_argument("--xid-recovery-seconds", type=float, default=0.0)
     args = parser.parse_args()
     try:
-        probe = NvmlProbe(sysfs=Path(args.sysfs))
+        probe = NvmlProbe(sysfs=Path(args.sysfs), xid_recovery_seconds=args.xid_recovery_seconds)
     except ProbeError as exc:
         reply(ok=False, error=type(exc).__name__, message=str(exc))
         return 3

@@ -5,6 +5,7 @@ runs a health check: the object as the global `obj`, the script's return value a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from placement.errors import Diagnostic, Location
-from placement.status import MapStatus, Phase, SlotCounts
+from placement.status import MapStatus, Phase, SlotCounts, data_hash
 
 SCRIPT = (Path(__file__).resolve().parents[2] / "argocd" / "health" / "configmap.lua").read_text()
 
@@ -152,3 +153,63 @@ def test_any_message_survives_the_json_round_trip(message: str) -> None:
     joined = json.loads(json.dumps(expected))
     expected = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in joined)
     assert health(configmap(status)) == {"status": "Degraded", "message": expected}
+
+
+def _lua_data_hash(text: str) -> str:
+    """The script's own data_hash, called from Lua on the same bytes."""
+    runtime = lua51.LuaRuntime(unpack_returned_tuples=True, register_eval=False, encoding=None)
+    source = SCRIPT.split("local function decode_json", 1)[0] + "\nreturn data_hash"
+    function = runtime.execute(source.encode())
+    result = function(text.encode())
+    return bytes(result).decode()
+
+
+@given(st.text(max_size=300))
+def test_the_script_fingerprints_text_exactly_like_the_controller(text: str) -> None:
+    assert _lua_data_hash(text) == data_hash(text)
+
+
+def _observed(text: str, status: MapStatus) -> dict[str, Any]:
+    obj = configmap(replace(status, observed_data_hash=data_hash(text)).to_json())
+    obj["data"] = {"placement.yaml": text}
+    return obj
+
+
+def test_a_status_of_other_content_is_progressing_until_the_controller_saw_this_one() -> None:
+    valid = MapStatus(Phase.VALID, message="2 slots")
+    seen = _observed("version: 1\n", valid)
+    assert health(seen) == {"status": "Healthy", "message": "2 slots"}
+    synced = {**seen, "data": {"placement.yaml": "version: 2\n"}}  # a sync wrote new text
+    result = health(synced)
+    assert result["status"] == "Progressing"
+    assert "validate this version" in result["message"]
+    # The previous verdict was Degraded: still Progressing, not Degraded, for the new text.
+    degraded = _observed("version: 1\n", MapStatus(Phase.DEGRADED, message="device 9 missing"))
+    assert health({**degraded, "data": {"placement.yaml": "v2"}})["status"] == "Progressing"
+    assert health({**degraded, "data": {}})["status"] == "Progressing"
+
+
+def test_drifted_pods_keep_a_valid_map_progressing() -> None:
+    drifted = MapStatus(
+        Phase.VALID,
+        message="4 slots; 1 pod(s) drifted",
+        slots=SlotCounts(4, 4, 4, 0, 1),
+        rollout="manual: delete the drifted pods to move them",
+    )
+    result = health(_observed("x", drifted))
+    assert result["status"] == "Progressing"
+    assert result["message"].startswith("1 pod(s) drifted")
+    assert "rollout manual" in result["message"]
+    done = replace(drifted, slots=SlotCounts(4, 4, 4, 0, 0), rollout="")
+    assert health(_observed("x", done))["status"] == "Healthy"
+
+
+def test_status_round_trips_with_drift_provenance_and_fingerprint() -> None:
+    status = MapStatus(
+        Phase.VALID,
+        slots=SlotCounts(3, 3, 2, 0, 1),
+        observed_data_hash=data_hash("a"),
+        revision="abc",
+        rollout="evict, maxUnavailable 1",
+    )
+    assert MapStatus.from_json(status.to_json()) == status

@@ -21,6 +21,7 @@ from placement.binding import (
 from placement.compile import Compiler
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
+from placement.model import Provenance
 from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName, Sharing
 
 KEY = MapKey("ml", "llm")
@@ -271,3 +272,74 @@ def test_bare_pods_take_the_index_their_name_says_in_any_order(order: tuple[int,
     # A Deployment's pod named like an index is still allocated: the lowest free slot.
     deployed = plan(pod("webhook-test-2", uid="rs", owner="ReplicaSet"), build(slots), SlotCache())
     assert isinstance(deployed, Placement) and deployed.decision.index == 0
+
+
+THREE_SLOTS = [
+    DeclaredSlot(0, "gpu-1", (0,)),
+    DeclaredSlot(1, "gpu-2", (0,)),
+    DeclaredSlot(2, "gpu-2", (1,)),
+]
+
+
+@pytest.mark.parametrize(
+    ("node_1", "unhealthy_1", "reason"),
+    [
+        (NodeState(NodeName("gpu-1"), schedulable=False), (), "NodeCordoned"),
+        (NodeState(NodeName("gpu-1"), ready=False), (), "NodeNotReady"),
+        (NodeState(NodeName("gpu-1")), (0,), "DeviceUnhealthy"),
+    ],
+)
+def test_allocate_falls_back_to_the_lowest_servable_slot(
+    node_1: NodeState, unhealthy_1: tuple[int, ...], reason: str
+) -> None:
+    nodes = {"gpu-1": node_1, "gpu-2": NodeState(NodeName("gpu-2"))}
+    inventories = {
+        "gpu-1": InventoryState(inventory("gpu-1", 4, unhealthy_1)),
+        "gpu-2": InventoryState(inventory("gpu-2", 4)),
+    }
+    cluster = build(THREE_SLOTS, indexing=Indexing.ALLOCATE, nodes=nodes, inventories=inventories)
+    cache = SlotCache()
+    first = plan(pod("w-a", uid="a", owner="ReplicaSet"), cluster, cache)
+    assert isinstance(first, Placement), first
+    assert (first.decision.index, first.decision.node) == (1, "gpu-2")
+    cache.assume("a", "ml/w-a", first)
+    second = plan(pod("w-b", uid="b", owner="ReplicaSet"), cluster, cache)
+    assert isinstance(second, Placement) and second.decision.index == 2
+    cache.assume("b", "ml/w-b", second)
+    # Only the unservable slot is left: the pod waits for what blocks it, by name.
+    third = plan(pod("w-c", uid="c", owner="ReplicaSet"), cluster, cache)
+    assert wait_reason(third) == reason
+    assert "node:gpu-1" in third.waits_for or "inventory:gpu-1" in third.waits_for
+
+
+def test_allocate_with_no_servable_slot_lists_why_and_waits_for_each() -> None:
+    nodes = {
+        "gpu-1": NodeState(NodeName("gpu-1"), schedulable=False),
+        "gpu-2": NodeState(NodeName("gpu-2"), ready=False),
+    }
+    cluster = build(THREE_SLOTS, indexing=Indexing.ALLOCATE, nodes=nodes)
+    result = plan(pod("w-a", owner="ReplicaSet"), cluster, SlotCache())
+    assert isinstance(result, Status)
+    assert result.reason == "NoServableSlot"
+    assert "NodeCordoned" in result.message and "NodeNotReady" in result.message
+    assert {"node:gpu-1", "node:gpu-2", f"map:{KEY}"} <= result.waits_for
+
+
+def test_bindings_carry_the_provenance_of_the_map() -> None:
+    compiler = Compiler()
+    for name in ("gpu-1", "gpu-2"):
+        compiler.set_node(NodeName(name), {})
+        compiler.set_inventory(inventory(name, 4))
+    compiler.set_map(
+        PlacementMap(KEY, tuple(TWO_SLOTS)), "v1", Provenance("abc1234", "maps/x.yaml")
+    )
+    model, _ = compiler.build()
+    cluster = Cluster(
+        model,
+        {NodeName(n): NodeState(NodeName(n)) for n in ("gpu-1", "gpu-2")},
+        {},
+        {NodeName(n): InventoryState(inventory(n, 4)) for n in ("gpu-1", "gpu-2")},
+    )
+    result = plan(pod("web-0"), cluster, SlotCache())
+    assert isinstance(result, Placement)
+    assert (result.decision.revision, result.decision.source_file) == ("abc1234", "maps/x.yaml")

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from placement.diff import MapChangeKind, SlotChangeKind, format_plan, plan
+from placement.diff import (
+    MapChangeKind,
+    RunningPod,
+    SlotChangeKind,
+    drifting_pods,
+    format_plan,
+    plan,
+)
 from placement.snapshot import load_snapshot
 
 HEAD = """\
@@ -156,3 +163,33 @@ def test_json_summary_counts() -> None:
         "before": {"node": "gpu-3", "devices": [0], "count": None, "require": None},
         "after": None,
     }
+
+
+def test_drifting_pods_are_those_on_moved_or_removed_slots_and_removed_maps() -> None:
+    def doc(name: str, slots: str) -> str:
+        return (
+            "apiVersion: gpuplace.io/v1alpha1\nkind: PlacementMap\n"
+            f"metadata: {{name: {name}, namespace: ml}}\nspec:\n  placements: {slots}\n"
+        )
+
+    old = load_snapshot(
+        {
+            "a.yaml": doc(
+                "a",
+                "[{index: 0, node: n1, devices: [0]}, {index: 1, node: n1, devices: [1]}, {index: 2, node: n1, devices: [2]}]",
+            ),
+            "b.yaml": doc("b", "[{index: 0, node: n2, devices: [0]}]"),
+        }
+    )
+    new = load_snapshot(
+        {
+            "a.yaml": doc(
+                "a", "[{index: 0, node: n1, devices: [0]}, {index: 1, node: n3, devices: [1]}]"
+            )
+        }
+    )
+    pods = [RunningPod("ml", f"a-{i}", "a", i) for i in range(3)] + [
+        RunningPod("ml", "b-0", "b", 0)
+    ]
+    found = {d.pod.name: d.reason for d in drifting_pods(plan(old, new), pods)}
+    assert found == {"a-1": "SlotMoved", "a-2": "SlotRemoved", "b-0": "MapDeleted"}

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,7 @@ def fake_nvml_dir() -> Path:
 class ProbeProcess:
     """An NvmlProbe in a child process whose loader finds the fake library by name."""
 
-    def __init__(self, library_dir: Path, config: Path | None, workdir: Path) -> None:
+    def __init__(self, library_dir: Path, config: Path | None, workdir: Path, *extra: str) -> None:
         env = {k: v for k, v in os.environ.items() if k != "GPUPLACE_FAKE_NVML_CONFIG"}
         env["LD_LIBRARY_PATH"] = str(library_dir)
         if config is not None:
@@ -132,7 +133,7 @@ class ProbeProcess:
         self.stderr_path = workdir / f"driver-{id(self)}.stderr"
         self._stderr = self.stderr_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), "--sysfs", str(workdir / "sys")],
+            [sys.executable, str(DRIVER), "--sysfs", str(workdir / "sys"), *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -198,9 +199,9 @@ def start_probe(fake_nvml_dir: Path, config_path: Path, tmp_path: Path) -> Itera
     started: list[ProbeProcess] = []
 
     def start(
-        *, library_dir: Path | None = None, config: Path | None = config_path
+        *extra: str, library_dir: Path | None = None, config: Path | None = config_path
     ) -> ProbeProcess:
-        process = ProbeProcess(library_dir or fake_nvml_dir, config, tmp_path)
+        process = ProbeProcess(library_dir or fake_nvml_dir, config, tmp_path, *extra)
         started.append(process)
         return process
 
@@ -369,6 +370,22 @@ def test_critical_xid_while_running_wakes_the_waiter_and_sticks(
     # The driver does not repeat an XID; the device stays out of service until the agent restarts.
     write_config(config_path, four_gpus())
     assert not probe.snapshot().by_index[1].healthy
+
+
+def test_a_device_clean_for_the_recovery_time_comes_back(
+    start_probe: StartProbe, config_path: Path
+) -> None:
+    probe = started(start_probe("--xid-recovery-seconds", "1"))
+    config = four_gpus()
+    config["devices"][1]["xid"] = 48
+    write_config(config_path, config)
+    assert probe.wait(120) is True
+    assert not probe.snapshot().by_index[1].healthy
+    write_config(config_path, four_gpus())  # no further XID
+    deadline = time.monotonic() + 30
+    while not probe.snapshot().by_index[1].healthy:
+        assert time.monotonic() < deadline, "the device never came back"
+        time.sleep(0.2)
 
 
 def test_application_xid_does_not_mark_the_device_unhealthy(

@@ -120,3 +120,12 @@ def test_a_broken_kustomization_is_reported_not_raised() -> None:
     (d,) = check("configMapGenerator: [\n")
     assert d.location.source == "dev/kustomization.yaml"
     assert d.message.startswith("YAML syntax:")
+
+
+def test_the_stamped_source_file_must_be_the_file_read() -> None:
+    stamped = GOOD + "    options:\n      annotations:\n        gpuplace.io/source-file: {}\n"
+    assert check(stamped.format("maps/llm.yaml")) == []
+    assert check(stamped.format("./maps/llm.yaml")) == []
+    (d,) = check(stamped.format("maps/old.yaml"))
+    assert (d.location.line, d.severity) == (14, "error")
+    assert "gpuplace.io/source-file says 'maps/old.yaml'" in d.message

@@ -1,0 +1,146 @@
+"""Which bound pods are Drifted, written onto the pods as a condition and an Event.
+
+Contract: `check` and the readers (`count`, `drifted`) run on the controller's reconcile thread
+only; condition writes go to a small executor so a slow apiserver never holds up a compile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+from controller.slotcache import Holding, SlotCache
+from kubeio.client import Kube
+from kubeio.errors import APIError, APINotFoundError
+from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from placement.annotations import DRIFTED_CONDITION, LEGACY_MAP_PREFIX
+from placement.drift import BoundSlot, Drift, drift_of
+from placement.model import Model
+from placement.types import MapKey
+
+log = logging.getLogger(__name__)
+
+
+def bound_slot(holding: Holding) -> BoundSlot:
+    return BoundSlot(holding.slot, holding.node, holding.gpus, holding.revision)
+
+
+def condition(drift: Drift | None) -> dict[str, str | None]:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if drift is None:
+        return {
+            "type": DRIFTED_CONDITION,
+            "status": "False",
+            "reason": "MatchesMap",
+            "message": "the pod runs where its map puts its slot",
+            "lastTransitionTime": now,
+        }
+    return {
+        "type": DRIFTED_CONDITION,
+        "status": "True",
+        "reason": drift.kind.value,
+        "message": drift.message(),
+        "lastTransitionTime": now,
+    }
+
+
+class DriftTracker:
+    def __init__(
+        self,
+        kube: Kube,
+        events: EventRecorder,
+        on_count: Callable[[int], None] = lambda _n: None,
+    ) -> None:
+        self.kube = kube
+        self.events = events
+        self.on_count = on_count  # total drifted pods, after each check that changed it
+        self._drifts: dict[str, tuple[Holding, Drift]] = {}  # uid -> its holding and drift
+        self._by_map: dict[MapKey, set[str]] = {}
+        self._executor = ThreadPoolExecutor(2, thread_name_prefix="drift")
+
+    def count(self, key: MapKey) -> int:
+        return len(self._by_map.get(key, ()))
+
+    def maps(self) -> list[MapKey]:
+        """Maps with drifted pods."""
+        return list(self._by_map)
+
+    def total(self) -> int:
+        return len(self._drifts)
+
+    def drifted(self, key: MapKey) -> list[tuple[Holding, Drift]]:
+        return sorted(
+            (self._drifts[uid] for uid in self._by_map.get(key, ())),
+            key=lambda pair: pair[0].slot.index,
+        )
+
+    def is_drifted(self, uid: str) -> bool:
+        return uid in self._drifts
+
+    def check(self, keys: Iterable[MapKey], model: Model, cache: SlotCache) -> set[MapKey]:
+        """Re-judges every bound pod of the maps `keys` against `model`; returns the maps whose
+        drifted pods changed."""
+        changed: set[MapKey] = set()
+        for key in keys:
+            if key.name.startswith(LEGACY_MAP_PREFIX):
+                continue  # a legacy pod's map is its own annotation: it cannot drift
+            holdings = [cache.holding(uid) for uid in list(cache.taken_indices(key).values())]
+            current = {h.uid: h for h in holdings if h is not None and not h.assumed}
+            before = self._by_map.get(key, set())
+            for uid in before - current.keys():  # released: the pod is gone
+                self._drifts.pop(uid, None)
+                changed.add(key)
+            after: set[str] = set()
+            for uid, holding in current.items():
+                drift = drift_of(bound_slot(holding), model)
+                known = self._drifts.get(uid)
+                if drift is not None:
+                    after.add(uid)
+                if (known[1] if known else None) == drift:
+                    continue
+                changed.add(key)
+                if drift is None:
+                    del self._drifts[uid]
+                else:
+                    self._drifts[uid] = (holding, drift)
+                self._executor.submit(self._write, holding, drift, known is not None)
+            if after:
+                self._by_map[key] = after
+            else:
+                self._by_map.pop(key, None)
+        if changed:
+            self.on_count(len(self._drifts))
+        return changed
+
+    def forget_all(self) -> None:
+        self._drifts.clear()
+        self._by_map.clear()
+        self.on_count(0)
+
+    def _write(self, holding: Holding, drift: Drift | None, was_drifted: bool) -> None:
+        if drift is None and not was_drifted:
+            return
+        namespace, _, name = holding.pod.partition("/")
+        # The uid makes the write fail on a pod recreated under the same name (uid is immutable).
+        body = {"metadata": {"uid": holding.uid}, "status": {"conditions": [condition(drift)]}}
+        try:
+            self.kube.patch(
+                f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                body,
+                content_type="application/strategic-merge-patch+json",
+            )
+        except APINotFoundError:
+            return
+        except APIError as exc:
+            log.warning("drift condition of %s not written: %s", holding.pod, exc)
+            return
+        ref = ObjectRef("Pod", namespace, name, holding.uid)
+        if drift is None:
+            self.events.emit(ref, NORMAL, "MatchesMap", "the pod runs where its map puts it again")
+        else:
+            self.events.emit(ref, WARNING, "Drifted", drift.message())
+
+    def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

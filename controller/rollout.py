@@ -1,0 +1,148 @@
+"""`rollout: evict`: drifted pods are evicted through the Eviction API, a few at a time.
+
+Per map, at most `maxUnavailable` of its slots are down at once: a slot counts as down from its
+pod's eviction until a replacement is bound to it and Running, and so does any slot whose pod is
+bound but not Running. The Eviction API honours PodDisruptionBudgets (a 429 waits for the next
+pass). A pod is evicted only when its new slot can be served now (node Ready and schedulable,
+devices present, healthy and free), so a replacement never waits on a slot another drifted pod
+still holds; slots that swap places wait for an operator (the map's status says so).
+
+Contract: `step` runs on the controller's reconcile thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller.drift import DriftTracker
+from controller.slotcache import SlotCache
+from kubeio.client import Kube
+from kubeio.errors import APIError, APINotFoundError, APITooManyRequestsError
+from kubeio.events import NORMAL, EventRecorder, ObjectRef
+from placement.binding import Status
+from placement.model import Model
+from placement.types import MapKey, RolloutStrategy, SlotKey
+
+log = logging.getLogger(__name__)
+
+#: A PodDisruptionBudget refusal is retried after this long, not on every pass.
+_PDB_RETRY_SECONDS = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutState:
+    """What a map's rollout is doing, for its status."""
+
+    down: int = 0
+    waiting: str = ""  # why no eviction happened although pods are drifted
+
+
+class Rollouts:
+    def __init__(
+        self,
+        kube: Kube,
+        events: EventRecorder,
+        running: Callable[[str], bool],
+        servable: Callable[[str, SlotKey], Status | None],
+    ) -> None:
+        self.kube = kube
+        self.events = events
+        self.running = running  # pod uid -> bound and Running
+        self.servable = servable  # (pod uid, slot) -> why the slot cannot take it now, or None
+        self._evicted: dict[MapKey, dict[int, str]] = {}  # slot index -> uid evicted from it
+        self._retry_at: dict[MapKey, float] = {}
+        self.states: dict[MapKey, RolloutState] = {}
+
+    def step(self, model: Model, drift: DriftTracker, cache: SlotCache) -> set[MapKey]:
+        """Evicts what the budgets allow; returns maps whose rollout state changed."""
+        changed: set[MapKey] = set()
+        keys = set(self._evicted) | {
+            k
+            for k in drift.maps()
+            if (m := model.maps.get(k)) is not None and m.rollout.strategy is RolloutStrategy.EVICT
+        }
+        now = time.monotonic()
+        for key in sorted(keys):
+            state = self._step_map(key, model, drift, cache, now)
+            if self.states.get(key, RolloutState()) != state:
+                changed.add(key)
+                if state == RolloutState():
+                    self.states.pop(key, None)
+                else:
+                    self.states[key] = state
+        return changed
+
+    def _step_map(
+        self, key: MapKey, model: Model, drift: DriftTracker, cache: SlotCache, now: float
+    ) -> RolloutState:
+        cmap = model.maps.get(key)
+        evicted = self._evicted.setdefault(key, {})
+        taken = cache.taken_indices(key)
+        for index, uid in list(evicted.items()):
+            holder = taken.get(index)
+            if holder is not None and holder != uid and self.running(holder):
+                del evicted[index]  # the replacement is bound and Running
+        if cmap is None or cmap.rollout.strategy is not RolloutStrategy.EVICT:
+            # The map went away or back to manual: nothing more is evicted; what was is done.
+            self._evicted.pop(key, None)
+            return RolloutState()
+        down = set(evicted) | {i for i, uid in taken.items() if not self.running(uid)}
+        if not evicted:
+            self._evicted.pop(key, None)
+        budget = cmap.rollout.max_unavailable - len(down)
+        waiting = ""
+        if budget <= 0:
+            return RolloutState(len(down), "")
+        if now < self._retry_at.get(key, 0.0):
+            return RolloutState(len(down), "waiting for a PodDisruptionBudget")
+        for holding, found in drift.drifted(key):
+            if budget <= 0:
+                break
+            if not found.movable or holding.slot.index in evicted:
+                continue
+            was_down = holding.slot.index in down
+            blocked = self.servable(holding.uid, holding.slot)
+            if blocked is not None:
+                waiting = waiting or f"index {holding.slot.index}: {blocked.reason}"
+                continue
+            outcome = self._evict(holding.pod, holding.uid, found.message())
+            if outcome == "pdb":
+                self._retry_at[key] = now + _PDB_RETRY_SECONDS
+                waiting = "waiting for a PodDisruptionBudget"
+                break
+            if outcome == "evicted":
+                self._evicted.setdefault(key, {})[holding.slot.index] = holding.uid
+                down.add(holding.slot.index)
+                if not was_down:  # evicting a pod that is down already costs no budget
+                    budget -= 1
+        return RolloutState(len(down), waiting)
+
+    def _evict(self, pod: str, uid: str, why: str) -> str:
+        namespace, _, name = pod.partition("/")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            # Evicts this pod only, not a successor that took its name meanwhile.
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        try:
+            self.kube.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+        except APITooManyRequestsError:
+            return "pdb"
+        except APINotFoundError:
+            return "gone"
+        except APIError as exc:
+            log.warning("eviction of %s failed: %s", pod, exc)
+            return "error"
+        log.info("evicted drifted pod %s: %s", pod, why)
+        self.events.emit(
+            ObjectRef("Pod", namespace, name, uid),
+            NORMAL,
+            "EvictedForRollout",
+            f"evicted to move to its new slot (rollout: evict): {why}",
+        )
+        return "evicted"

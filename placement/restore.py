@@ -1,0 +1,41 @@
+"""A served map rebuilt from the stored model, for a source that is invalid when the controller
+starts: the last valid text is gone with the previous process, the compiled model is not.
+
+The rebuilt map declares what the model served: the resolved node, the devices as the map wrote
+them (`declared`), `count` entries as counts (the compiler keeps their earlier picks). A `require`
+of a `count` entry is not in the model; the kept devices satisfied it when they were picked.
+"""
+
+from __future__ import annotations
+
+from placement.maps import DeclaredSlot, PlacementMap
+from placement.model import CompiledMap, CompiledSlot
+from placement.types import DeviceRef, GpuUuid
+
+_COUNT = "count="
+
+
+def declared_slot(slot: CompiledSlot) -> DeclaredSlot:
+    if slot.declared.startswith(_COUNT):
+        return DeclaredSlot(slot.index, slot.node, count=int(slot.declared[len(_COUNT) :]))
+    devices: tuple[DeviceRef, ...] = tuple(
+        int(token) if token.isdigit() else GpuUuid(token)
+        for token in (t.strip() for t in slot.declared.split(","))
+        if token
+    )
+    if not devices:  # a model written before `declared` was kept: what it resolved
+        devices = tuple(slot.devices) or tuple(slot.device_indices)
+    return DeclaredSlot(slot.index, slot.node, devices)
+
+
+def declared_map(cmap: CompiledMap) -> PlacementMap:
+    return PlacementMap(
+        key=cmap.key,
+        slots=tuple(declared_slot(cmap.slots[i]) for i in cmap.sorted_indices),
+        sharing=cmap.sharing,
+        indexing=cmap.indexing,
+        env_mode=cmap.env_mode,
+        rollout=cmap.rollout,
+        legacy_sharing=cmap.legacy_sharing,
+        source=f"stored model of {cmap.key}",
+    )
