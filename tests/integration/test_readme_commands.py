@@ -12,8 +12,10 @@ one of these ways (a command no rule covers fails the test, so a new one gets a 
   - in a GitOps repository made from examples/gitops (commits on `main`, a remote-tracking
     `origin/main` one change behind, as in a pull request): `gpuplace validate clusters/`, both
     `gpuplace diff` forms;
-- `helm install ...`: verbatim plus `--dry-run=server` (a real install would register webhooks
-  with failurePolicy Fail for every test after this one); `--set KEY=VALUE` switches shown inline:
+- `helm install ...`: verbatim plus `--dry-run=client` (a real install would register webhooks
+  with failurePolicy Fail for every test after this one, and helm's server dry run refuses the
+  namespaces other tests created), and what it renders through `kubectl apply --dry-run=server`,
+  so the apiserver judges every object; `--set KEY=VALUE` switches shown inline:
   `helm template` of the chart with that switch, so its values.schema.json judges the key;
 - `make <target>`: the target exists in the Makefile. `make test` would run this test again, and
   `make demo` is what tests/e2e runs; neither is run here;
@@ -170,9 +172,21 @@ def test_commands_run_in_a_gitops_repository(gitops_repo: Path, shell_env: dict[
     assert validate.stdout.startswith("OK: ")
 
 
-def test_helm_install_as_shown_passes_a_server_dry_run(shell_env: dict[str, str]) -> None:
-    result = sh(f"{HELM_INSTALL} --dry-run=server", REPO, shell_env)
+def test_helm_install_as_shown_renders_objects_the_apiserver_accepts(
+    cluster: LocalCluster, shell_env: dict[str, str]
+) -> None:
+    result = sh(f"{HELM_INSTALL} --dry-run=client", REPO, shell_env)
     assert "kind: Deployment" in result.stdout
+    # What it would install, judged by the apiserver (namespaces other tests made are fine here,
+    # where helm's own server dry run would refuse to adopt them).
+    template = HELM_INSTALL.replace("helm install", "helm template").replace(
+        " --create-namespace", ""
+    )
+    # A server dry run creates nothing, so the namespaces the objects live in must exist.
+    for namespace in ("gpuplace-system", "gpuplace-inventory"):
+        cluster.create_namespace(namespace)
+    applied = sh(f"{template} | kubectl apply --dry-run=server -f -", REPO, shell_env)
+    assert "deployment.apps/gpuplace-controller created (server dry run)" in applied.stdout
 
 
 def test_inline_helm_switches_are_keys_of_the_chart() -> None:
