@@ -4,11 +4,13 @@ GPU share it, exactly those lines, with a warning; every other map and pod stays
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from controller.slotcache import SlotCache
 from controller.sources import map_status, read_source
+from gpuplace.commands.validate import check
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL
 from placement.binding import (
     Cluster,
@@ -238,3 +240,20 @@ def test_bound_count_counts_bound_pods_only() -> None:
     cache.forget("uid-check-1")  # its Binding failed
     cache.release("uid-check-0")  # deleted
     assert cache.bound_count(key) == 0
+
+
+def test_gpuplace_validate_prints_the_warning_and_passes(tmp_path: Path) -> None:
+    path = tmp_path / "aks.yaml"
+    path.write_text(map_yaml())
+    _, diagnostics = check([str(path)])
+    assert [d.severity for d in diagnostics] == ["warning"]
+    assert (
+        diagnostics[0]
+        .format()
+        .startswith(
+            f"{path}:12:42: warning: spec.map: GPU 3 on node {NODES[3]} is listed by lines 11 and 12"
+        )
+    )
+    path.write_text(map_yaml(sharing="exclusive"))
+    _, diagnostics = check([str(path)])
+    assert [d.severity for d in diagnostics] == ["error"]
