@@ -83,11 +83,14 @@ class DriftTracker:
         """Re-judges every bound pod of the maps `keys` against `model`; returns the maps whose
         drifted pods changed."""
         changed: set[MapKey] = set()
-        for key in keys:
-            if key.name.startswith(LEGACY_MAP_PREFIX):
-                continue  # a legacy pod's map is its own annotation: it cannot drift
-            holdings = [cache.holding(uid) for uid in list(cache.taken_indices(key).values())]
-            current = {h.uid: h for h in holdings if h is not None and not h.assumed}
+        wanted = {k for k in keys if not k.name.startswith(LEGACY_MAP_PREFIX)}
+        if not wanted:  # a legacy pod's map is its own annotation: it cannot drift
+            return changed
+        by_map: dict[MapKey, dict[str, Holding]] = {k: {} for k in wanted}
+        for held in cache.holdings():  # a copy taken under the cache's lock
+            if held.slot.map in by_map and not held.assumed:
+                by_map[held.slot.map][held.uid] = held
+        for key, current in by_map.items():
             before = self._by_map.get(key, set())
             for uid in before - current.keys():  # released: the pod is gone
                 self._drifts.pop(uid, None)

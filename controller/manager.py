@@ -83,6 +83,8 @@ class Controller:
         self._running: dict[str, bool] = {}  # bound pod uid -> Running (informer threads write)
         self.rollouts = Rollouts(kube, self.events, self._is_running, self._servable)
         self._drift_dirty: set[MapKey] = set()  # maps whose bound pods to judge again
+        # Its own lock: pod events must not wait for a compile holding the main one.
+        self._drift_lock = threading.Lock()
         self._loop_beat = time.monotonic()
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
@@ -207,7 +209,7 @@ class Controller:
         meta = obj["metadata"]
         decision = decode_binding(meta["namespace"], meta.get("annotations") or {})
         if decision is not None and not decision.map.name.startswith(LEGACY_MAP_PREFIX):
-            with self._lock:
+            with self._drift_lock:
                 self._drift_dirty.add(decision.map)
 
     def _is_running(self, uid: str) -> bool:
@@ -219,6 +221,7 @@ class Controller:
     def _on_bound(self, slot: SlotKey) -> None:
         with self._lock:
             self._status_dirty.add(slot.map)
+        with self._drift_lock:
             self._drift_dirty.add(slot.map)
 
     # -- reconcile loop (one thread) ------------------------------------------------------------
@@ -352,9 +355,9 @@ class Controller:
 
     def _judge_drift(self) -> None:
         """Drift of the bound pods of maps that changed or whose pods did, then rollouts."""
-        with self._lock:
+        with self._drift_lock:
             dirty, self._drift_dirty = self._drift_dirty, set()
-            model = self.model
+        model = self.model
         changed = self.drift.check(dirty, model, self.binder.cache) if dirty else set()
         changed |= self.rollouts.step(model, self.drift, self.binder.cache)
         if changed:
@@ -382,7 +385,8 @@ class Controller:
             self._shared = {str(k) for k, m in model.maps.items() if m.sharing is Sharing.SHARED}
             self.metrics.model_generation.set(model.generation)
             self._status_dirty |= changed
-            self._drift_dirty |= changed
+            with self._drift_lock:
+                self._drift_dirty |= changed
             keys.add("model")
             keys |= {f"map:{k}" for k in changed}
         self._status_dirty |= set(reports) & set(self.sources)
@@ -520,7 +524,7 @@ class Controller:
                     pods.extend(informer.store.values())
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self._shared_maps())
-        with self._lock:
+        with self._drift_lock:
             self._drift_dirty |= {h.slot.map for h in self.binder.cache.holdings()}
         log.info(
             "leading: model generation %d, %d bound pods in the slot cache",

@@ -4,6 +4,7 @@ back from the generated Application's status."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,8 @@ from gpuplace.demo.gitops import SyncResult
 from gpuplace.localargocd.apps import APPLICATIONS, REFRESH_ANNOTATION, AppState
 from gpuplace.localargocd.launcher import NAMESPACE, LocalArgoCD
 from gpuplace.localcluster import LocalCluster
+from kubeio.client import ClientSettings, Kube
+from kubeio.errors import APIError
 
 ARGOCD_DIR = REPO_ROOT / "argocd"
 APPLICATIONSET = "gpuplace-placement-maps"
@@ -144,6 +147,11 @@ class ArgoCDSync:
         lines = [state.operation_message, *state.unsynced]
         return SyncResult(state.operation == "Succeeded", "\n".join(line for line in lines if line))
 
+    def record(self) -> HealthRecorder:
+        """Starts recording every state the Application is written in (a watch: no state ArgoCD
+        writes, however briefly, is missed)."""
+        return HealthRecorder(self.cluster).start()
+
     def settled(self, revision: str, health: str) -> AppState:
         """Waits until the Application is Synced at `revision` with the given health."""
         state: AppState = self.wait(
@@ -158,3 +166,35 @@ class ArgoCDSync:
         )
         self.out(f"    {state.line()}")
         return state
+
+
+class HealthRecorder:
+    """Every (sync revision, sync status, health) the Application showed while recording."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.kube = Kube.connect(ClientSettings(kubeconfig=str(cluster.kubeconfig)))
+        self.seen: list[tuple[str, str, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="app-health", daemon=True)
+
+    def start(self) -> HealthRecorder:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[str, str, str]]:
+        self._stop.set()
+        return list(self.seen)
+
+    def _run(self) -> None:
+        path = APPLICATIONS.format(namespace=NAMESPACE)
+        query = {"fieldSelector": f"metadata.name={APPLICATION}", "timeoutSeconds": 600}
+        while not self._stop.is_set():
+            try:
+                for event in self.kube.stream(path, query, timeout=630):
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        state = AppState.from_object(event["object"])
+                        self.seen.append((state.revision, state.sync, state.health))
+                    if self._stop.is_set():
+                        return
+            except APIError:
+                time.sleep(0.2)

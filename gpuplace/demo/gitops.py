@@ -11,8 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import git
+import yaml
 
 from gpuplace.localcluster import LocalCluster
+from placement.annotations import (
+    PLACEMENT_MAP_LABEL,
+    REVISION_ANNOTATION,
+    SOURCE_PATH_ANNOTATION,
+)
 
 
 @dataclass
@@ -50,6 +56,8 @@ class GitOpsRepo:
                 built = cluster.kubectl("kustomize", str(checkout / directory), check=False)
                 if built.returncode != 0:
                     return SyncResult(False, built.stderr)
+                commit = self.repo.commit(revision).hexsha
+                manifests = stamp_provenance(built.stdout, commit, directory)
                 applied = cluster.kubectl(
                     "apply",
                     "--server-side",
@@ -57,12 +65,25 @@ class GitOpsRepo:
                     "--field-manager=gpuplace-demo-sync",
                     "-f",
                     "-",
-                    input=built.stdout,
+                    input=manifests,
                     check=False,
                 )
                 return SyncResult(applied.returncode == 0, applied.stdout + applied.stderr)
             finally:
                 self.repo.git.worktree("remove", "--force", str(checkout))
+
+
+def stamp_provenance(manifests: str, revision: str, directory: str) -> str:
+    """What the ApplicationSet of argocd/ adds to every map ConfigMap (commonAnnotations): the
+    revision rendered and the Application's directory."""
+    documents = [d for d in yaml.safe_load_all(manifests) if d]
+    for doc in documents:
+        labels = (doc.get("metadata") or {}).get("labels") or {}
+        if doc.get("kind") == "ConfigMap" and labels.get(PLACEMENT_MAP_LABEL) == "true":
+            annotations = doc["metadata"].setdefault("annotations", {})
+            annotations[REVISION_ANNOTATION] = revision
+            annotations[SOURCE_PATH_ANNOTATION] = directory
+    return yaml.safe_dump_all(documents, sort_keys=False)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

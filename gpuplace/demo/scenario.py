@@ -279,6 +279,11 @@ class Demo:
             and "CUDA_VISIBLE_DEVICES in the container: 2" in explained.stdout,
             "gpuplace explain says where llm-serving-1 is and why",
         )
+        self.check(
+            f"placed by: revision {moved}" in explained.stdout
+            and "llm-serving.yaml" in explained.stdout,
+            f"gpuplace explain names the synced commit {moved} and the map's file",
+        )
 
         self.step(f"All {len(self.checks)} checks passed")
 
@@ -314,9 +319,16 @@ class Demo:
             "devices: [GPU-00000004-0000-4000-8000-000000000009]",
         )
         missing = repo.commit("Fix the typo; embeddings index 1 on a GPU gpu-node-4 does not have")
+        recorder = self.argocd.record()
         result = self._sync(repo, missing)
         self.check(result.ok, f"sync of {missing} applied (the map is well-formed)")
         state = self.argocd.settled(missing, "Degraded")
+        seen = [s for s in recorder.stop() if s[0].startswith(missing) and s[1] == "Synced"]
+        self.out(f"    {APPLICATION} at {missing}: " + " -> ".join(_runs(h for _, _, h in seen)))
+        self.check(
+            bool(seen) and "Healthy" not in {h for _, _, h in seen},
+            f"{APPLICATION} never showed Healthy at {missing} before the controller validated it",
+        )
         self.out(_indent("\n".join(f"{k} {n}: {h}" for k, n, _, h in state.resources if h)))
         self.check(
             state.resource_health("ConfigMap", "inference/embeddings") == "Degraded"
@@ -389,6 +401,15 @@ class Demo:
                 return
             self.cluster.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _runs(values: Any) -> list[str]:
+    """Consecutive duplicates collapsed: Progressing, Progressing, Degraded -> both once."""
+    out: list[str] = []
+    for value in values:
+        if not out or out[-1] != value:
+            out.append(value)
+    return out
 
 
 def _indent(text: str) -> str:
