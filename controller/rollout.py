@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from controller.drift import DriftTracker
 from controller.slotcache import SlotCache
 from kubeio.client import Kube
-from kubeio.errors import APIError, APINotFoundError, APITooManyRequestsError
+from kubeio.errors import (
+    APIError,
+    APIForbiddenError,
+    APINotFoundError,
+    APITooManyRequestsError,
+)
 from kubeio.events import NORMAL, EventRecorder, ObjectRef
 from placement.binding import Status
 from placement.model import Model
@@ -30,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: A PodDisruptionBudget refusal is retried after this long, not on every pass.
 _PDB_RETRY_SECONDS = 2.0
+#: Without RBAC for evictions, asking again is pointless until an operator grants it.
+_FORBIDDEN_RETRY_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +104,7 @@ class Rollouts:
         if budget <= 0:
             return RolloutState(len(down), "")
         if now < self._retry_at.get(key, 0.0):
-            return RolloutState(len(down), "waiting for a PodDisruptionBudget")
+            return self.states.get(key, RolloutState(len(down), "waiting to retry an eviction"))
         for holding, found in drift.drifted(key):
             if budget <= 0:
                 break
@@ -112,6 +119,10 @@ class Rollouts:
             if outcome == "pdb":
                 self._retry_at[key] = now + _PDB_RETRY_SECONDS
                 waiting = "waiting for a PodDisruptionBudget"
+                break
+            if outcome == "forbidden":
+                self._retry_at[key] = now + _FORBIDDEN_RETRY_SECONDS
+                waiting = "the controller may not evict pods (Helm value controller.allowEvictions)"
                 break
             if outcome == "evicted":
                 self._evicted.setdefault(key, {})[holding.slot.index] = holding.uid
@@ -133,6 +144,9 @@ class Rollouts:
             self.kube.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
         except APITooManyRequestsError:
             return "pdb"
+        except APIForbiddenError as exc:
+            log.warning("eviction of %s forbidden: %s", pod, exc)
+            return "forbidden"
         except APINotFoundError:
             return "gone"
         except APIError as exc:

@@ -531,3 +531,23 @@ def test_values_yaml_comments_every_component_block() -> None:
         match = re.search(rf"^{block}:\n((?:  .*\n|\n)+)", text, re.MULTILINE)
         assert match, block
         assert "#" in match.group(1), f"{block}: no comments"
+
+
+def test_controller_evicts_only_when_allowed_and_cleans_up_deleted_nodes_inventories_only(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    controller = rules_of(rendered["default"], "controller")
+    cluster = controller[("ClusterRole", "")]
+    assert not grants(cluster, "create", "pods/eviction")
+    assert not grants(cluster, "delete", "pods")
+    allowed = render(Scenario("evict", {"controller": {"allowEvictions": True}}), tmp_path)
+    evicting = rules_of(allowed, "controller")[("ClusterRole", "")]
+    assert grants(evicting, "create", "pods/eviction")
+    assert not grants(evicting, "delete", "pods")
+    inventory = controller[("Role", INVENTORY)]
+    assert grants(inventory, "delete", "configmaps") and grants(inventory, "delete", "leases")
+    writes = {(v, res) for r in inventory for v in r["verbs"] for res in r["resources"]}
+    assert {w for w in writes if w[0] not in ("get", "list", "watch")} == {
+        ("delete", "configmaps"),
+        ("delete", "leases"),
+    }
