@@ -431,6 +431,36 @@ def test_aks_example_statefulset_in_shuffled_order_runs_as_its_text_says(
     assert "Pending" in line and "DeviceBusy: " in line and "still used by pod" in line
     assert "REASON" in status.splitlines()[status.splitlines().index("Pods") + 1]
 
+    # Another namespace's pod with the same name and text that shares line 3's GPU: only lines of
+    # one workload share, so it waits too.
+    elsewhere = unique("legacy-it")
+    cluster.create_namespace(elsewhere, labels={SCOPE_LABEL: "true"})
+    try:
+        text = f"3={AKS_NODES[3]}:3\n5={AKS_NODES[3]}:3\n"
+        kubectl_create(cluster, legacy_pod(elsewhere, f"{STS}-5", text))
+        wait_for(
+            "the other namespace's pod to wait",
+            lambda: pending_reason(cluster, elsewhere, f"{STS}-5") == "DeviceBusy",
+        )
+    finally:
+        cluster.delete_namespace(elsewhere)
+    # The nodes are this module's: free their GPUs for the next test.
+    cluster.kubectl("delete", "statefulset", STS, "-n", ns, "--cascade=orphan")
+    delete_pods(cluster, ns)
+
+
+def test_aks_example_as_the_statefulset_controller_creates_it(
+    cluster: LocalCluster, ns: str
+) -> None:
+    wait_webhook(cluster, ns)
+    status, body = cluster.request(
+        "POST", f"/apis/apps/v1/namespaces/{ns}/statefulsets", statefulset(ns)
+    )
+    assert status == 201, body
+    pods = wait_running(cluster, ns, "Parallel StatefulSet")
+    for ordinal, (node, cvd) in AKS_EXPECTED.items():
+        assert_placed(pods[f"{STS}-{ordinal}"], node, cvd)
+
 
 def migration_pod(namespace: str, index: int) -> dict[str, Any]:
     """examples/workloads/legacy-webhook-test.yaml as the README's migration says: the annotation
