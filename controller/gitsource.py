@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import git
-import yaml
 
 from controller.settings import GitSourceSettings
 from placement.annotations import PLACEMENT_KEY, REVISION_ANNOTATION, SOURCE_FILE_ANNOTATION
+from placement.errors import PlacementError
+from placement.yamlsource import load_documents
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -47,11 +48,14 @@ def map_objects(
         file = path.relative_to(base).as_posix() if path.is_relative_to(base) else str(path)
         for doc in documents(path.read_text(errors="replace")):
             try:
-                value = yaml.safe_load(doc)
-            except yaml.YAMLError:
-                log.warning("%s: unreadable YAML document", path)
+                # The bounded reader every component shares: a few hundred bytes of merge keys
+                # in a commit must not cost the controller gigabytes.
+                parsed = list(load_documents(doc, str(path)))
+            except PlacementError as exc:
+                log.warning("%s: unreadable YAML document: %s", path, exc.diagnostics[0].format())
                 broken.setdefault(file, doc.lstrip("\n"))
                 continue
+            value = parsed[0].value if len(parsed) == 1 else None
             if not isinstance(value, dict) or value.get("kind") != "PlacementMap":
                 continue
             meta = value.get("metadata") or {}

@@ -6,6 +6,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Bounds on what one problem may print: an error message is read by a person, logged, and stored
+#: in a status annotation, so input that repeats a bad value cannot make any of them large.
+MAX_MESSAGE = 500
+MAX_PATH = 200
+MAX_DIAGNOSTICS = 50
+
+
+def cap(text: str, limit: int) -> str:
+    """`text`, cut to `limit` characters with a note of how much was left out."""
+    if len(text) <= limit:
+        return text
+    note = f"... ({len(text) - limit} more characters)"
+    return text[: max(0, limit - len(note))] + note
+
 
 @dataclass(frozen=True, slots=True)
 class Location:
@@ -15,6 +29,10 @@ class Location:
     line: int = 0
     column: int = 0
     path: str = ""  # field path inside the document, e.g. spec.placements[2].devices[1]
+
+    def __post_init__(self) -> None:
+        if len(self.path) > MAX_PATH:
+            object.__setattr__(self, "path", cap(self.path, MAX_PATH))
 
     def __str__(self) -> str:
         if self.line:
@@ -31,9 +49,10 @@ class Diagnostic:
 
     def format(self) -> str:
         where = str(self.location)
-        what = f"{self.location.path}: {self.message}" if self.location.path else self.message
+        message = cap(self.message, MAX_MESSAGE)
+        what = f"{self.location.path}: {message}" if self.location.path else message
         text = f"{where}: {self.severity}: {what}"
-        return f"{text} ({self.hint})" if self.hint else text
+        return f"{text} ({cap(self.hint, MAX_MESSAGE)})" if self.hint else text
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,8 +61,8 @@ class Diagnostic:
             "column": self.location.column,
             "path": self.location.path,
             "severity": self.severity,
-            "message": self.message,
-            "hint": self.hint,
+            "message": cap(self.message, MAX_MESSAGE),
+            "hint": cap(self.hint, MAX_MESSAGE),
         }
 
     @classmethod
@@ -68,6 +87,7 @@ class PlacementError(Exception):
     diagnostics: Sequence[Diagnostic] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        self.diagnostics = capped(self.diagnostics)
         Exception.__init__(self, self.format())
 
     def format(self) -> str:
@@ -76,6 +96,16 @@ class PlacementError(Exception):
     @classmethod
     def single(cls, location: Location, message: str, hint: str = "") -> PlacementError:
         return cls((Diagnostic(location, message, hint=hint),))
+
+
+def capped(diagnostics: Sequence[Diagnostic]) -> tuple[Diagnostic, ...]:
+    """At most MAX_DIAGNOSTICS of them; the last one says how many more there were."""
+    if len(diagnostics) <= MAX_DIAGNOSTICS:
+        return tuple(diagnostics)
+    kept = tuple(diagnostics[: MAX_DIAGNOSTICS - 1])
+    last = kept[-1].location
+    more = len(diagnostics) - len(kept)
+    return (*kept, Diagnostic(Location(last.source), f"{more} more problems not shown"))
 
 
 def format_all(diagnostics: Iterable[Diagnostic]) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from placement.errors import Diagnostic
+from placement.errors import MAX_MESSAGE, Diagnostic, cap
 
 #: Moduli and multipliers of `data_hash`: primes below 2**31, so that every intermediate value
 #: stays below 2**40 and the Lua health check (float64 numbers, no bit operations) computes the
@@ -71,7 +71,7 @@ class MapStatus:
             "observedDataHash": self.observed_data_hash,
             "revision": self.revision,
             "rollout": self.rollout,
-            "message": self.message,
+            "message": cap(self.message, MAX_MESSAGE * 2),
             "errors": [d.to_json() for d in self.errors],
             "slots": {
                 "total": self.slots.total,

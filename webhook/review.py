@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from placement.errors import MAX_MESSAGE, cap
 from webhook.jsonpatch import Operation
+
+#: A denial lists up to placement.errors.MAX_DIAGNOSTICS located problems; past this it is cut.
+MAX_DENIAL = 16384
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -80,7 +84,14 @@ class Verdict:
         reason: str = "Forbidden",
         warnings: Sequence[str] = (),
     ) -> Verdict:
-        return cls(False, code=code, reason=reason, message=message, warnings=tuple(warnings))
+        # The message goes back through the apiserver to kubectl or ArgoCD, and into logs.
+        return cls(
+            False,
+            code=code,
+            reason=reason,
+            message=cap(message, MAX_DENIAL),
+            warnings=tuple(cap(w, MAX_MESSAGE) for w in warnings),
+        )
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type, where: str, required: bool = True) -> Any:

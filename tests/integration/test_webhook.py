@@ -392,6 +392,67 @@ def test_invalid_placement_map_fails_server_side_dry_run(cluster: LocalCluster, 
     assert "data has no key 'placement.yaml'" in result.stderr
 
 
+def merge_key_bomb(namespace: str, levels: int = 12) -> str:
+    """About 550 bytes whose merge keys, copied as PyYAML copies them, are 4**11 entries."""
+    lines = [
+        "apiVersion: gpuplace.io/v1alpha1",
+        "kind: PlacementMap",
+        f"metadata: {{name: bomb, namespace: {namespace}}}",
+        "a0: &a0 {x: 1, y: 2}",
+    ]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} {{<<: [" + ", ".join([f"*a{i - 1}"] * 4) + "]}")
+    return "\n".join([*lines, "spec: {placements: []}", ""])
+
+
+def map_configmap(namespace: str, name: str, text: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": {PLACEMENT_MAP_LABEL: "true"}},
+        "data": {"placement.yaml": text},
+    }
+
+
+def test_merge_key_bomb_is_refused_with_a_short_message(cluster: LocalCluster, ns: str) -> None:
+    text = merge_key_bomb(ns)
+    assert len(text) < 600
+    status, body = cluster.request(
+        "POST", f"/api/v1/namespaces/{ns}/configmaps", map_configmap(ns, "bomb", text)
+    )
+    assert status == 422, body
+    message = body["message"]
+    assert "YAML anchors are not allowed in a PlacementMap" in message
+    assert f"configmap {ns}/bomb placement.yaml:4:5" in message
+    assert len(message) < 400
+    assert cluster.request("GET", f"/api/v1/namespaces/{ns}/configmaps/bomb")[0] == 404
+
+
+def test_a_one_mebibyte_map_is_validated_by_the_webhook(cluster: LocalCluster, ns: str) -> None:
+    header = (
+        "apiVersion: gpuplace.io/v1alpha1\nkind: PlacementMap\n"
+        f"metadata: {{name: big, namespace: {ns}}}\nspec:\n  placements:\n"
+    )
+    entries = [
+        f"  - {{index: {i}, node: g-{i // 8:04d}, devices: [{i % 8}]}}\n" for i in range(21_746)
+    ]
+    text = header + "".join(entries)
+    assert 1_000_000 < len(text) < 1_048_000
+    good = map_configmap(ns, "big", text)
+    status, body = cluster.request(
+        "POST", f"/api/v1/namespaces/{ns}/configmaps?dryRun=All", good, timeout=60
+    )
+    assert status == 201, str(body)[:500]
+    # The same map with one bad entry at its end: the webhook read all of it.
+    last = entries[-1].replace("devices: [", "devices: [banana, ")
+    bad = map_configmap(ns, "big", header + "".join(entries[:-1]) + last)
+    status, body = cluster.request(
+        "POST", f"/api/v1/namespaces/{ns}/configmaps?dryRun=All", bad, timeout=60
+    )
+    assert status == 422, str(body)[:500]
+    assert f"placement.yaml:{21_746 + 5}:" in body["message"]
+
+
 def resolve_field_ref(obj: dict[str, Any], field_path: str) -> str:
     """What the kubelet does with `metadata.annotations['<key>']` when the container starts."""
     match = re.fullmatch(r"metadata\.annotations\['([^']+)'\]", field_path)
