@@ -1,7 +1,14 @@
 """The binder's cache of who holds which slot and GPU, in kube-scheduler's vocabulary.
 
 Invariants: every `assume` is followed by `confirm` (the pod showed up bound) or `forget` (the bind
-failed); `release` is idempotent. Only the binder's decision thread writes; readers take the lock.
+failed); `release` is idempotent.
+
+Concurrency: the cache is written from three kinds of thread: the decision thread (`assume`), the
+bind workers (`confirm`, `forget`) and the informer threads (`add_bound`, `confirm`, `release`),
+and read from the decision thread, the reconcile loop and the status writer. Every method takes
+the one lock, and every reader returns a copy (or an immutable value), so no caller iterates a
+dictionary that another thread is changing. A decision that reads several times is still
+consistent enough: only the decision thread adds holdings for pods it has not seen bound.
 """
 
 from __future__ import annotations
@@ -37,16 +44,24 @@ class SlotCache:
 
     # SlotView
     def slot_holder(self, slot: SlotKey) -> str | None:
-        return self._slots.get(slot)
+        with self._lock:
+            return self._slots.get(slot)
 
     def gpu_holders(self, node: NodeName, gpu: str) -> Mapping[str, Sharing]:
-        return self._gpus.get((node, gpu), {})
+        """A copy: the pods that use GPU `gpu` of `node`, and how."""
+        with self._lock:
+            users = self._gpus.get((node, gpu))
+            return dict(users) if users else {}
 
     def taken_indices(self, key: MapKey) -> Mapping[int, str]:
-        return self._by_map.get(key, {})
+        """A copy: index -> uid of the pods holding slots of map `key`."""
+        with self._lock:
+            taken = self._by_map.get(key)
+            return dict(taken) if taken else {}
 
     def holding(self, uid: str) -> Holding | None:
-        return self._by_uid.get(uid)
+        with self._lock:
+            return self._by_uid.get(uid)
 
     def bound_count(self, key: MapKey) -> int:
         """Slots of map `key` whose pods are bound (assumed ones, still being bound, are not):
@@ -60,7 +75,8 @@ class SlotCache:
             )
 
     def __len__(self) -> int:
-        return len(self._by_uid)
+        with self._lock:
+            return len(self._by_uid)
 
     def holdings(self) -> list[Holding]:
         with self._lock:
