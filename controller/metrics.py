@@ -6,6 +6,29 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+#: Why pods wait (placement.binding statuses, compile-time slot blocks): each has a series from
+#: the start.
+UNSCHEDULABLE_REASONS = (
+    "SlotTaken",
+    "NoFreeSlot",
+    "NoServableSlot",
+    "NodeNotReady",
+    "NodeCordoned",
+    "NodeNotFound",
+    "DeviceMissing",
+    "DeviceUnhealthy",
+    "DeviceBusy",
+    "InventoryMissing",
+    "InventoryStale",
+    "SlotConflict",
+    "InsufficientDevices",
+    "MapNotFound",
+    "MapInvalid",
+    "IndexNotInMap",
+    "IndexInvalid",
+    "NoPlacement",
+)
+
 
 @dataclass
 class ControllerMetrics:
@@ -43,6 +66,8 @@ class ControllerMetrics:
         # value, not an absent series, until the first event of its kind.
         for result in ("bound", "conflict", "error"):
             self.binds.labels(result)
+        for reason in UNSCHEDULABLE_REASONS:
+            self.unschedulable.labels(reason)
         for phase in ("Valid", "Invalid", "Conflict", "Degraded"):
             self.maps.labels(phase).set(0)
         for state in ("total", "served", "blocked", "bound", "drifted"):
