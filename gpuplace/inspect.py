@@ -237,7 +237,8 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
             lines.append(f"  GPUs: {row.devices or '(indices only)'}")
             lines.append(f"  CUDA_VISIBLE_DEVICES in the container: {row.cuda_visible_devices}")
             lines.extend(_provenance(pod))
-            lines.append(f"  placed by: {placed_by(ann)}")
+            if not ann.get(MAP_ANNOTATION, "").startswith(LEGACY_MAP_PREFIX):
+                lines.append(f"  placed by: {placed_by(ann)}")
             drifted = drift_condition(pod)
             if drifted is not None:
                 lines.append(f"  Drifted ({drifted.get('reason')}): {drifted.get('message')}")

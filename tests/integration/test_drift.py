@@ -65,6 +65,10 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
     name = unique("drift")
     cluster.create_namespace(name)
     yield name
+    # The maps go now, not whenever the namespace finishes terminating: a controller of a later
+    # test must not see them vanish in the middle of its own checks.
+    selector = f"labelSelector={PLACEMENT_MAP_LABEL}%3Dtrue"
+    cluster.request("DELETE", f"/api/v1/namespaces/{name}/configmaps?{selector}")
     cluster.delete_namespace(name)
 
 
