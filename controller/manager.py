@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from controller import podfacts
@@ -540,7 +541,17 @@ class Controller:
         holds the lock). A map whose source is gone is not restored: deleting it is meant."""
         for key, cmap in stored.maps.items():
             state = self.sources.get(key)
-            if state is None or state.valid is not None:
+            if state is None:
+                continue
+            if state.valid is not None:
+                if (
+                    state.valid_version == cmap.source_version
+                    and state.provenance != cmap.provenance
+                ):
+                    # The same text, re-stamped by later commits that left it alone: it still
+                    # came from the revision the model recorded (and no shard is rewritten).
+                    self.sources[key] = replace(state, provenance=cmap.provenance)
+                    self.compiler.set_map(state.valid, state.valid_version, cmap.provenance)
                 continue
             pmap = declared_map(cmap)
             restored = restore(state, pmap, cmap.source_version, cmap.provenance)

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -492,3 +493,35 @@ def test_diff_names_the_running_pods_a_change_makes_drift(
     assert "Running pods this change makes drift: 1" in out
     assert f"{namespace}/x-1 (SlotMoved): ~ index 1 moved: {a} devices 1 -> {b} devices 1" in out
     assert f"{namespace}/x-0" not in out
+
+
+def test_a_restamped_unchanged_map_keeps_the_revision_its_text_came_from(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    (a,) = gpu_nodes(cluster, unique("rev"), 1)
+    text = map_yaml(namespace, "keep", [(0, a, [0]), (1, a, [1])])
+    apply_at(cluster, namespace, "keep", text, "1000001", "maps/keep.yaml")
+    first = ControllerProcess(cluster, unique("c1"), lease="gpuplace-rev")
+    try:
+        create(
+            cluster,
+            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+            statefulset(namespace, "k", "keep", 1),
+        )
+        wait_for("k-0 bound", lambda: "k-0" in bound_pods(cluster, namespace))
+        # A later commit that leaves this map alone: ArgoCD stamps the new revision anyway.
+        apply_at(cluster, namespace, "keep", text, "1000002", "maps/keep.yaml")
+        time.sleep(1)
+    finally:
+        first.stop()
+    second = ControllerProcess(cluster, unique("c2"), lease="gpuplace-rev")
+    try:
+        cluster.kubectl("-n", namespace, "scale", "statefulset/k", "--replicas=2")
+        pods = wait_for(
+            "k-1 bound", lambda: (p := bound_pods(cluster, namespace)) and "k-1" in p and p
+        )
+        assert pods["k-1"]["metadata"]["annotations"][REVISION_ANNOTATION] == "1000001"
+        status = wait_for("status", lambda: map_status(cluster, namespace, "keep"))
+        assert status["revision"] == "1000001"
+    finally:
+        second.stop()
