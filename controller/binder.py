@@ -22,14 +22,14 @@ from controller.slotcache import SlotCache
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.events import WARNING, EventRecorder, ObjectRef
-from placement.annotations import encode_binding
+from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
 from placement.types import SlotKey
 
 log = logging.getLogger(__name__)
 
 
-def binding_body(pod: Obj, placement: Placement) -> Obj:
+def binding_body(pod: Obj, placement: Placement, key: bytes) -> Obj:
     meta = pod["metadata"]
     return {
         "apiVersion": "v1",
@@ -39,7 +39,7 @@ def binding_body(pod: Obj, placement: Placement) -> Obj:
             "name": meta["name"],
             "namespace": meta["namespace"],
             "uid": meta["uid"],
-            "annotations": encode_binding(placement.decision),
+            "annotations": signed_binding(key, meta["uid"], meta["namespace"], placement.decision),
         },
         "target": {"apiVersion": "v1", "kind": "Node", "name": placement.decision.node},
     }
@@ -62,6 +62,9 @@ class Binder:
         self.cluster = cluster
         self.on_bound = on_bound
         self.cache = SlotCache()
+        #: The binding key (controller/bindingkey.py); set by the leader before `rebuild`.
+        self.key = b""
+        self._unverified: set[str] = set()  # pods already reported as carrying a forged binding
         self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
         self._pods: dict[str, Obj] = {}
         self._in_flight: set[str] = set()
@@ -100,10 +103,12 @@ class Binder:
                     self.cache.confirm(uid)
                     self.on_bound(held.slot)
             else:
-                holding = podfacts.holding_from_bound(pod, shared_maps or set())
+                holding = podfacts.holding_from_bound(pod, shared_maps or set(), self.key)
                 if holding is not None:
                     self.cache.add_bound(holding)
                     self.on_bound(holding.slot)
+                else:
+                    self._check_forged(uid, pod)
             return
         if podfacts.is_deleting(pod):
             return
@@ -114,7 +119,20 @@ class Binder:
         self.queue.add(uid)
         self.metrics.pending.set(len(self._pods))
 
+    def _check_forged(self, uid: str, pod: Obj) -> None:
+        """A bound pod whose gpuplace.io/* annotations the binder did not sign: reported once."""
+        why = podfacts.unverified_binding(pod, self.key)
+        if why is None or uid in self._unverified:
+            return
+        self._unverified.add(uid)
+        self.metrics.unverified.inc()
+        log.warning("unverified binding: %s", why, extra={"pod": podfacts.name_of(pod)})
+        meta = pod["metadata"]
+        ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
+        self._executor.submit(self.events.emit, ref, WARNING, "BindingUnverified", why)
+
     def _release(self, uid: str) -> None:
+        self._unverified.discard(uid)
         self.queue.remove(uid)
         self._reported.pop(uid, None)
         holding = self.cache.release(uid)
@@ -179,7 +197,7 @@ class Binder:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding"
         try:
-            self.kube.create(path, binding_body(pod, placement))
+            self.kube.create(path, binding_body(pod, placement, self.key))
         except (APINotFoundError, APIConflictError) as exc:
             # Gone, recreated, or already bound by someone else: the pod's next event decides.
             self.metrics.binds.labels("conflict").inc()

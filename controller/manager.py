@@ -16,6 +16,7 @@ from typing import Any
 from controller import podfacts
 from controller.binder import Binder
 from controller.drift import DriftTracker
+from controller.bindingkey import load_or_create_key
 from controller.gitsource import GitSource
 from controller.inventories import InventoryTracker
 from controller.metrics import ControllerMetrics
@@ -523,6 +524,8 @@ class Controller:
             if key.startswith("pods:"):
                 with informer.lock:
                     pods.extend(informer.store.values())
+        # Bound pods count only with a valid signature, so the key comes before the rebuild.
+        self.binder.key = self._binding_key()
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self._shared_maps())
         with self._drift_lock:
@@ -563,6 +566,18 @@ class Controller:
                 key,
                 cmap.source_version,
             )
+
+    def _binding_key(self) -> bytes:
+        while True:
+            try:
+                return load_or_create_key(
+                    self.kube, self.settings.system_namespace, self.settings.binder.key_secret_name
+                )
+            except APIError as exc:
+                if self._stop.is_set():
+                    raise
+                log.warning("binding key not readable yet: %s", exc)
+                self._stop.wait(self.settings.retry_seconds)
 
     def _stop_leading(self) -> None:
         self.metrics.leader.set(0)

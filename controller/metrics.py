@@ -47,6 +47,11 @@ class ControllerMetrics:
         self.unschedulable = Counter(
             "gpuplace_unschedulable", "Pods found unschedulable by reason", ["reason"], registry=r
         )
+        self.unverified = Counter(
+            "gpuplace_unverified_bindings",
+            "Bound pods whose gpuplace.io/* annotations the binder did not sign (they hold nothing)",
+            registry=r,
+        )
         self.maps = Gauge("gpuplace_maps", "Placement maps by phase", ["phase"], registry=r)
         self.slots = Gauge("gpuplace_slots", "Slots by state", ["state"], registry=r)
         self.compile_seconds = Histogram(

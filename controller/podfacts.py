@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from controller.slotcache import Holding
-from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, decode_binding, legacy_map_key
+from placement.annotations import (
+    LEGACY_ANNOTATION,
+    MAP_LABEL,
+    binding_annotations,
+    decode_binding,
+    legacy_map_key,
+    verify_binding,
+)
 from placement.binding import PodFacts
 from placement.types import NodeName, Sharing, SlotKey
 
@@ -53,10 +60,37 @@ def is_deleting(pod: Obj) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
 
-def holding_from_bound(pod: Obj, shared_maps: set[str]) -> Holding | None:
-    """What a bound pod holds, from the annotations its Binding wrote (rebuild after failover)."""
+def annotations_of(pod: Obj) -> dict[str, str]:
+    return dict(pod["metadata"].get("annotations") or {})
+
+
+def unverified_binding(pod: Obj, key: bytes) -> str | None:
+    """Why the gpuplace.io/* annotations of a bound pod are not a binding the binder signed, or
+    None when they are (or when the pod carries none)."""
+    annotations = annotations_of(pod)
+    present = binding_annotations(annotations)
+    if not present:
+        return None
     meta = pod["metadata"]
-    decision = decode_binding(meta["namespace"], meta.get("annotations") or {})
+    if verify_binding(key, uid_of(pod), meta["namespace"], annotations):
+        return None
+    return (
+        f"annotation(s) {', '.join(present)} on pod {name_of(pod)} were not written by the "
+        "gpuplace binder (signature missing or wrong): the pod holds no GPU and no slot"
+    )
+
+
+def holding_from_bound(pod: Obj, shared_maps: set[str], signing_key: bytes) -> Holding | None:
+    """What a bound pod holds, from the annotations its Binding wrote (rebuild after failover).
+
+    Only a binding whose signature verifies holds anything: hand-written or rewritten annotations
+    would otherwise let any pod squat GPUs promised to another.
+    """
+    meta = pod["metadata"]
+    annotations = annotations_of(pod)
+    if not verify_binding(signing_key, uid_of(pod), meta["namespace"], annotations):
+        return None
+    decision = decode_binding(meta["namespace"], annotations)
     if decision is None:
         return None
     key = decision.map

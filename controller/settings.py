@@ -22,6 +22,8 @@ class BinderSettings:
     #: Unschedulable pods are re-examined at least this often even with no triggering event.
     flush_seconds: float = 30.0
     max_backoff_seconds: float = 10.0
+    #: Secret (in the controller's namespace) holding the key Bindings are signed with.
+    key_secret_name: str = "gpuplace-binding-key"  # noqa: S105 - a name, not a secret
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +26,10 @@ CUDA_ANNOTATION = "gpuplace.io/cuda-visible-devices"
 GENERATION_ANNOTATION = "gpuplace.io/model-generation"
 #: Which map the slot belongs to (needed for legacy pods, whose map has no label).
 MAP_ANNOTATION = "gpuplace.io/map"
+#: HMAC of the pod's uid and every other gpuplace.io/* annotation of its Binding, keyed by the
+#: binding key only the controller reads: a holding nobody else can write or rewrite.
+SIGNATURE_ANNOTATION = "gpuplace.io/signature"
+SIGNATURE_VERSION = "v1"
 
 #: Provenance. On a source ConfigMap: the git revision its content came from (stamped by the
 #: ApplicationSet of argocd/ or the git source), the directory of the Application that renders it,
@@ -104,6 +111,44 @@ def decode_binding(namespace: str, annotations: Mapping[str, str]) -> BindingDec
         )
     except (KeyError, ValueError):
         return None
+
+
+def _signed_text(uid: str, namespace: str, annotations: Mapping[str, str]) -> bytes:
+    # Every gpuplace.io/* annotation but the signature, so that an annotation added to the Binding
+    # later (a revision, say) is covered without a new format; sorted, one `key=value` a line.
+    fields = sorted(
+        (k, v) for k, v in annotations.items() if k.startswith(PREFIX) and k != SIGNATURE_ANNOTATION
+    )
+    lines = [SIGNATURE_VERSION, uid, namespace, *(f"{k}={v}" for k, v in fields)]
+    return "\n".join(lines).encode()
+
+
+def sign_binding(key: bytes, uid: str, namespace: str, annotations: Mapping[str, str]) -> str:
+    """The signature annotation's value for a Binding with these annotations, for pod `uid`."""
+    digest = hmac.new(key, _signed_text(uid, namespace, annotations), hashlib.sha256).digest()
+    return f"{SIGNATURE_VERSION}:{base64.urlsafe_b64encode(digest).decode().rstrip('=')}"
+
+
+def signed_binding(
+    key: bytes, uid: str, namespace: str, decision: BindingDecision
+) -> dict[str, str]:
+    """The Binding's annotations: the decision and its signature."""
+    annotations = encode_binding(decision)
+    annotations[SIGNATURE_ANNOTATION] = sign_binding(key, uid, namespace, annotations)
+    return annotations
+
+
+def verify_binding(key: bytes, uid: str, namespace: str, annotations: Mapping[str, str]) -> bool:
+    """Whether a pod's gpuplace.io/* annotations are exactly what the binder signed for it."""
+    given = annotations.get(SIGNATURE_ANNOTATION)
+    if not given:
+        return False
+    return hmac.compare_digest(given, sign_binding(key, uid, namespace, annotations))
+
+
+def binding_annotations(annotations: Mapping[str, str]) -> list[str]:
+    """The gpuplace.io/* annotations present on a pod (a binding, whole or forged)."""
+    return sorted(k for k in annotations if k.startswith(PREFIX))
 
 
 def name_ordinal(name: str) -> int | None:

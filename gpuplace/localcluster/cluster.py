@@ -37,6 +37,8 @@ from gpuplace.localcluster.process import (
     stop_records,
 )
 from gpuplace.localcluster.rawapi import ApiConnection
+from placement import podpolicy
+from placement.annotations import NODE_ANNOTATION
 
 SERVICE_CIDR = "10.96.0.0/16"
 #: The first address of SERVICE_CIDR: the `kubernetes` Service, named in the serving certificate.
@@ -319,6 +321,31 @@ class LocalCluster:
             timeout,
         )
 
+    def install_pod_binding_policy(self, *, timeout: float = 60.0) -> None:
+        """Installs the ValidatingAdmissionPolicy that the Helm chart ships (bindings nobody can
+        forge or rewrite) and waits until the apiserver enforces it."""
+        for path, body in (
+            (podpolicy.POLICY_PATH, podpolicy.policy()),
+            (podpolicy.BINDING_PATH, podpolicy.policy_binding()),
+        ):
+            status, response = self.request("POST", path, body)
+            if status not in {201, 409}:
+                raise ClusterError(f"creating {body['kind']}: HTTP {status}: {_message(response)}")
+        probe = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "policy-probe", "annotations": {NODE_ANNOTATION: "x"}},
+            "spec": {"containers": [{"name": "c", "image": "probe"}]},
+        }
+        self.wait_for(
+            "the pod binding policy to be enforced",
+            lambda: (
+                self.request("POST", "/api/v1/namespaces/default/pods?dryRun=All", probe)[0] == 403
+            ),
+            timeout,
+            interval=0.2,
+        )
+
     def delete_namespace(self, name: str, *, wait: bool = False, timeout: float = 120.0) -> None:
         """Deletes a namespace; ``wait`` until the namespace controller has emptied and removed it."""
         status, response = self.request("DELETE", f"/api/v1/namespaces/{name}")
@@ -425,6 +452,8 @@ class LocalCluster:
         for namespace in self._namespaces:
             self.create_namespace(namespace)
         self._phase("namespaces", began)
+        self.install_pod_binding_policy()
+        self._phase("pod binding policy", began)
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> ManagedProcess:
         process = spawn(name, argv, log=self.layout.log(name), env=env, detach=self._detach)

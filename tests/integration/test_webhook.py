@@ -316,14 +316,22 @@ def test_unlabelled_pod_is_untouched(
     cluster: LocalCluster, ns: str, webhook: RunningWebhook
 ) -> None:
     obj = pod("plain", ns, labels={"app": "web"})
-    obj["metadata"]["annotations"] = {CUDA_ANNOTATION: "0"}
+    obj["metadata"]["annotations"] = {"team/owner": "web"}
     before = calls(webhook)
     status, created = create_pod(cluster, obj)
     assert calls(webhook) == before  # the objectSelector keeps it from reaching the webhook
     assert status == 201, created
     assert created["spec"]["schedulerName"] == "default-scheduler"
     assert "env" not in created["spec"]["containers"][0]
-    assert created["metadata"]["annotations"] == {CUDA_ANNOTATION: "0"}
+    assert created["metadata"]["annotations"] == {"team/owner": "web"}
+    # A binding annotation is not the webhook's to strip here: the apiserver's own admission
+    # policy refuses it, for pods that never reach the webhook too.
+    obj["metadata"]["name"] = "plain-forged"
+    obj["metadata"]["annotations"] = {CUDA_ANNOTATION: "0"}
+    status, body = create_pod(cluster, obj)
+    assert calls(webhook) == before
+    assert status == 403, body
+    assert f"annotation(s) {CUDA_ANNOTATION} may not be set" in body["message"]
 
 
 def test_pod_naming_a_missing_map_is_rejected(cluster: LocalCluster, ns: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gpuplace.cli import build_parser
+from placement import podpolicy
 from tests.chartkit import (
     CHART,
     INVENTORY,
@@ -82,6 +83,8 @@ def test_every_object_is_labelled_and_namespaced_where_it_belongs(
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for objects in rendered.values():
         for obj in objects:
@@ -309,7 +312,8 @@ def test_cert_manager_tls(rendered: dict[str, list[dict[str, Any]]], name: str) 
     assert "--tls-cert-file=/etc/gpuplace/tls/tls.crt" in args
     # cert-manager's cainjector writes the caBundle: the webhook needs no cluster-wide rights.
     assert not find(objects, "ClusterRole", "gpuplace-webhook")
-    assert not find(objects, "Secret")
+    # No webhook CA Secret: the only Secret is the controller's binding key.
+    assert [s["metadata"]["name"] for s in find(objects, "Secret")] == ["gpuplace-binding-key"]
     issuers = {i["metadata"]["name"] for i in find(objects, "Issuer")}
     if name == "cert-manager":
         assert certificate["spec"]["issuerRef"]["name"] in issuers
@@ -551,3 +555,36 @@ def test_controller_evicts_only_when_allowed_and_cleans_up_deleted_nodes_invento
         ("delete", "configmaps"),
         ("delete", "leases"),
     }
+
+
+def test_pod_binding_policy_is_the_one_the_local_cluster_installs(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["default"]
+    policy = one(objects, "ValidatingAdmissionPolicy", podpolicy.POLICY_NAME)
+    assert policy["spec"] == podpolicy.policy_spec()
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", podpolicy.POLICY_NAME)
+    assert binding["spec"] == podpolicy.policy_binding()["spec"]
+
+
+def test_controller_reads_its_binding_key_by_name_only(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["default"]
+    secret = one(objects, "Secret", "gpuplace-binding-key")
+    assert "data" not in secret  # the controller fills it; helm and ArgoCD leave its data alone
+    rules = rules_of(objects, "controller")[("Role", NAMESPACE)]
+    assert [r for r in rules if "secrets" in r["resources"]] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["gpuplace-binding-key"],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+    for component in ("webhook", "agent"):
+        for rules in rules_of(objects, component).values():
+            for rule in rules:
+                if "secrets" in rule["resources"]:
+                    assert "gpuplace-binding-key" not in rule.get("resourceNames", [])
+                    assert rule.get("resourceNames"), rule

@@ -1,0 +1,239 @@
+"""Bindings nobody can forge or rewrite, tried as a hostile tenant (a ServiceAccount with only the
+`edit` ClusterRole in its own namespace) against the real apiserver, its admission policy and the
+controller process."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuplace.localcluster import FakeNode, LocalCluster
+from placement.annotations import (
+    CUDA_ANNOTATION,
+    DEVICES_ANNOTATION,
+    INDEX_ANNOTATION,
+    MAP_ANNOTATION,
+    MAP_LABEL,
+    NODE_ANNOTATION,
+    SIGNATURE_ANNOTATION,
+)
+from tests.integration.controllerkit import (
+    ControllerProcess,
+    apply_map,
+    get_pod,
+    gpu_uuid,
+    inventory_for,
+    map_yaml,
+    publish_inventory,
+    wait_for,
+)
+from tests.integration.tenantkit import Tenant
+
+pytestmark = pytest.mark.integration
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(autouse=True)
+def system_namespaces(cluster: LocalCluster) -> None:
+    for name in ("gpuplace-system", "gpuplace-inventory"):
+        cluster.create_namespace(name)
+
+
+@pytest.fixture
+def namespaces(cluster: LocalCluster) -> Iterator[tuple[str, str]]:
+    """(the owning team's namespace, the tenant's namespace)."""
+    names = (unique("team"), unique("tenant"))
+    for name in names:
+        cluster.create_namespace(name)
+    yield names
+    for name in names:
+        cluster.delete_namespace(name)
+
+
+def node_with_gpus(cluster: LocalCluster, gpus: int = 4) -> str:
+    name = unique("trust")
+    cluster.create_nodes([FakeNode(name, gpus=gpus)])
+    publish_inventory(cluster, inventory_for(name, gpus))
+    return name
+
+
+def map_pod(name: str, map_name: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {MAP_LABEL: map_name}},
+        "spec": {"schedulerName": "gpuplace", "containers": [{"name": "main", "image": "busybox"}]},
+        **extra,
+    }
+
+
+def forged_annotations(namespace: str, node: str, devices: list[int]) -> dict[str, str]:
+    return {
+        MAP_ANNOTATION: "owner",
+        NODE_ANNOTATION: node,
+        INDEX_ANNOTATION: "0",
+        DEVICES_ANNOTATION: ",".join(gpu_uuid(node, d) for d in devices),
+        CUDA_ANNOTATION: ",".join(map(str, devices)),
+        "gpuplace.io/model-generation": "1",
+    }
+
+
+def bound(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    pod = get_pod(cluster, namespace, name)
+    return pod if pod and pod["spec"].get("nodeName") else None
+
+
+def events(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    status, body = cluster.request(
+        "GET",
+        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{name}",
+    )
+    assert status == 200, body
+    return list(body["items"])
+
+
+def metric(proc: ControllerProcess, name: str) -> float:
+    port = re.search(r"metrics on port (\d+)", proc.log())
+    assert port, proc.log()[-2000:]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_forged_bindings_are_refused_or_hold_nothing(
+    cluster: LocalCluster, namespaces: tuple[str, str]
+) -> None:
+    team, tenant_ns = namespaces
+    tenant = Tenant(cluster, tenant_ns)
+    node = node_with_gpus(cluster)
+    # The tenant cannot bind pods itself: only the binder's Bindings write the annotations.
+    assert tenant.can("create", "pods")
+    assert not tenant.can("create", "pods", "binding")
+    assert not tenant.can("patch", "pods", "status")
+
+    # 1. Created with spec.nodeName, schedulerName and hand-written annotations: refused.
+    forged = map_pod("squat-0", "owner")
+    del forged["metadata"]["labels"]
+    forged["metadata"]["annotations"] = forged_annotations(tenant_ns, node, [0, 1])
+    forged["spec"]["nodeName"] = node
+    result = tenant.create(forged)
+    assert result.returncode != 0
+    assert "gpuplace.io/devices" in result.stderr
+    assert "written only by the gpuplace binder" in result.stderr, result.stderr
+
+    # 2. Pre-bound without annotations (allowed: it holds nothing), annotated later: refused.
+    del forged["metadata"]["annotations"]
+    forged["metadata"]["name"] = "squat-1"
+    assert tenant.create(forged).returncode == 0, "a plain pre-bound pod is not gpuplace's business"
+    result = tenant.kubectl(
+        "annotate", "pod", "squat-1", f"{DEVICES_ANNOTATION}={gpu_uuid(node, 0)}"
+    )
+    assert result.returncode != 0
+    assert "may not be changed" in result.stderr, result.stderr
+    assert "gpuplace.io/devices" in result.stderr
+
+    # 3. A forged binding that got past admission (here through an identity allowed to bind, as
+    #    on a cluster without the policy): its unsigned annotations hold nothing.
+    proc = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
+    try:
+        pending = map_pod("squat-2", "owner")
+        del pending["metadata"]["labels"]
+        status, body = cluster.request("POST", f"/api/v1/namespaces/{tenant_ns}/pods", pending)
+        assert status == 201, body
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": "squat-2",
+                "annotations": forged_annotations(tenant_ns, node, [0, 1, 2]),
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        status, body = cluster.request(
+            "POST", f"/api/v1/namespaces/{tenant_ns}/pods/squat-2/binding", binding
+        )
+        assert status == 201, body
+        wait_for(
+            "the forged pod's BindingUnverified Event",
+            lambda: any(
+                e["reason"] == "BindingUnverified" for e in events(cluster, tenant_ns, "squat-2")
+            ),
+        )
+        assert metric(proc, "gpuplace_unverified_bindings_total") >= 1
+        # The owning team's pod gets the GPUs the forged pod claims.
+        apply_map(
+            cluster, team, "owner", map_yaml(team, "owner", [(0, node, [0, 1]), (1, node, [2])])
+        )
+        status, body = cluster.request(
+            "POST", f"/api/v1/namespaces/{team}/pods", map_pod("own-0", "owner")
+        )
+        assert status == 201, body
+        owner = wait_for("own-0 bound", lambda: bound(cluster, team, "own-0"))
+        annotations = owner["metadata"]["annotations"]
+        assert annotations[DEVICES_ANNOTATION] == f"{gpu_uuid(node, 0)},{gpu_uuid(node, 1)}"
+        assert annotations[SIGNATURE_ANNOTATION].startswith("v1:")
+    finally:
+        proc.stop()
+    # After a restart the cache is rebuilt from signed pods only: GPU 2 is free for index 1.
+    again = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
+    try:
+        status, body = cluster.request(
+            "POST", f"/api/v1/namespaces/{team}/pods", map_pod("own-1", "owner")
+        )
+        assert status == 201, body
+        second = wait_for("own-1 bound", lambda: bound(cluster, team, "own-1"))
+        assert second["metadata"]["annotations"][DEVICES_ANNOTATION] == gpu_uuid(node, 2)
+        assert "bind refused" not in again.log()
+    finally:
+        again.stop()
+    kept = bound(cluster, team, "own-0")
+    assert kept is not None and kept["metadata"]["annotations"] == annotations
+
+
+def test_tenant_cannot_rewrite_its_bound_pods_binding(
+    cluster: LocalCluster, namespaces: tuple[str, str]
+) -> None:
+    _team, tenant_ns = namespaces
+    tenant = Tenant(cluster, tenant_ns)
+    node = node_with_gpus(cluster)
+    proc = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
+    try:
+        text = map_yaml(tenant_ns, "mine", [(0, node, [3])])
+        configmap = tenant.kubectl(
+            "create", "configmap", "mine", f"--from-literal=placement.yaml={text}"
+        )
+        assert configmap.returncode == 0, configmap.stderr
+        labelled = tenant.kubectl("label", "configmap", "mine", "gpuplace.io/placement-map=true")
+        assert labelled.returncode == 0, labelled.stderr
+        assert tenant.create(map_pod("mine-0", "mine")).returncode == 0
+        pod = wait_for("mine-0 bound", lambda: bound(cluster, tenant_ns, "mine-0"), timeout=60)
+    finally:
+        proc.stop()
+    before = pod["metadata"]["annotations"]
+    assert before[CUDA_ANNOTATION] == "3"
+    for args in (
+        ("annotate", "--overwrite", "pod", "mine-0", f"{CUDA_ANNOTATION}=0"),
+        ("annotate", "--overwrite", "pod", "mine-0", f"{DEVICES_ANNOTATION}={gpu_uuid(node, 0)}"),
+        ("annotate", "pod", "mine-0", f"{SIGNATURE_ANNOTATION}-"),
+        ("annotate", "pod", "mine-0", "gpuplace.io/extra=1"),
+    ):
+        result = tenant.kubectl(*args)
+        assert result.returncode != 0, args
+        assert "may not be changed" in result.stderr, result.stderr
+        assert "record the pod's GPU binding" in result.stderr
+    # Other annotations stay the tenant's to change.
+    assert tenant.kubectl("annotate", "pod", "mine-0", "team/owner=me").returncode == 0
+    after = get_pod(cluster, tenant_ns, "mine-0")
+    assert after is not None
+    assert {
+        k: v for k, v in after["metadata"]["annotations"].items() if k != "team/owner"
+    } == before
