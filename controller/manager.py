@@ -15,8 +15,8 @@ from typing import Any
 
 from controller import podfacts
 from controller.binder import Binder
-from controller.drift import DriftTracker
 from controller.bindingkey import load_or_create_key
+from controller.drift import DriftTracker
 from controller.gitsource import GitSource
 from controller.inventories import InventoryTracker
 from controller.metrics import ControllerMetrics

@@ -78,6 +78,8 @@ def test_project_whitelists_exactly_the_kinds_gpuplace_uses(
         ("rbac.authorization.k8s.io", "ClusterRole"),
         ("rbac.authorization.k8s.io", "ClusterRoleBinding"),
         ("admissionregistration.k8s.io", "MutatingWebhookConfiguration"),
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"),
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"),
         ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration"),
     }
 
