@@ -31,6 +31,9 @@ from placement.annotations import (
 )
 
 POLICY_NAME = "gpuplace-pod-bindings"
+#: The local cluster's copy: its own name, so that installing the chart there (which owns
+#: POLICY_NAME) does not collide with it.
+LOCAL_POLICY_NAME = "gpuplace-local-pod-bindings"
 API_VERSION = "admissionregistration.k8s.io/v1"
 POLICY_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
@@ -130,19 +133,19 @@ def policy_spec() -> dict[str, Any]:
     }
 
 
-def policy(labels: dict[str, str] | None = None) -> dict[str, Any]:
+def policy(name: str = POLICY_NAME, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY_NAME, "labels": dict(labels or {})},
+        "metadata": {"name": name, "labels": dict(labels or {})},
         "spec": policy_spec(),
     }
 
 
-def policy_binding(labels: dict[str, str] | None = None) -> dict[str, Any]:
+def policy_binding(name: str = POLICY_NAME, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME, "labels": dict(labels or {})},
-        "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
