@@ -37,6 +37,7 @@ from tests.integration.controllerkit import (
     apply_map,
     describe_pending,
     get_pod,
+    gpu_uuid,
     map_status,
     pending_reason,
     statefulset,
@@ -420,3 +421,32 @@ def test_once_print_writes_nothing_and_once_publishes_once(
     assert published_inventory(cluster, node) == gpus.expected()
     assert published_checks(cluster, node) == []
     assert lease(cluster, node) is not None
+
+
+def test_a_removed_gpu_is_logged_by_uuid_not_by_the_index_that_moved(
+    cluster: LocalCluster, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    """GPU 0 goes away; NVML numbers the other three 0..2. The log names GPU 0 and its UUID as
+    gone, and the others as renumbered, never 'GPU 3 disappeared'."""
+    (node,) = kwok_nodes(cluster, unique("ar"), 1)
+    gpus = FakeGpus(tmp_path / "nvml.json", node, 4)
+    agent = start_agent(node, gpus.path)
+    wait_for(
+        "inventory published",
+        lambda: published_inventory(cluster, node) == gpus.expected(),
+        timeout=WAIT,
+    )
+    gone = gpus.devices.pop(0)
+    for index, device in enumerate(gpus.devices):
+        device["index"] = index
+    gpus.write()
+    wait_for(
+        "the three GPUs published",
+        lambda: published_inventory(cluster, node) == gpus.expected(),
+        timeout=WAIT,
+    )
+    log = agent.log()
+    assert f"GPU 0 ({gone['uuid']}) disappeared" in log
+    assert "GPU 3 disappeared" not in log and "GPU 3 (" not in log
+    assert f"GPU {gpu_uuid(node, 3)} is now index 2 (was 3)" in log
+    assert agent.stop() == 0

@@ -12,10 +12,10 @@ one of these ways (a command no rule covers fails the test, so a new one gets a 
   - in a GitOps repository made from examples/gitops (commits on `main`, a remote-tracking
     `origin/main` one change behind, as in a pull request): `gpuplace validate clusters/`, both
     `gpuplace diff` forms;
-- `helm install ...`: verbatim plus `--dry-run=client` (a real install would register webhooks
-  with failurePolicy Fail for every test after this one, and helm's server dry run refuses the
-  namespaces other tests created), and what it renders through `kubectl apply --dry-run=server`,
-  so the apiserver judges every object; `--set KEY=VALUE` switches shown inline:
+- `helm install ...`: verbatim plus `--dry-run=server --take-ownership` (a real install would
+  register webhooks with failurePolicy Fail for every test after this one, and the namespaces
+  other tests created carry no helm annotations), and what it renders through `kubectl apply
+  --dry-run=server`, so the apiserver judges every object; `--set KEY=VALUE` switches shown inline:
   `helm template` of the chart with that switch, so its values.schema.json judges the key;
 - `make <target>`: the target exists in the Makefile. `make test` would run this test again, and
   `make demo` is what tests/e2e runs; neither is run here;
@@ -175,16 +175,17 @@ def test_commands_run_in_a_gitops_repository(gitops_repo: Path, shell_env: dict[
 def test_helm_install_as_shown_renders_objects_the_apiserver_accepts(
     cluster: LocalCluster, shell_env: dict[str, str]
 ) -> None:
-    result = sh(f"{HELM_INSTALL} --dry-run=client", REPO, shell_env)
+    # As in a session where other tests ran: the namespaces exist, without helm's annotations
+    # (hence --take-ownership). They must exist anyway for the server dry run below, which
+    # creates nothing.
+    for namespace in ("gpuplace-system", "gpuplace-inventory"):
+        cluster.create_namespace(namespace)
+    result = sh(f"{HELM_INSTALL} --dry-run=server --take-ownership", REPO, shell_env)
     assert "kind: Deployment" in result.stdout
-    # What it would install, judged by the apiserver (namespaces other tests made are fine here,
-    # where helm's own server dry run would refuse to adopt them).
+    # What it would install, each object judged by the apiserver.
     template = HELM_INSTALL.replace("helm install", "helm template").replace(
         " --create-namespace", ""
     )
-    # A server dry run creates nothing, so the namespaces the objects live in must exist.
-    for namespace in ("gpuplace-system", "gpuplace-inventory"):
-        cluster.create_namespace(namespace)
     applied = sh(f"{template} | kubectl apply --dry-run=server -f -", REPO, shell_env)
     assert "deployment.apps/gpuplace-controller created (server dry run)" in applied.stdout
 
