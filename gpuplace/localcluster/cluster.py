@@ -9,11 +9,13 @@ import base64
 import concurrent.futures
 import contextlib
 import http.client
+import json
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -27,6 +29,7 @@ import yaml
 
 from gpuplace.localcluster.binaries import ControlPlaneBinaries, find_binaries
 from gpuplace.localcluster.layout import ClusterLayout, ClusterState
+from gpuplace.localcluster.nodebinaries import NodeBinaries, find_node_binaries
 from gpuplace.localcluster.nodes import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, FakeNode
 from gpuplace.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
 from gpuplace.localcluster.process import (
@@ -37,6 +40,23 @@ from gpuplace.localcluster.process import (
     stop_records,
 )
 from gpuplace.localcluster.rawapi import ApiConnection
+from gpuplace.localcluster.realnode import (
+    REAL_NODE_NAME,
+    NodeLock,
+    RealNode,
+    RealNodeError,
+    RealNodeLayout,
+    cleanup,
+    cni_config,
+    containerd_args,
+    containerd_config,
+    import_images,
+    kubelet_args,
+    kubelet_configuration,
+    node_env,
+    node_images,
+    record_created_paths,
+)
 from placement import podpolicy
 from placement.annotations import NODE_ANNOTATION
 
@@ -47,6 +67,8 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.128.0.1/9"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER = "admin"
+#: The apiserver's client certificate towards kubelets (logs, exec, port-forward), as in kubeadm.
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 #: Controllers that need a cloud provider or pod CIDR allocation, neither of which exists here.
 _DISABLED_CONTROLLERS = (
     "cloud-node-lifecycle-controller",
@@ -84,6 +106,12 @@ class LocalCluster:
     ``detach``: children outlive this Python process (``gpuplace cluster up``); otherwise they are
     killed when it exits, however it exits (atexit, SIGTERM, and the kernel's parent-death signal,
     which fires when the *thread* that started the cluster ends: start it from the main thread).
+    ``real_nodes``: 1 adds a real node (`gpuplace.localcluster.realnode`): containerd and a
+    kubelet on this machine, registered as Node ``localhost`` and Ready when `start` returns;
+    ``real_node`` then gives its files and ``ctr``. Only one runs on a machine at a time; `start`
+    waits up to ``node_lock_timeout`` seconds for another to stop. ``real_node_labels`` are the
+    Node's labels (kubelet ``--node-labels``), ``kubelet_args`` more kubelet flags.
+    ``node_binaries`` overrides the built node components (default: `find_node_binaries`).
     """
 
     def __init__(
@@ -96,7 +124,23 @@ class LocalCluster:
         namespaces: Iterable[str] = (),
         binaries: ControlPlaneBinaries | None = None,
         startup_timeout: float = 120.0,
+        real_nodes: int = 0,
+        real_node_labels: Mapping[str, str] | None = None,
+        kubelet_args: Sequence[str] = (),
+        node_binaries: NodeBinaries | None = None,
+        node_lock_timeout: float = 900.0,
     ) -> None:
+        if real_nodes not in (0, 1):
+            raise ValueError(
+                f"real_nodes must be 0 or 1 (one real node per machine), got {real_nodes}"
+            )
+        self._real_nodes = real_nodes
+        self._real_node_labels = dict(real_node_labels or {})
+        self._kubelet_args = tuple(kubelet_args)
+        self._node_binaries = node_binaries
+        self._node_lock_timeout = node_lock_timeout
+        self._node_lock = NodeLock()
+        self._real_node: RealNode | None = None
         self._owns_directory = directory is None
         self._directory = directory
         self._with_scheduler = scheduler
@@ -136,6 +180,9 @@ class LocalCluster:
         cluster = cls(directory)
         cluster._server = state.server
         cluster._records = state.processes
+        cluster._real_nodes = (
+            1 if RealNodeLayout(layout.directory / "node").directory.is_dir() else 0
+        )
         cluster.startup_seconds = state.startup_seconds
         cluster._started = True
         return cluster
@@ -166,6 +213,11 @@ class LocalCluster:
             stop_all(self._processes)
         else:
             stop_records(self._records)
+        if self._directory is not None and self._real_nodes:
+            problems = cleanup(self._node_layout())
+            self._node_lock.release()
+            if problems:
+                print("gpuplace: the real node left: " + "; ".join(problems), file=sys.stderr)
         if self._directory is not None:
             layout = ClusterLayout(self._directory)
             layout.state_file.unlink(missing_ok=True)
@@ -250,6 +302,18 @@ class LocalCluster:
     @property
     def logs_dir(self) -> Path:
         return self.layout.logs
+
+    @property
+    def real_node(self) -> RealNode:
+        """The real node (``real_nodes=1``): name, layout, binaries, ``ctr(...)``."""
+        if self._real_node is None:
+            if not self._real_nodes:
+                raise ClusterError("this cluster has no real node; start it with real_nodes=1")
+            self._real_node = RealNode(self._node_layout(), find_node_binaries(build=False))
+        return self._real_node
+
+    def _node_layout(self) -> RealNodeLayout:
+        return RealNodeLayout(self.directory / "node")
 
     def kubectl(
         self,
@@ -417,7 +481,20 @@ class LocalCluster:
         layout = self.layout
         layout.create()
         binaries = self.binaries
+        node_binaries = None
+        if self._real_nodes:
+            node_binaries = self._node_binaries or find_node_binaries()
         self._phase("binaries", began)
+        if self._real_nodes:
+            self._node_lock.acquire(
+                self._node_lock_timeout,
+                on_wait=lambda: print(
+                    f"gpuplace: waiting for the real node of another cluster to stop "
+                    f"({self._node_lock.path})",
+                    file=sys.stderr,
+                ),
+            )
+            self._phase("real node lock", began)
 
         etcd_port, etcd_peer_port, apiserver_port = _free_ports(3)
         self._server = f"https://127.0.0.1:{apiserver_port}"
@@ -449,14 +526,76 @@ class LocalCluster:
             lambda: self._status("/api/v1/namespaces/default/serviceaccounts/default") == 200,
         )
         self._phase("controller-manager ready", began)
+        if node_binaries is not None:
+            self._start_real_node(node_binaries, began)
         for namespace in self._namespaces:
             self.create_namespace(namespace)
         self._phase("namespaces", began)
         self.install_pod_binding_policy()
         self._phase("pod binding policy", began)
 
-    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> ManagedProcess:
-        process = spawn(name, argv, log=self.layout.log(name), env=env, detach=self._detach)
+    def _start_real_node(self, binaries: NodeBinaries, began: float) -> None:
+        """containerd, the images, then the kubelet; returns once the Node is Ready."""
+        node = RealNodeLayout(self.directory / "node")
+        for directory in (node.directory, node.cni_conf_dir, node.cdi_dir, node.pod_logs):
+            directory.mkdir(parents=True, exist_ok=True)
+        record_created_paths(node)
+        self._real_node = RealNode(node, binaries)
+        env = node_env(binaries, node)
+        lock = () if self._node_lock.fd is None else (self._node_lock.fd,)
+        node.containerd_config.write_text(containerd_config(node, binaries))
+        (node.cni_conf_dir / "10-gpuplace.conflist").write_text(
+            json.dumps(cni_config(node), indent=2)
+        )
+        # containerd and the kubelet hold the node lock too, so a detached node keeps it.
+        self._spawn("containerd", containerd_args(binaries, node), env, pass_fds=lock)
+
+        def containerd_serves() -> bool:
+            if not node.containerd_socket.exists():
+                return False
+            try:
+                self._real_node_ctr("version")
+            except RealNodeError:
+                return False
+            return True
+
+        self.wait_for("containerd serving on its socket", containerd_serves, interval=0.1)
+        import_images(binaries, node, node_images(binaries))
+        self._phase("containerd ready, images imported", began)
+
+        ca = self.ca
+        pair = ca.issue_client(f"system:node:{REAL_NODE_NAME}", organizations=("system:nodes",))
+        pair.write(self.layout.cert("kubelet"), self.layout.key("kubelet"))
+        node.kubelet_kubeconfig.write_text(
+            _kubeconfig(self._server, ca.cert_pem, pair, f"system:node:{REAL_NODE_NAME}")
+        )
+        node.kubelet_kubeconfig.chmod(0o600)
+        ca.issue_server(
+            REAL_NODE_NAME, dns_names=(REAL_NODE_NAME,), ip_addresses=("127.0.0.1",)
+        ).write(self.layout.cert("kubelet-serving"), self.layout.key("kubelet-serving"))
+        config = kubelet_configuration(
+            node,
+            port=_free_ports(1)[0],
+            ca_file=self.layout.ca_cert,
+            serving_cert=self.layout.cert("kubelet-serving"),
+            serving_key=self.layout.key("kubelet-serving"),
+        )
+        node.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
+        argv = kubelet_args(binaries, node, labels=self._real_node_labels, extra=self._kubelet_args)
+        self._spawn("kubelet", argv, env, pass_fds=lock)
+        self.wait_nodes_ready([REAL_NODE_NAME], timeout=self._startup_timeout)
+        self._phase("real node Ready", began)
+
+    def _real_node_ctr(self, *args: str) -> None:
+        assert self._real_node is not None
+        self._real_node.ctr(*args, timeout=5.0)
+
+    def _spawn(
+        self, name: str, argv: list[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
+    ) -> ManagedProcess:
+        process = spawn(
+            name, argv, log=self.layout.log(name), env=env, detach=self._detach, pass_fds=pass_fds
+        )
         self._processes.append(process)
         return process
 
@@ -510,6 +649,9 @@ class LocalCluster:
             ip_addresses=("127.0.0.1", KUBERNETES_SERVICE_IP),
         ).write(layout.cert("kube-apiserver"), layout.key("kube-apiserver"))
         SigningKey.generate().write(layout.service_account_key, layout.service_account_pub)
+        ca.issue_client(KUBELET_CLIENT, organizations=("system:masters",)).write(
+            layout.cert(KUBELET_CLIENT), layout.key(KUBELET_CLIENT)
+        )
         users = {
             ADMIN_USER: ("admin", ("system:masters",)),
             "kube-controller-manager": ("system:kube-controller-manager", ()),
@@ -602,6 +744,10 @@ def _apiserver_args(
         f"--service-account-signing-key-file={layout.service_account_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=Node,RBAC",
+        # Kubelets authorize the apiserver's logs, exec and port-forward calls by this certificate.
+        f"--kubelet-client-certificate={layout.cert(KUBELET_CLIENT)}",
+        f"--kubelet-client-key={layout.key(KUBELET_CLIENT)}",
+        f"--kubelet-certificate-authority={layout.ca_cert}",
         # On top of the default plugins (which include MutatingAdmissionWebhook and
         # ValidatingAdmissionWebhook, ServiceAccount, NamespaceLifecycle, ResourceQuota, ...).
         "--enable-admission-plugins=NodeRestriction",

@@ -79,8 +79,10 @@ def spawn(
     log: Path,
     env: Mapping[str, str] | None = None,
     detach: bool = False,
+    pass_fds: Sequence[int] = (),
 ) -> ManagedProcess:
-    """Starts ``argv`` in a new session with stdout and stderr appended to ``log``."""
+    """Starts ``argv`` in a new session with stdout and stderr appended to ``log``; ``pass_fds``
+    stay open in the child (a lock it shares)."""
     preexec: Callable[[], None] | None = None if detach else die_with_parent(os.getpid())
     with open(os.devnull, "rb") as stdin, log.open("ab") as output:
         popen = subprocess.Popen(
@@ -92,6 +94,7 @@ def spawn(
             start_new_session=True,
             preexec_fn=preexec,  # noqa: PLW1509 - only async-signal-safe calls, see die_with_parent
             close_fds=True,
+            pass_fds=tuple(pass_fds),
         )
     return ManagedProcess(name, popen, log)
 
