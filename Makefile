@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: help venv control-plane tools argocd fakenvml lint test unit integration e2e e2e-argocd demo bench cluster-up cluster-down clean
+.PHONY: help venv control-plane node tools argocd fakenvml lint test unit integration e2e e2e-argocd demo bench cluster-up cluster-down clean
 
 help:
-	@echo "make test | demo | lint | bench | e2e-argocd | cluster-up | cluster-down | control-plane | argocd | clean"
+	@echo "make test | demo | lint | bench | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ venv: $(STAMP)
 
 control-plane:
 	@hack/build-control-plane.sh >/dev/null
+
+# The real node: kubelet, containerd, runc, CNI plugins (from Go modules) and the pause and
+# gpu-probe image payloads, into $(GPUPLACE_CACHE)/node (about 3 minutes the first time).
+node:
+	@hack/build-node.sh >/dev/null
 
 # helm (built from its Go module) and the third-party CRDs the chart and argocd/ are checked against.
 tools:
@@ -43,13 +48,13 @@ lint: $(STAMP)
 unit: $(STAMP) tools fakenvml
 	$(BIN)/pytest tests/unit -q
 
-integration: $(STAMP) control-plane tools fakenvml
+integration: $(STAMP) control-plane node tools fakenvml
 	$(BIN)/pytest tests/integration -q
 
 e2e: $(STAMP) control-plane fakenvml
 	$(BIN)/pytest tests/e2e -q
 
-test: $(STAMP) control-plane tools fakenvml
+test: $(STAMP) control-plane node tools fakenvml
 	$(BIN)/pytest tests -q -m "not argocd"
 
 # The flow through real ArgoCD (needs redis-server: apt-get install redis-server). -rP prints the

@@ -31,9 +31,11 @@ def demo_uuid(node_number: int, index: int) -> str:
     return f"GPU-{node_number:08x}-0000-4000-8000-{index:012x}"
 
 
-def fake_gpus(node: str, count: int) -> dict[str, object]:
-    """A fake NVML configuration: `count` H100s with UUIDs derived from the node's number."""
-    number = int(node.rsplit("-", 1)[-1])
+def fake_gpus(node: str, count: int, number: int | None = None) -> dict[str, object]:
+    """A fake NVML configuration: `count` H100s with UUIDs derived from the node's number (the
+    name's last ``-<n>`` unless given)."""
+    if number is None:
+        number = int(node.rsplit("-", 1)[-1])
     devices = []
     for index in range(count):
         devices.append(
@@ -107,9 +109,11 @@ class Components:
         self.items.append(component.start())
         return component
 
-    def agent(self, node: str, gpus: int, interval: float = 2.0) -> Path:
+    def agent(self, node: str, gpus: int, interval: float = 2.0, number: int | None = None) -> Path:
+        """An agent for ``node`` whose fake NVML reports ``gpus`` devices (UUIDs from ``number``,
+        see `fake_gpus`)."""
         config = self.workdir / f"nvml-{node}.json"
-        config.write_text(json.dumps(fake_gpus(node, gpus), indent=1))
+        config.write_text(json.dumps(fake_gpus(node, gpus, number), indent=1))
         env = {
             "LD_LIBRARY_PATH": str(FAKE_NVML_DIR / "build"),
             "GPUPLACE_FAKE_NVML_CONFIG": str(config),

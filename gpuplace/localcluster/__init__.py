@@ -44,6 +44,19 @@ Use::
   ``wait_for(what, condition, timeout)`` polls a condition and fails early when one died.
 - ``LocalCluster.attach(directory)``: the cluster that ``gpuplace cluster up`` left running.
 
+A real node (``LocalCluster(real_nodes=1)``, `gpuplace.localcluster.realnode`): containerd, runc,
+CNI plugins and a kubelet on this machine (built by ``hack/build-node.sh`` into
+``~/.cache/gpuplace/node``), registered as Node ``localhost``, Ready when ``start()`` returns
+(about 2 s after the control plane). Pods bound to it run: image ``GPU_PROBE_IMAGE``
+(``gpuplace.local/gpu-probe:dev``) prints CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER,
+NVIDIA_VISIBLE_DEVICES and every CUDA_/NVIDIA_/GPU_/GPUPLACE_/DRA_ variable, serves the same on
+port 8080, then waits for SIGTERM (``--once``: print and exit, for init containers); ``kubectl
+logs``, ``exec`` and ``port-forward`` work. ``cluster.real_node`` has ``name``, ``layout``
+(``cdi_dir`` for CDI specs, ``plugins_registry`` / ``plugins`` for kubelet plugins such as a DRA
+driver), ``binaries`` and ``ctr(...)``. It needs root, and one real node runs per machine at a
+time (flock on ``REAL_NODE_LOCK``; ``start()`` waits for it). ``real_node_labels=`` labels the
+Node, ``kubelet_args=`` adds kubelet flags (feature gates, say).
+
 Processes run in their own process groups; ``stop()`` sends SIGTERM then SIGKILL to every group.
 An attached (default) cluster is also stopped at interpreter exit and on SIGTERM (turned into
 KeyboardInterrupt when nobody else handles it), and its children die with the Python process even
@@ -72,7 +85,9 @@ from gpuplace.localcluster.cluster import (
     KubectlError,
     LocalCluster,
 )
+from gpuplace.localcluster.images import GPU_PROBE_IMAGE, PAUSE_IMAGE
 from gpuplace.localcluster.layout import ClusterLayout, ClusterState
+from gpuplace.localcluster.nodebinaries import NodeBinaries, find_node_binaries
 from gpuplace.localcluster.nodes import (
     GPU_RESOURCE,
     KWOK_NODE_ANNOTATION,
@@ -83,13 +98,24 @@ from gpuplace.localcluster.nodes import (
 from gpuplace.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
 from gpuplace.localcluster.process import ManagedProcess, spawn, stop_all
 from gpuplace.localcluster.rawapi import ApiConnection
+from gpuplace.localcluster.realnode import (
+    REAL_NODE_LOCK,
+    REAL_NODE_NAME,
+    RealNode,
+    RealNodeError,
+    RealNodeLayout,
+)
 
 __all__ = [
     "COMPONENTS",
+    "GPU_PROBE_IMAGE",
     "GPU_RESOURCE",
     "KWOK_NODE_ANNOTATION",
     "KWOK_NODE_VALUE",
+    "PAUSE_IMAGE",
     "POD_CIDR",
+    "REAL_NODE_LOCK",
+    "REAL_NODE_NAME",
     "SERVICE_CIDR",
     "ApiConnection",
     "BinariesError",
@@ -103,11 +129,16 @@ __all__ = [
     "KubectlError",
     "LocalCluster",
     "ManagedProcess",
+    "NodeBinaries",
+    "RealNode",
+    "RealNodeError",
+    "RealNodeLayout",
     "SigningKey",
     "bin_dir",
     "cache_root",
     "fake_gpu_nodes",
     "find_binaries",
+    "find_node_binaries",
     "kubernetes_version",
     "spawn",
     "stop_all",

@@ -12,6 +12,10 @@
   Tests that need nodes with particular labels create their own, with unique names.
 - ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists (so pods can
   be created at once), deleted after the test without waiting.
+- ``real_cluster`` (session): a second `LocalCluster` with a real node, ``localhost``
+  (containerd and a kubelet: pods bound to it run; ``real_cluster.real_node``), labelled
+  ``gpu-node-name=realnode``. Only one real node runs on a machine at a time: starting it waits
+  for another test run's to stop. Tests using it are marked ``real_node``.
 
 Every test collected under ``tests/integration`` is marked ``integration``.
 """
@@ -35,11 +39,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in item.path.parents:
             item.add_marker(pytest.mark.integration)
+        if "real_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_node)
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(
+        tmp_path_factory.mktemp("real-cluster"),
+        real_nodes=1,
+        real_node_labels={"gpu-node-name": "realnode"},
+    )
     try:
         local.start()
         yield local
