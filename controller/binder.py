@@ -12,9 +12,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from controller import podfacts
+from controller.dra import ClaimPlan, ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
@@ -54,6 +56,7 @@ class Binder:
         events: EventRecorder,
         cluster: Callable[[], Cluster],
         on_bound: Callable[[SlotKey], None] = lambda _key: None,  # a slot was bound or freed
+        dra: DraTracker | None = None,  # `dra` enforcement: claims are allocated before binding
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -61,6 +64,8 @@ class Binder:
         self.events = events
         self.cluster = cluster
         self.on_bound = on_bound
+        self.dra = dra
+        self.claims = ClaimWriter(kube, dra.settings) if dra is not None else None
         self.cache = SlotCache()
         #: The binding key (controller/bindingkey.py); set by the leader before `rebuild`.
         self.key = b""
@@ -179,7 +184,20 @@ class Binder:
                 self.queue.backoff(uid)
 
     def _decide(self, uid: str, pod: Obj) -> None:
-        outcome = plan(podfacts.facts(pod, self.settings.legacy), self.cluster(), self.cache)
+        facts = podfacts.facts(pod, self.settings.legacy)
+        outcome: Placement | Status = plan(facts, self.cluster(), self.cache)
+        claim: ClaimPlan | None = None
+        if isinstance(outcome, Placement) and self.dra is not None and facts.map_name is not None:
+            checked = self.dra.check(pod, outcome, self.cache)
+            if isinstance(checked, Status):
+                outcome = checked
+            else:
+                claim = checked
+                # The container sees only its own GPUs: host indices would name the wrong ones.
+                uuids = ",".join(outcome.decision.devices)
+                outcome = replace(
+                    outcome, decision=replace(outcome.decision, cuda_visible_devices=uuids)
+                )
         if isinstance(outcome, Status):
             self.metrics.unschedulable.labels(outcome.reason).inc()
             if outcome.code is Code.UNRESOLVABLE and not outcome.waits_for:
@@ -191,23 +209,43 @@ class Binder:
         self.cache.assume(uid, podfacts.name_of(pod), outcome)
         with self._lock:
             self._in_flight.add(uid)
-        self._executor.submit(self._bind, uid, pod, outcome)
+        self._executor.submit(self._bind, uid, pod, outcome, claim)
 
-    def _bind(self, uid: str, pod: Obj, placement: Placement) -> None:
+    def _bind(
+        self, uid: str, pod: Obj, placement: Placement, claim: ClaimPlan | None = None
+    ) -> None:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding"
+        if claim is not None and self.claims is not None:
+            try:
+                self.claims.reserve(claim, pod)  # Reserve: the claim's allocation, then the bind
+            except APIError as exc:
+                # The claim changed since the decision (regenerated, deallocated): decide again
+                # from what the claims informer shows next.
+                self.metrics.binds.labels("claim-refused").inc()
+                log.info("claim not allocated: %s", exc, extra={"pod": podfacts.name_of(pod)})
+                self.cache.forget(uid)
+                self._finish(uid, requeue=True)
+                return
         try:
             self.kube.create(path, binding_body(pod, placement, self.key))
         except (APINotFoundError, APIConflictError) as exc:
             # Gone, recreated, or already bound by someone else: the pod's next event decides.
             self.metrics.binds.labels("conflict").inc()
             log.info("bind refused: %s", exc, extra={"pod": podfacts.name_of(pod)})
+            if isinstance(exc, APINotFoundError):
+                # A pod already bound (409) keeps its claim; a deleted one loses it with the pod.
+                self._unreserve(claim)
             self.cache.forget(uid)
             self._finish(uid, requeue=False)
             return
         except APIError as exc:
             self.metrics.binds.labels("error").inc()
             log.warning("bind failed: %s", exc, extra={"pod": podfacts.name_of(pod)})
+            if 400 <= exc.status < 500:
+                # Refused, so surely not bound. After a timeout or a 5xx the Binding may have
+                # been stored: the allocation stays, and the retry finds it done and reuses it.
+                self._unreserve(claim)
             self.cache.forget(uid)
             self._finish(uid, requeue=True)
             return
@@ -224,6 +262,19 @@ class Binder:
             self.metrics.pending.set(len(self._pods))
         self._reported.pop(uid, None)
         self.on_bound(placement.slot)
+
+    def _unreserve(self, claim: ClaimPlan | None) -> None:
+        """Every reserve has an unreserve when its bind fails, so no claim keeps devices for a
+        pod that is not bound; a failure here leaves it to kube-controller-manager (pod gone) or
+        to the pod's next decision, which reallocates a claim that differs."""
+        if claim is None or self.claims is None:
+            return
+        try:
+            self.claims.unreserve(claim)
+        except APIError as exc:
+            log.warning(
+                "claim %s/%s not unreserved: %s", claim.claim.namespace, claim.claim.name, exc
+            )
 
     def _finish(self, uid: str, requeue: bool) -> None:
         with self._lock:

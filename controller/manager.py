@@ -9,13 +9,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from controller import podfacts
 from controller.binder import Binder
 from controller.bindingkey import load_or_create_key
+from controller.dra import (
+    CLAIMS_PATH,
+    SLICES_PATH,
+    TEMPLATE_SELECTOR,
+    TEMPLATES_PATH,
+    DraTracker,
+    TemplateKeeper,
+)
 from controller.drift import DriftTracker
 from controller.gitsource import GitSource
 from controller.inventories import InventoryTracker
@@ -37,6 +45,7 @@ from placement.annotations import (
 )
 from placement.binding import Cluster, NodeState, Status, slot_status
 from placement.compile import Compiler
+from placement.dra import Enforcement
 from placement.inventory import NodeInventory
 from placement.model import MODEL_LABEL, Model, decode_model
 from placement.restore import declared_map
@@ -77,8 +86,20 @@ class Controller:
         self._unblocked: set[str] = set()  # binder keys those changes may unblock
         self.sources: dict[MapKey, SourceState] = {}
         self.tracker = InventoryTracker(self._on_inventory)
+        self.dra: DraTracker | None = None
+        self.templates: TemplateKeeper | None = None
+        self._templates_dirty = False
+        if settings.enforcement is Enforcement.DRA:
+            self.dra = DraTracker(settings.dra, self._wake_binder)
+            self.templates = TemplateKeeper(kube, settings.dra)
         self.binder = Binder(
-            kube, settings.binder, self.metrics, self.events, self._cluster, self._on_bound
+            kube,
+            settings.binder,
+            self.metrics,
+            self.events,
+            self._cluster,
+            self._on_bound,
+            dra=self.dra,
         )
         self.writer = ModelWriter(kube, settings.system_namespace)
         self.drift = DriftTracker(kube, self.events, self.metrics.drifted.set)
@@ -161,6 +182,20 @@ class Controller:
                 field_selector=f"spec.schedulerName={name}",
                 resync_seconds=resync,
             )
+        if self.dra is not None:
+            inf["resourceslices"] = Informer(
+                self.kube,
+                SLICES_PATH,
+                name="resourceslices",
+                field_selector=f"spec.driver={s.dra.driver}",
+            )
+            inf["resourceclaims"] = Informer(self.kube, CLAIMS_PATH, name="resourceclaims")
+            inf["claimtemplates"] = Informer(
+                self.kube, TEMPLATES_PATH, name="claimtemplates", label_selector=TEMPLATE_SELECTOR
+            )
+            inf["resourceslices"].add_handler(self.dra.on_slice)
+            inf["resourceclaims"].add_handler(self.dra.on_claim)
+            inf["claimtemplates"].add_handler(self._on_template)
         inf["nodes"].add_handler(self._on_node)
         inf["inventories"].add_handler(self.tracker.on_configmap)
         inf["leases"].add_handler(self.tracker.on_lease)
@@ -347,6 +382,7 @@ class Controller:
                     self._compile_and_publish(set())
             if self._leading.is_set():
                 self._judge_drift()
+                self._sync_templates()
             now = time.monotonic()
             if self._leading.is_set() and now - last_status > 0.5 and self._status_dirty:
                 self._write_statuses()
@@ -354,6 +390,23 @@ class Controller:
             if now - last_expiry >= 1.0:  # looks at every inventory: once a second is enough
                 self.tracker.check_expiry()
                 last_expiry = now
+
+    def _wake_binder(self, keys: Iterable[str]) -> None:
+        self.binder.wake(keys)
+
+    def _on_template(self, event: str, _obj: Obj, _old: Obj | None) -> None:
+        if event in (DELETED, "MODIFIED"):  # someone else changed one: put it back
+            self._templates_dirty = True
+
+    def _sync_templates(self) -> None:
+        """One ResourceClaimTemplate per map of the model (dra enforcement), after it changed."""
+        if self.templates is None or not self._templates_dirty:
+            return
+        self._templates_dirty = False
+        informer = self.informers["claimtemplates"]
+        with informer.lock:
+            current = dict(informer.store)
+        self.templates.sync(list(self.model.maps), current)
 
     def _judge_drift(self) -> None:
         """Drift of the bound pods of maps that changed or whose pods did, then rollouts."""
@@ -389,6 +442,7 @@ class Controller:
             self._status_dirty |= changed
             with self._drift_lock:
                 self._drift_dirty |= changed
+            self._templates_dirty = True
             keys.add("model")
             keys |= {f"map:{k}" for k in changed}
         self._status_dirty |= set(reports) & set(self.sources)

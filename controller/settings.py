@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from placement.annotations import LEGACY_NODE_LABEL
+from placement.dra import DraSettings, Enforcement
 from placement.inventory import INVENTORY_NAMESPACE
 from placement.model import MODEL_NAMESPACE
 
@@ -55,5 +56,8 @@ class ControllerSettings:
     #: ConfigMap write (and a validating-webhook call) per map every half second.
     status_bound_seconds: float = 5.0
     binder: BinderSettings = field(default_factory=BinderSettings)
+    #: `dra`: the binder allocates each pod's ResourceClaim to its declared devices before binding.
+    enforcement: Enforcement = Enforcement.ENV
+    dra: DraSettings = field(default_factory=DraSettings)
     log_level: str = "info"
     log_json: bool = False

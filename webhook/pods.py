@@ -28,6 +28,7 @@ from placement.annotations import (
     name_ordinal,
     spoofed_annotations,
 )
+from placement.dra import POD_CLAIM_NAME, Enforcement, template_name
 from placement.errors import PlacementError
 from placement.indexing import IndexChoice, IndexSource, PodIdentity, resolve_index
 from placement.legacy import parse_legacy, shared_gpus
@@ -53,6 +54,8 @@ class ContainerEnv:
     position: int
     name: str
     env: tuple[Mapping[str, Any], ...] | None  # None: the container has no env list
+    has_resources: bool = False
+    claims: tuple[str, ...] | None = None  # resources.claims names; None: no such list
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,8 @@ class PodView:
     node_name: str
     owner_kind: str | None
     containers: tuple[ContainerEnv, ...]
+    #: spec.resourceClaims as (name, template or claim it names); None: no such list
+    resource_claims: tuple[tuple[str, str], ...] | None = None
 
     def __str__(self) -> str:
         name = self.name or (f"{self.generate_name}<generated>" if self.generate_name else "<new>")
@@ -138,7 +143,18 @@ def _containers(spec: Mapping[str, Any]) -> tuple[ContainerEnv, ...]:
                     raise MalformedPodError(f"{where}.env must be a list")
                 env = tuple(_object(e, f"{where}.env[{j}]") for j, e in enumerate(env))
             name = _string(container.get("name"), f"{where}.name")
-            out.append(ContainerEnv(list_name, i, name, env))
+            resources = container.get("resources")
+            claims: tuple[str, ...] | None = None
+            if resources is not None:
+                raw = _object(resources, f"{where}.resources").get("claims")
+                if raw is not None:
+                    if not isinstance(raw, list):
+                        raise MalformedPodError(f"{where}.resources.claims must be a list")
+                    claims = tuple(
+                        _string(_object(c, f"{where}.resources.claims[{j}]").get("name"), "name")
+                        for j, c in enumerate(raw)
+                    )
+            out.append(ContainerEnv(list_name, i, name, env, resources is not None, claims))
     return tuple(out)
 
 
@@ -161,7 +177,26 @@ def read_pod(obj: Mapping[str, Any] | None, namespace: str) -> PodView:
         node_name=_string(spec.get("nodeName"), "spec.nodeName"),
         owner_kind=_controller_kind(meta.get("ownerReferences")),
         containers=_containers(spec),
+        resource_claims=_resource_claims(spec.get("resourceClaims")),
     )
+
+
+def _resource_claims(value: object) -> tuple[tuple[str, str], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise MalformedPodError("spec.resourceClaims must be a list")
+    out = []
+    for i, item in enumerate(value):
+        entry = _object(item, f"spec.resourceClaims[{i}]")
+        source = entry.get("resourceClaimTemplateName") or entry.get("resourceClaimName")
+        out.append(
+            (
+                _string(entry.get("name"), f"spec.resourceClaims[{i}].name"),
+                _string(source, f"spec.resourceClaims[{i}]"),
+            )
+        )
+    return tuple(out)
 
 
 def _field_env(name: str, annotation: str) -> dict[str, Any]:
@@ -169,13 +204,20 @@ def _field_env(name: str, annotation: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
 
-def wired_env(env_mode: EnvMode) -> tuple[dict[str, Any], ...]:
-    """The entries every container gets, in the order they are inserted at the front of `env`."""
+def wired_env(
+    env_mode: EnvMode, enforcement: Enforcement = Enforcement.ENV
+) -> tuple[dict[str, Any], ...]:
+    """The entries every container gets, in the order they are inserted at the front of `env`.
+
+    In dra enforcement the binder writes the UUIDs of the pod's own GPUs into the annotation (the
+    only GPUs the container sees, so host indices would name the wrong ones), and the DRA driver,
+    not the pod, sets NVIDIA_VISIBLE_DEVICES; a user-set value of it is still removed.
+    """
     entries = [
         _field_env(ENV_CUDA_VISIBLE_DEVICES, CUDA_ANNOTATION),
         {"name": ENV_CUDA_DEVICE_ORDER, "value": "PCI_BUS_ID"},
     ]
-    if env_mode is EnvMode.UUID:
+    if env_mode is EnvMode.UUID and enforcement is Enforcement.ENV:
         entries.append(_field_env(ENV_NVIDIA_VISIBLE_DEVICES, DEVICES_ANNOTATION))
     return tuple(entries)
 
@@ -202,7 +244,10 @@ def _env_ops(
 
 
 def _wiring(
-    pod: PodView, env_mode: EnvMode, scheduler_name: str | None
+    pod: PodView,
+    env_mode: EnvMode,
+    scheduler_name: str | None,
+    enforcement: Enforcement = Enforcement.ENV,
 ) -> tuple[tuple[Operation, ...], tuple[str, ...]]:
     ops: list[Operation] = []
     warnings: list[str] = []
@@ -219,7 +264,7 @@ def _wiring(
                 f"spec.schedulerName {pod.scheduler_name!r} replaced by {scheduler_name!r}: "
                 f"pods with label {MAP_LABEL} are placed by the gpuplace binder"
             )
-    wanted = wired_env(env_mode)
+    wanted = wired_env(env_mode, enforcement)
     replaced: dict[str, list[str]] = {}
     for container in pod.containers:
         container_ops, names = _env_ops(container, wanted)
@@ -317,8 +362,60 @@ def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Ve
         )
     if LEGACY_ANNOTATION in pod.annotations:
         warnings.append(f"annotation {LEGACY_ANNOTATION} is ignored: label {MAP_LABEL} is set")
-    ops, wiring_warnings = _wiring(pod, cmap.env_mode, settings.scheduler_name)
-    return Verdict(True, patch=ops, warnings=(*warnings, *wiring_warnings))
+    claim_ops: list[Operation] = []
+    if settings.enforcement is Enforcement.DRA:
+        conflict = foreign_claims(pod)
+        if conflict:
+            return Verdict.deny(
+                f"pod {pod}: placement map {key} is enforced through DRA: gpuplace gives the pod "
+                f"one ResourceClaim ({POD_CLAIM_NAME!r}, from ResourceClaimTemplate "
+                f"{template_name(key.name)!r}) and allocates it to the declared GPUs; "
+                f"{conflict}, which nothing would allocate (kube-scheduler does not schedule "
+                "gpuplace's pods); remove them"
+            )
+        claim_ops = claim_wiring(pod, template_name(key.name))
+    ops, wiring_warnings = _wiring(
+        pod, cmap.env_mode, settings.scheduler_name, settings.enforcement
+    )
+    return Verdict(True, patch=(*claim_ops, *ops), warnings=(*warnings, *wiring_warnings))
+
+
+def foreign_claims(pod: PodView) -> str:
+    """What, in a pod of a dra map, names a claim other than gpuplace's; empty if nothing."""
+    found = [
+        f"spec.resourceClaims[{i}] {name!r}"
+        for i, (name, _source) in enumerate(pod.resource_claims or ())
+        if name != POD_CLAIM_NAME
+    ]
+    for container in pod.containers:
+        for j, name in enumerate(container.claims or ()):
+            if name != POD_CLAIM_NAME:
+                found.append(
+                    f"spec.{container.list_name}[{container.position}].resources.claims[{j}] {name!r}"
+                )
+    return "it also carries " + ", ".join(found) if found else ""
+
+
+def claim_wiring(pod: PodView, template: str) -> list[Operation]:
+    """Operations that give the pod the map's claim and every container a reference to it."""
+    ops: list[Operation] = []
+    entry = {"name": POD_CLAIM_NAME, "resourceClaimTemplateName": template}
+    if pod.resource_claims is None:
+        ops.append(add(pointer("spec", "resourceClaims"), [entry]))
+    elif (POD_CLAIM_NAME, template) not in pod.resource_claims:
+        # Ours under another source (a pod copied from another map): the map decides.
+        for i in reversed(range(len(pod.resource_claims))):
+            ops.append(remove(pointer("spec", "resourceClaims", i)))
+        ops.append(add(pointer("spec", "resourceClaims", "-"), entry))
+    for container in pod.containers:
+        base = pointer("spec", container.list_name, container.position, "resources")
+        if not container.has_resources:
+            ops.append(add(base, {"claims": [{"name": POD_CLAIM_NAME}]}))
+        elif container.claims is None:
+            ops.append(add(f"{base}/claims", [{"name": POD_CLAIM_NAME}]))
+        elif POD_CLAIM_NAME not in container.claims:
+            ops.append(add(f"{base}/claims/-", {"name": POD_CLAIM_NAME}))
+    return ops
 
 
 def _admit_legacy(pod: PodView) -> Verdict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kubeio.client import ClientSettings
+from placement.dra import Enforcement
 from placement.model import MODEL_NAMESPACE
 
 DEFAULT_SCHEDULER_NAME = "gpuplace"
@@ -23,6 +24,8 @@ class AdmissionSettings:
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     legacy_mode: bool = True
     legacy_scheduler_names: tuple[str, ...] = DEFAULT_LEGACY_SCHEDULER_NAMES
+    #: `dra`: pods of maps get the map's ResourceClaim and UUID env (they see only their GPUs).
+    enforcement: Enforcement = Enforcement.ENV
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,18 @@ from types import FrameType
 
 from controller.manager import Controller
 from controller.settings import BinderSettings, ControllerSettings, GitSourceSettings
-from gpuplace.commands._env import env_bool, env_float, env_int, env_list, env_str
+from gpuplace.commands._env import (
+    add_enforcement_flags,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
 from kubeio import logs
 from kubeio.client import ClientSettings, Kube
 from kubeio.httpserver import OpsServer
+from placement.dra import DraSettings, Enforcement
 
 log = logging.getLogger("gpuplace.controller")
 
@@ -68,6 +76,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=env_int("GPUPLACE_BIND_WORKERS", BinderSettings().bind_workers),
         help="concurrent pods/binding calls (default %(default)s)",
     )
+    add_enforcement_flags(p, dra_details=True)
     p.add_argument("--lease-seconds", type=float, default=env_float("GPUPLACE_LEASE_SECONDS", 15.0))
     p.add_argument(
         "--renew-deadline-seconds",
@@ -118,6 +127,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
             require_inventory=args.require_inventory,
             bind_workers=args.bind_workers,
         ),
+        enforcement=Enforcement(args.enforcement),
+        dra=DraSettings(args.dra_driver, args.dra_attribute, args.dra_device_class),
         log_level=args.log_level,
         log_json=args.log_json,
     )

@@ -9,10 +9,18 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from gpuplace.commands._env import env_bool, env_float, env_int, env_list, env_str
+from gpuplace.commands._env import (
+    add_enforcement_flags,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
 from kubeio import logs
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
+from placement.dra import Enforcement
 from webhook.app import create_app
 from webhook.certs import KeyPair
 from webhook.manifests import Endpoint, mutating_configuration, validating_configuration
@@ -86,6 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="schedulerName of legacy pods (repeatable; default gpu-scheduler)",
     )
+    add_enforcement_flags(p, dra_details=False)
     tls = p.add_argument_group("TLS")
     tls.add_argument("--tls-cert-file", default=env_str("GPUPLACE_TLS_CERT_FILE", None))
     tls.add_argument("--tls-key-file", default=env_str("GPUPLACE_TLS_KEY_FILE", None))
@@ -153,6 +162,7 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
             scheduler_name=args.scheduler_name,
             legacy_mode=args.legacy,
             legacy_scheduler_names=legacy_names,
+            enforcement=Enforcement(args.enforcement),
         ),
         server=ServerSettings(
             host=args.host,

@@ -15,7 +15,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -46,7 +46,7 @@ from webhook.manifests import (
 from webhook.modelcache import ModelCache
 from webhook.register import apply_configuration
 from webhook.server import WebhookServer
-from webhook.settings import ServerSettings, WebhookSettings
+from webhook.settings import AdmissionSettings, ServerSettings, WebhookSettings
 from webhook.tls import ServingTLS
 
 SCOPE_LABEL = "gpuplace.io/webhook-it"
@@ -147,12 +147,14 @@ class RunningWebhook:
     port: int = 0
     server: WebhookServer | None = None
     tls: ServingTLS | None = None
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
 
     def start(self) -> None:
         settings = WebhookSettings(
+            admission=self.admission,
             server=ServerSettings(
                 host="127.0.0.1", port=self.port, threads=8, shutdown_delay_seconds=0
-            )
+            ),
         )
         self.tls = ServingTLS(
             issue_serving(self.ca, ["localhost"], ["127.0.0.1"], timedelta(days=1))

@@ -1,0 +1,435 @@
+"""`dra` enforcement against the real apiserver, kube-controller-manager and kwok nodes: the
+webhook gives pods the map's claim, kube-controller-manager generates it, the binder allocates it
+to the declared devices from the driver's ResourceSlices, reserves it for the pod, then binds."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from gpuplace.localcluster import FakeNode, LocalCluster
+from kubeio.client import ClientSettings, Kube
+from placement.annotations import (
+    CUDA_ANNOTATION,
+    DEVICES_ANNOTATION,
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    INDEX_ANNOTATION,
+    MAP_LABEL,
+)
+from placement.dra import (
+    DELETE_PROTECTION,
+    POD_CLAIM_NAME,
+    DraSettings,
+    Enforcement,
+    device_name,
+    slice_for,
+    template_name,
+)
+from tests.integration.controllerkit import (
+    ControllerProcess,
+    apply_map,
+    gpu_uuid,
+    inventory_for,
+    list_pods,
+    map_yaml,
+    pending_reason,
+    publish_inventory,
+    statefulset,
+    wait_for,
+)
+from tests.integration.test_webhook import RunningWebhook, free_port
+from webhook.certs import generate_ca
+from webhook.manifests import Endpoint, mutating_configuration
+from webhook.modelcache import ModelCache
+from webhook.register import apply_configuration
+from webhook.settings import AdmissionSettings
+
+pytestmark = pytest.mark.integration
+
+SCOPE_LABEL = "gpuplace.io/dra-it"
+CONFIGURATION = "gpuplace-dra-it"
+SETTINGS = DraSettings()
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Dra:
+    cluster: LocalCluster
+
+    def nodes(self, prefix: str, count: int, gpus: int, sliced: int | None = None) -> list[str]:
+        """kwok GPU nodes with agent inventories and the driver's ResourceSlices (the first
+        `sliced` GPUs of each node published, all by default)."""
+        names = [unique(f"{prefix}-{i}") for i in range(count)]
+        self.cluster.create_nodes([FakeNode(n, gpus=gpus) for n in names])
+        for name in names:
+            inventory = inventory_for(name, gpus)
+            publish_inventory(self.cluster, inventory)
+            body = slice_for(inventory, SETTINGS)
+            body["spec"]["devices"] = body["spec"]["devices"][: gpus if sliced is None else sliced]
+            status, resp = self.cluster.request(
+                "POST", "/apis/resource.k8s.io/v1/resourceslices", body
+            )
+            assert status == 201, resp
+        return names
+
+
+@pytest.fixture(scope="module")
+def dra(cluster: LocalCluster) -> Iterator[Dra]:
+    for name in ("gpuplace-system", "gpuplace-inventory"):
+        cluster.create_namespace(name)
+    kube = Kube.connect(ClientSettings(kubeconfig=str(cluster.kubeconfig)))
+    models = ModelCache(kube, "gpuplace-system").start()
+    webhook = RunningWebhook(
+        cluster,
+        generate_ca("dra-it-ca", timedelta(days=2)),
+        models,
+        port=free_port(),
+        admission=AdmissionSettings(enforcement=Enforcement.DRA),
+    )
+    webhook.start()
+    endpoint = Endpoint(ca_bundle=webhook.ca.cert_pem, url=f"https://127.0.0.1:{webhook.port}")
+    selector = {"matchLabels": {SCOPE_LABEL: "true"}}
+    apply_configuration(
+        kube, mutating_configuration(CONFIGURATION, endpoint, namespace_selector=selector)
+    )
+    try:
+        yield Dra(cluster)
+    finally:
+        cluster.request(
+            "DELETE",
+            f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION}",
+        )
+        webhook.stop()
+        models.stop()
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, dra: Dra) -> Iterator[str]:
+    name = unique("dra-it")
+    cluster.create_namespace(name, labels={SCOPE_LABEL: "true"})
+    yield name
+    cluster.delete_namespace(name)
+
+
+@pytest.fixture
+def controller(cluster: LocalCluster, dra: Dra) -> Iterator[ControllerProcess]:
+    proc = ControllerProcess(cluster, unique("dra"), "--enforcement=dra")
+    yield proc
+    alive = proc.alive()
+    proc.stop()
+    print(proc.log()[-6000:])
+    assert alive
+
+
+def create(cluster: LocalCluster, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, resp = cluster.request("POST", path, body)
+    assert status == 201, resp
+    return resp
+
+
+def claims(cluster: LocalCluster, namespace: str | None = None) -> list[dict[str, Any]]:
+    path = (
+        CLAIMS
+        if namespace is None
+        else f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    )
+    status, body = cluster.request("GET", path)
+    assert status == 200, body
+    return list(body["items"])
+
+
+def claim_of(cluster: LocalCluster, pod: dict[str, Any]) -> dict[str, Any] | None:
+    names = [
+        s["resourceClaimName"]
+        for s in pod["status"].get("resourceClaimStatuses") or []
+        if s["name"] == POD_CLAIM_NAME
+    ]
+    if not names:
+        return None
+    ns = pod["metadata"]["namespace"]
+    status, body = cluster.request(
+        "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{names[0]}"
+    )
+    return body if status == 200 else None
+
+
+def bound(cluster: LocalCluster, namespace: str) -> dict[str, dict[str, Any]]:
+    return {
+        p["metadata"]["name"]: p
+        for p in list_pods(cluster, namespace)
+        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def allocated(claim: dict[str, Any]) -> list[tuple[str, str, str]]:
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
+    return [(r["driver"], r["pool"], r["device"]) for r in results.get("results") or []]
+
+
+def assert_claim_is_the_binding(cluster: LocalCluster, pod: dict[str, Any]) -> None:
+    """The pod's claim holds exactly the pod's declared devices, on its node, reserved for it."""
+    node = pod["spec"]["nodeName"]
+    ann = pod["metadata"]["annotations"]
+    claim = claim_of(cluster, pod)
+    assert claim is not None, pod["status"]
+    uuids = ann[DEVICES_ANNOTATION].split(",")
+    indices = [next(i for i in range(64) if gpu_uuid(node, i) == u) for u in uuids]
+    assert allocated(claim) == [(SETTINGS.driver, node, device_name(i)) for i in indices]
+    selector = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+    assert selector == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    ]
+    assert claim["status"]["reservedFor"] == [
+        {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+    ]
+    assert DELETE_PROTECTION in claim["metadata"]["finalizers"]
+    # Inside the container only its own GPUs exist: the env names them by UUID.
+    assert ann[CUDA_ANNOTATION] == ann[DEVICES_ANNOTATION]
+
+
+def no_device_twice(cluster: LocalCluster) -> None:
+    seen: dict[tuple[str, str, str], str] = {}
+    for claim in claims(cluster):
+        for device in allocated(claim):
+            name = f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
+            assert device not in seen, f"{device} allocated to {seen.get(device)} and {name}"
+            seen[device] = name
+
+
+def test_statefulset_claims_hold_exactly_the_declared_gpus(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    nodes = dra.nodes("sts", 2, gpus=4)
+    entries = [(0, nodes[0], [0, 1]), (1, nodes[0], [3]), (2, nodes[1], [2])]
+    apply_map(cluster, namespace, "llm", map_yaml(namespace, "llm", entries))
+    body = statefulset(namespace, "web", "llm", 3)
+    body["spec"]["template"]["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
+    create(cluster, f"/apis/apps/v1/namespaces/{namespace}/statefulsets", body)
+    pods = wait_for("3 bound", lambda: (p := bound(cluster, namespace)) and len(p) == 3 and p)
+    for index, node, devices in entries:
+        pod = pods[f"web-{index}"]
+        assert pod["spec"]["nodeName"] == node
+        assert pod["metadata"]["annotations"][DEVICES_ANNOTATION] == ",".join(
+            gpu_uuid(node, d) for d in devices
+        )
+        assert_claim_is_the_binding(cluster, pod)
+        assert pod["spec"]["resourceClaims"] == [
+            {"name": POD_CLAIM_NAME, "resourceClaimTemplateName": template_name("llm")}
+        ]
+        for container in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+            assert container["resources"]["claims"] == [{"name": POD_CLAIM_NAME}]
+            names = [e["name"] for e in container["env"]]
+            assert ENV_NVIDIA_VISIBLE_DEVICES not in names
+    no_device_twice(cluster)
+
+    # Deleting a pod frees its claim (kube-controller-manager deallocates and deletes it); the
+    # StatefulSet's next pod gets a new claim with the same devices.
+    old = pods["web-1"]
+    old_claim = claim_of(cluster, old)
+    assert old_claim is not None
+    cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/web-1")
+
+    def replaced() -> dict[str, Any] | None:
+        pod = bound(cluster, namespace).get("web-1")
+        return pod if pod and pod["metadata"]["uid"] != old["metadata"]["uid"] else None
+
+    new = wait_for("web-1 replaced and bound", replaced, timeout=90)
+    assert_claim_is_the_binding(cluster, new)
+    names = {c["metadata"]["name"] for c in claims(cluster, namespace)}
+    wait_for(
+        "the old claim gone",
+        lambda: (
+            old_claim["metadata"]["name"]
+            not in {c["metadata"]["name"] for c in claims(cluster, namespace)}
+        ),
+        timeout=60,
+    )
+    assert names
+    no_device_twice(cluster)
+
+
+def test_deployment_and_two_maps_never_share_a_device(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    (node,) = dra.nodes("dep", 1, gpus=4)
+    apply_map(
+        cluster,
+        namespace,
+        "batch",
+        map_yaml(namespace, "batch", [(0, node, [0]), (1, node, [1])], indexing="allocate"),
+    )
+    apply_map(cluster, namespace, "other", map_yaml(namespace, "other", [(0, node, [2, 3])]))
+    # A claim that someone else allocated (as kube-scheduler would) holds GPU 3.
+    foreign = create(
+        cluster,
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "foreign"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": SETTINGS.device_class}}
+                    ]
+                }
+            },
+        },
+    )
+    foreign["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": SETTINGS.driver,
+                        "pool": node,
+                        "device": device_name(3),
+                    }
+                ]
+            }
+        }
+    }
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/foreign"
+    status, resp = cluster.request("PUT", f"{path}/status", foreign)
+    assert status == 200, resp
+    body = statefulset(namespace, "work", "batch", 3)
+    body["kind"] = "Deployment"
+    del body["spec"]["serviceName"], body["spec"]["podManagementPolicy"]
+    create(cluster, f"/apis/apps/v1/namespaces/{namespace}/deployments", body)
+    other = statefulset(namespace, "other", "other", 1)
+    create(cluster, f"/apis/apps/v1/namespaces/{namespace}/statefulsets", other)
+
+    def two_work_bound() -> bool:
+        pods = bound(cluster, namespace)
+        return len([n for n in pods if n.startswith("work-")]) == 2
+
+    wait_for("2 of 3 Deployment pods bound", two_work_bound)
+    wait_for(
+        "other-0 waits for GPU 3",
+        lambda: pending_reason(cluster, namespace, "other-0") == "DeviceBusy",
+    )
+    pods = bound(cluster, namespace)
+    for pod in pods.values():
+        assert_claim_is_the_binding(cluster, pod)
+    assert sorted(p["metadata"]["annotations"][INDEX_ANNOTATION] for p in pods.values()) == [
+        "0",
+        "1",
+    ]
+    no_device_twice(cluster)
+    # Freed by its owner, the GPU goes to the map that declares it.
+    cluster.request("DELETE", path)
+    pod = wait_for("other-0 bound", lambda: bound(cluster, namespace).get("other-0"), timeout=60)
+    assert_claim_is_the_binding(cluster, pod)
+    no_device_twice(cluster)
+
+
+def test_a_declared_device_missing_from_the_slices_blocks_the_slot(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    (node,) = dra.nodes("miss", 1, gpus=4, sliced=2)
+    apply_map(cluster, namespace, "m", map_yaml(namespace, "m", [(0, node, [1]), (1, node, [3])]))
+    create(
+        cluster,
+        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+        statefulset(namespace, "m", "m", 2),
+    )
+    pod = wait_for("m-0 bound", lambda: bound(cluster, namespace).get("m-0"))
+    assert_claim_is_the_binding(cluster, pod)
+    wait_for(
+        "m-1 DeviceMissing", lambda: pending_reason(cluster, namespace, "m-1") == "DeviceMissing"
+    )
+    claim = claim_of(
+        cluster, next(p for p in list_pods(cluster, namespace) if p["metadata"]["name"] == "m-1")
+    )
+    assert claim is None or not allocated(claim)
+
+
+def test_pods_carrying_their_own_claims_are_refused(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    (node,) = dra.nodes("own", 1, gpus=2)
+    apply_map(cluster, namespace, "m", map_yaml(namespace, "m", [(0, node, [0])]))
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "m-0", "labels": {MAP_LABEL: "m"}},
+        "spec": {
+            "resourceClaims": [{"name": "mine", "resourceClaimTemplateName": "any-gpu"}],
+            "containers": [
+                {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "mine"}]}}
+            ],
+        },
+    }
+    status, body = wait_for(
+        "the webhook to know map m",
+        lambda: (
+            (r := cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod))
+            and "does not exist" not in str(r[1].get("message"))
+            and r
+        ),
+    )
+    assert status == 403, body
+    message = body["message"]
+    assert "spec.resourceClaims[0] 'mine'" in message
+    assert "spec.containers[0].resources.claims[0] 'mine'" in message
+    assert f"placement map {namespace}/m is enforced through DRA" in message
+
+
+def test_leader_killed_during_a_burst_leaves_no_device_twice_and_no_orphan_claim(
+    cluster: LocalCluster, dra: Dra, namespace: str
+) -> None:
+    nodes = dra.nodes("fo", 25, gpus=8)
+    entries = [(i, nodes[i // 8], [i % 8]) for i in range(200)]
+    apply_map(cluster, namespace, "big", map_yaml(namespace, "big", entries))
+    lease = unique("gpuplace-dra-failover")
+    a = ControllerProcess(cluster, unique("a"), "--enforcement=dra", lease=lease)
+    wait_for("a leads", lambda: "became leader" in a.log())
+    b = ControllerProcess(cluster, unique("b"), "--enforcement=dra", lease=lease)
+    try:
+        create(
+            cluster,
+            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+            statefulset(namespace, "big", "big", 200),
+        )
+        wait_for("some pods bound", lambda: len(bound(cluster, namespace)) >= 20, timeout=180)
+        a.kill()
+        wait_for("b takes over", lambda: "became leader" in b.log(), timeout=30)
+        pods = wait_for(
+            "all 200 bound",
+            lambda: (p := bound(cluster, namespace)) and len(p) == 200 and p,
+            timeout=400,
+            interval=2.0,
+        )
+        for pod in pods.values():
+            assert_claim_is_the_binding(cluster, pod)
+        no_device_twice(cluster)
+        # Half the pods go away: their claims are deallocated and deleted, none stays allocated
+        # for a pod that is gone, and the rest keep theirs.
+        cluster.kubectl("-n", namespace, "scale", "statefulset/big", "--replicas=100")
+
+        def orphans() -> list[str]:
+            uids = {p["metadata"]["uid"] for p in list_pods(cluster, namespace)}
+            out = []
+            for claim in claims(cluster, namespace):
+                holders = {r["uid"] for r in claim["status"].get("reservedFor") or []}
+                if allocated(claim) and (not holders or not holders <= uids):
+                    out.append(claim["metadata"]["name"])
+            return out
+
+        wait_for("100 pods", lambda: len(list_pods(cluster, namespace)) == 100, timeout=180)
+        wait_for("no claim allocated for a gone pod", lambda: not orphans(), timeout=120)
+        no_device_twice(cluster)
+    finally:
+        a.kill() if a.alive() else None
+        b.stop()
+        print(b.log()[-4000:])
