@@ -119,6 +119,7 @@ SCENARIOS = (
         {"global": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     ),
     Scenario("agent-off", {"agent": {"enabled": False}}),
+    Scenario("dra", {"global": {"enforcement": {"mode": "dra"}}}),
     Scenario("nvml-runtime", {"agent": {"nvml": {"hostPath": ""}, "runtimeClassName": "nvidia"}}),
     Scenario(
         "nvml-directory",

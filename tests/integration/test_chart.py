@@ -99,10 +99,10 @@ def test_install_renders_notes(chart_cluster: LocalCluster) -> None:
 def rbac(
     chart_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalCluster]:
-    """The default chart's RBAC, applied for real; removed again after the module."""
-    objects = [
-        o for o in render(SCENARIOS[0], tmp_path_factory.mktemp("rbac")) if o["kind"] in RBAC_KINDS
-    ]
+    """The chart's RBAC in dra enforcement (the default's plus the controller's DRA rules),
+    applied for real; removed again after the module."""
+    dra = next(s for s in SCENARIOS if s.name == "dra")
+    objects = [o for o in render(dra, tmp_path_factory.mktemp("rbac")) if o["kind"] in RBAC_KINDS]
     manifest = yaml.safe_dump_all(objects)
     chart_cluster.kubectl("apply", "-f", "-", input=manifest)
     yield chart_cluster
@@ -143,6 +143,13 @@ ALLOWED: list[tuple[str, ...]] = [
     ("controller", "patch", "pods", "--subresource=status", "-n", W),
     ("controller", "watch", "nodes"),
     ("controller", "create", "events", "-n", W),
+    # controller, dra enforcement: the only writer of claim allocations; claim templates per map
+    ("controller", "patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", W),
+    ("controller", "patch", "resourceclaims.resource.k8s.io", "-n", W),
+    ("controller", "watch", "resourceclaims.resource.k8s.io", "--all-namespaces"),
+    ("controller", "watch", "resourceslices.resource.k8s.io"),
+    ("controller", "create", "resourceclaimtemplates.resource.k8s.io", "-n", W),
+    ("controller", "delete", "resourceclaimtemplates.resource.k8s.io", "-n", W),
     # webhook: the model, its CA Secret and its two webhook configurations, by name
     ("webhook", "watch", "configmaps", "-n", NAMESPACE),
     ("webhook", "get", "secrets/gpuplace-webhook-ca", "-n", NAMESPACE),
@@ -171,6 +178,16 @@ REFUSED: list[tuple[str, ...]] = [
     ("controller", "patch", "nodes"),
     ("controller", "get", "secrets", "-n", NAMESPACE),
     ("controller", "create", "pods", "--subresource=eviction", "-n", W),
+    ("controller", "create", "resourceclaims.resource.k8s.io", "-n", W),
+    ("controller", "delete", "resourceclaims.resource.k8s.io", "-n", W),
+    ("controller", "create", "resourceslices.resource.k8s.io"),
+    ("controller", "update", "resourceslices.resource.k8s.io"),
+    # webhook and agent: never a claim allocation
+    ("webhook", "patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", W),
+    ("webhook", "update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", W),
+    ("agent", "patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", W),
+    ("agent", "update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", W),
+    ("agent", "create", "resourceslices.resource.k8s.io"),
     # webhook: cannot bind, nor touch other Secrets or configurations, nor write the model
     ("webhook", "create", "pods", "--subresource=binding", "-n", W),
     ("webhook", "patch", "pods", "-n", W),

@@ -284,6 +284,22 @@ def test_legacy_switch(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert selector["matchExpressions"][0]["operator"] == "NotIn"
 
 
+def test_enforcement_switch(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for component in ("controller", "webhook"):
+        assert "--enforcement=env" in container(rendered["default"], component)["args"]
+        assert "--enforcement=dra" in container(rendered["dra"], component)["args"]
+    assert "--dra-driver=gpu.nvidia.com" in container(rendered["dra"], "controller")["args"]
+    assert "--dra-attribute=uuid" in container(rendered["dra"], "controller")["args"]
+    # Only dra enforcement lets the controller touch DRA objects; nothing else ever writes claims.
+    default = rules_of(rendered["default"], "controller")[("ClusterRole", "")]
+    assert not any("resource.k8s.io" in r["apiGroups"] for r in default)
+    dra = rules_of(rendered["dra"], "controller")[("ClusterRole", "")]
+    assert grants(dra, "patch", "resourceclaims/status")
+    for component in ("webhook", "agent"):
+        for rules in rules_of(rendered["dra"], component).values():
+            assert not any("resource.k8s.io" in r["apiGroups"] for r in rules)
+
+
 def test_bootstrap_tls(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objects = rendered["default"]
     args = container(objects, "webhook")["args"]
