@@ -37,6 +37,7 @@ main() {
   runc_version=$(pin runc)
   cni_version=$(pin cni_plugins)
   probe_hash=$(cd "$here/gpu-probe" && LC_ALL=C ls -1 | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)
+  dra_hash=$(cd "$here/dra-driver" && LC_ALL=C ls -1 | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)
 
   cache=${GPUPLACE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuplace}
   root="$cache/node"
@@ -128,6 +129,12 @@ main() {
     place "gpu-probe-$probe_hash" gpu-probe
   fi
 
+  if [ ! -x "$root/dra-driver-$dra_hash/gpuplace-dra-driver" ]; then
+    run_build "gpuplace-dra-driver (fake GPU DRA kubelet plugin)" "$logs/dra-driver.log" \
+      go_dir "$here/dra-driver" build -v -o "$staging/gpuplace-dra-driver" .
+    place "dra-driver-$dra_hash" gpuplace-dra-driver
+  fi
+
   log "node components ready in $root ($((SECONDS - total_start))s)"
   echo "$root"
 }
@@ -156,6 +163,7 @@ missing() {
   all_there "cni-plugins-$cni_version" "${cni_binaries[@]}" || echo "cni-plugins-$cni_version"
   all_there "pause-$k8s_version" pause || echo "pause-$k8s_version"
   all_there "gpu-probe-$probe_hash" gpu-probe || echo "gpu-probe-$probe_hash"
+  all_there "dra-driver-$dra_hash" gpuplace-dra-driver || echo "dra-driver-$dra_hash"
 }
 
 # need_libseccomp -> libseccomp's headers are there (installed with apt-get as root if not).
@@ -178,6 +186,14 @@ go_static() {
   cd "$1"
   shift
   CGO_ENABLED=0 exec go "$@"
+}
+
+# go_dir DIR ARGS... -> go ARGS in DIR (the DRA driver links client-go: built like `go build`
+# there, so a developer's build cache serves it).
+go_dir() {
+  cd "$1"
+  shift
+  exec go "$@"
 }
 
 # place DIR NAME... -> moves finished binaries from $staging into $root/DIR.

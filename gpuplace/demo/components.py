@@ -128,7 +128,7 @@ class Components:
         )
         return config
 
-    def controller(self) -> Component:
+    def controller(self, enforcement: str = "env") -> Component:
         return self._add(
             "controller",
             self._gpuplace(
@@ -138,10 +138,36 @@ class Components:
                 "--lease-seconds=5",
                 "--renew-deadline-seconds=3",
                 "--retry-seconds=1",
+                f"--enforcement={enforcement}",
             ),
         )
 
-    def webhook(self) -> Component:
+    def dra_driver(self, nvml_config: Path) -> Component:
+        """The fake GPU DRA driver (hack/dra-driver) as the real node's kubelet plugin: it
+        publishes the GPUs of ``nvml_config`` as the node's ResourceSlice and prepares claims
+        through CDI specs that name exactly the allocated devices."""
+        node = self.cluster.real_node
+        layout = node.layout
+        socket = layout.plugins_registry / "gpu.nvidia.com-reg.sock"
+        if len(str(socket)) > 107:  # sun_path: the kubelet could not dial the plugin either
+            raise RuntimeError(
+                f"{socket}: longer than a unix socket path may be (107 bytes); "
+                "put the cluster in a shorter directory"
+            )
+        return self._add(
+            "dra-driver",
+            [
+                str(node.binaries.dra_driver),
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                f"--node={node.name}",
+                f"--nvml-config={nvml_config}",
+                f"--cdi-dir={layout.cdi_dir}",
+                f"--registrar-dir={layout.plugins_registry}",
+                f"--plugin-dir={layout.plugins / 'gpu.nvidia.com'}",
+            ],
+        )
+
+    def webhook(self, enforcement: str = "env") -> Component:
         """The webhook over HTTPS on loopback, with a serving certificate from the cluster's CA,
         registered with the apiserver (objectSelector on the gpuplace labels, failurePolicy Fail)."""
         self.webhook_port = free_port()
@@ -158,6 +184,7 @@ class Components:
                 f"--tls-key-file={key}",
                 f"--tls-ca-file={self.cluster.ca_file}",
                 f"--register=https://127.0.0.1:{self.webhook_port}",
+                f"--enforcement={enforcement}",
             ),
         )
 

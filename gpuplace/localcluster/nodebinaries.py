@@ -18,6 +18,7 @@ _HACK = Path(__file__).resolve().parents[2] / "hack"
 _BUILD_SCRIPT = _HACK / "build-node.sh"
 _VERSIONS = _HACK / "node.versions"
 _PROBE_SOURCES = _HACK / "gpu-probe"
+_DRA_SOURCES = _HACK / "dra-driver"
 _PIN = re.compile(r"^(\w+)=(\S+)$", re.MULTILINE)
 
 
@@ -39,6 +40,8 @@ class NodeBinaries:
     pause: Path
     #: The static gpu-probe binary the workload image is made of.
     gpu_probe: Path
+    #: The fake GPU DRA driver's kubelet plugin (hack/dra-driver).
+    dra_driver: Path
 
     def all_paths(self) -> tuple[Path, ...]:
         return (
@@ -52,6 +55,7 @@ class NodeBinaries:
             self.cni_bin_dir / "loopback",
             self.pause,
             self.gpu_probe,
+            self.dra_driver,
         )
 
     def missing(self) -> list[Path]:
@@ -73,11 +77,11 @@ def node_versions() -> dict[str, str]:
     return pins
 
 
-def probe_hash() -> str:
-    """What names the gpu-probe build: the sources of hack/gpu-probe, as build-node.sh hashes them
-    (every file, in byte order of their names, concatenated)."""
+def probe_hash(sources: Path = _PROBE_SOURCES) -> str:
+    """What names the gpu-probe build (or the DRA driver's): the sources of hack/gpu-probe, as
+    build-node.sh hashes them (every file, in byte order of their names, concatenated)."""
     digest = hashlib.sha256()
-    for path in sorted(_PROBE_SOURCES.iterdir(), key=lambda p: p.name.encode()):
+    for path in sorted(sources.iterdir(), key=lambda p: p.name.encode()):
         if path.is_file():
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
@@ -99,6 +103,7 @@ def cached_node_binaries() -> NodeBinaries:
         cni_bin_dir=root / f"cni-plugins-{pins['cni_plugins']}",
         pause=root / f"pause-{k8s}" / "pause",
         gpu_probe=root / f"gpu-probe-{probe_hash()}" / "gpu-probe",
+        dra_driver=root / f"dra-driver-{probe_hash(_DRA_SOURCES)}" / "gpuplace-dra-driver",
     )
 
 

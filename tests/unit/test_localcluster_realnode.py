@@ -82,6 +82,7 @@ def binaries(tmp_path: Path) -> NodeBinaries:
         cni_bin_dir=root / "cni",
         pause=root / "pause",
         gpu_probe=root / "gpu-probe",
+        dra_driver=root / "gpuplace-dra-driver",
     )
 
 
