@@ -46,8 +46,19 @@ from placement.annotations import (
 from placement.binding import Cluster, NodeState, Status, slot_status
 from placement.compile import Compiler
 from placement.dra import Enforcement
+from placement.errors import Diagnostic, PlacementError
+from placement.grants import (
+    POLICY_CONFIGMAP,
+    POLICY_KEY,
+    GrantView,
+    PlacementPolicy,
+    check_map,
+    parse_policy,
+    resolve,
+)
 from placement.inventory import NodeInventory
-from placement.model import MODEL_LABEL, Model, decode_model
+from placement.maps import PlacementMap
+from placement.model import MODEL_LABEL, Model, Provenance, decode_model
 from placement.restore import declared_map
 from placement.status import MapStatus, Phase
 from placement.types import MapKey, NodeName, RolloutStrategy, Sharing, SlotKey
@@ -85,6 +96,13 @@ class Controller:
         self._uncompiled = False  # changes applied to the compiler and not compiled yet
         self._unblocked: set[str] = set()  # binder keys those changes may unblock
         self.sources: dict[MapKey, SourceState] = {}
+        self._policy = PlacementPolicy()
+        self.grants = GrantView()
+        self._grants_dirty = True  # the first pass resolves (deny-by-default needs no policy)
+        self._node_labels: dict[str, dict[str, str]] = {}
+        #: Valid maps and what the compiler needs of them, whether granted or not.
+        self._offered: dict[MapKey, tuple[PlacementMap, str, Provenance]] = {}
+        self._denied: dict[MapKey, tuple[Diagnostic, ...]] = {}
         self.tracker = InventoryTracker(self._on_inventory)
         self.dra: DraTracker | None = None
         self.templates: TemplateKeeper | None = None
@@ -196,6 +214,17 @@ class Controller:
             inf["resourceslices"].add_handler(self.dra.on_slice)
             inf["resourceclaims"].add_handler(self.dra.on_claim)
             inf["claimtemplates"].add_handler(self._on_template)
+        inf["policy"] = Informer(
+            self.kube,
+            f"/api/v1/namespaces/{s.system_namespace}/configmaps",
+            name="policy",
+            field_selector=f"metadata.name={POLICY_CONFIGMAP}",
+        )
+        inf["policy"].add_handler(
+            lambda event, obj, _old: self._enqueue(
+                "policy-deleted" if event == DELETED else "policy", obj
+            )
+        )
         inf["nodes"].add_handler(self._on_node)
         inf["inventories"].add_handler(self.tracker.on_configmap)
         inf["leases"].add_handler(self.tracker.on_lease)
@@ -275,20 +304,31 @@ class Controller:
             if state.valid is not None and (
                 known is None or known.valid != state.valid or known.provenance != state.provenance
             ):
-                self.compiler.set_map(state.valid, state.valid_version, state.provenance)
+                self._offer(state.valid, state.valid_version, state.provenance)
             self._status_dirty.add(state.key)
             return set()
         if kind == "source-deleted":
             key = MapKey(payload["metadata"]["namespace"], payload["metadata"]["name"])
             self.sources.pop(key, None)
+            self._offered.pop(key, None)
+            self._denied.pop(key, None)
             self.compiler.remove_map(key)
             self._statuses.pop(key, None)
             self._written.pop(key, None)
             return set()
+        if kind in ("policy", "policy-deleted"):
+            return self._apply_policy(payload if kind == "policy" else None)
         if kind in ("node", "node-deleted"):
             name = NodeName(payload["metadata"]["name"])
             before = self.nodes.get(name)
             after: NodeState | None = None
+            labels = dict(payload["metadata"].get("labels") or {})
+            if self._node_labels.get(name) != labels or kind == "node-deleted":
+                self._grants_dirty = self._grants_dirty or bool(self._policy.grants)
+            if kind == "node-deleted":
+                self._node_labels.pop(name, None)
+            else:
+                self._node_labels[name] = labels
             if kind == "node-deleted":
                 self.nodes.pop(name, None)
                 self.compiler.remove_node(name)
@@ -346,6 +386,57 @@ class Controller:
             if state is None or not state.fresh:
                 self._remove_inventory(node)
 
+    # -- grants ------------------------------------------------------------------------------
+    def _offer(self, pmap: PlacementMap, version: str, provenance: Provenance) -> None:
+        """Hands a valid map to the compiler if its namespace's grants allow all of it; a map
+        outside them is never compiled (and stops being served), its status names each entry."""
+        self._offered[pmap.key] = (pmap, version, provenance)
+        denied = tuple(check_map(self.grants, pmap))
+        if denied:
+            self._denied[pmap.key] = denied
+            self.compiler.remove_map(pmap.key)
+        else:
+            self._denied.pop(pmap.key, None)
+            self.compiler.set_map(pmap, version, provenance)
+        self._status_dirty.add(pmap.key)
+
+    def _apply_policy(self, obj: Obj | None) -> set[str] | None:
+        if obj is None:
+            self._policy = PlacementPolicy()
+        else:
+            text = (obj.get("data") or {}).get(POLICY_KEY, "")
+            source = f"configmap {self.settings.system_namespace}/{POLICY_CONFIGMAP} {POLICY_KEY}"
+            try:
+                policy = parse_policy(text, source)
+            except PlacementError as exc:
+                # The last valid policy keeps applying: a typo must not open every node.
+                message = exc.format()
+                log.warning("placement policy invalid, keeping the last valid one: %s", message)
+                ref = ObjectRef.of({**obj, "kind": "ConfigMap", "apiVersion": "v1"})
+                self.events.emit(ref, WARNING, "PolicyInvalid", message)
+                return None
+            if policy == self._policy:
+                return None
+            self._policy = policy
+        self._grants_dirty = True
+        return set()
+
+    def _regrant(self) -> bool:
+        """Resolves the policy against the nodes; re-offers every map if the grants changed."""
+        view = resolve(
+            self._policy,
+            self.settings.grants_default_deny,
+            self._node_labels,
+            self.settings.alias_label,
+        )
+        if view == self.grants:
+            return False
+        self.grants = view
+        self.compiler.set_grants(view)
+        for pmap, version, provenance in list(self._offered.values()):
+            self._offer(pmap, version, provenance)
+        return True
+
     def _rebuild_aliases(self) -> None:
         aliases: dict[str, set[NodeName]] = {}
         for state in self.nodes.values():
@@ -364,6 +455,11 @@ class Controller:
         if self._aliases_dirty:
             self._rebuild_aliases()
             self._aliases_dirty = False
+        if self._grants_dirty:
+            self._grants_dirty = False
+            if self._regrant():
+                self._uncompiled = True
+                self._unblocked.add("model")
 
     def _reconcile_loop(self) -> None:
         last_status = last_expiry = 0.0
@@ -462,6 +558,9 @@ class Controller:
                 continue
             bound = self.binder.cache.bound_count(key)
             cmap = self.model.maps.get(key)
+            denied = self._denied.get(key)
+            if denied:
+                state = replace(state, valid=None, valid_version="", errors=denied)
             status = map_status(
                 state,
                 reports.get(key),
@@ -608,12 +707,12 @@ class Controller:
                     # The same text, re-stamped by later commits that left it alone: it still
                     # came from the revision the model recorded (and no shard is rewritten).
                     self.sources[key] = replace(state, provenance=cmap.provenance)
-                    self.compiler.set_map(state.valid, state.valid_version, cmap.provenance)
+                    self._offer(state.valid, state.valid_version, cmap.provenance)
                 continue
             pmap = declared_map(cmap)
             restored = restore(state, pmap, cmap.source_version, cmap.provenance)
             self.sources[key] = restored
-            self.compiler.set_map(pmap, cmap.source_version, cmap.provenance)
+            self._offer(pmap, cmap.source_version, cmap.provenance)
             self._status_dirty.add(key)
             log.info(
                 "map %s is invalid; serving version %s from the stored model",

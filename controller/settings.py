@@ -59,5 +59,8 @@ class ControllerSettings:
     #: `dra`: the binder allocates each pod's ResourceClaim to its declared devices before binding.
     enforcement: Enforcement = Enforcement.ENV
     dra: DraSettings = field(default_factory=DraSettings)
+    #: Namespaces that no grant of the placement policy names may place nowhere (True) or
+    #: anywhere (False, a new install's default).
+    grants_default_deny: bool = False
     log_level: str = "info"
     log_json: bool = False

@@ -364,6 +364,10 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
             f"legacy slot {slot_key} is held by {_who(slots, holder)}",
             f"slot:{slot_key}",
         )
+    refusal = cluster.model.grants.refusal(pod.namespace, entry.node, entry.devices)
+    if refusal is not None:
+        # Waits for the model: a new policy comes with a new model generation.
+        return Status(Code.UNRESOLVABLE, "NotGranted", f"{source}: {refusal}", frozenset({"model"}))
     node = resolve_node(entry.node, cluster)
     if node is None:
         return _wait(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from placement.annotations import LEGACY_NODE_LABEL
 from placement.bulk import without_cycle_collection
+from placement.grants import GrantView
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
@@ -86,6 +87,7 @@ class Compiler:
         self._reports: dict[MapKey, MapReport] = {}
         self._in_conflict: set[MapKey] = set()  # maps with a contested slot in the last build
         self._model = previous if previous is not None else Model()
+        self._grants = self._model.grants
         # The model's maps as a plain dict, updated in place: copying a 10,000-map mapping
         # proxy on every build would rehash every key.
         self._served: dict[MapKey, CompiledMap] = dict(self._model.maps)
@@ -115,6 +117,10 @@ class Compiler:
         self._versions.pop(key, None)
         self._provenance.pop(key, None)
         self._dirty.add(key)
+
+    def set_grants(self, grants: GrantView) -> None:
+        """The grants the next model carries (maps outside them are never set here)."""
+        self._grants = grants
 
     def set_node(self, name: NodeName, labels: Mapping[str, str]) -> None:
         alias = labels.get(self.alias_label)
@@ -236,8 +242,10 @@ class Compiler:
                 maps[key] = cmap
                 changed = True
             self._reports[key] = self._report(key, maps[key], rivals.get(key, {}))
+        if self._grants != self._model.grants:
+            changed = True
         if changed:
-            self._model = Model(generation, maps)
+            self._model = Model(generation, maps, self._grants)
         return self._model, self._reports
 
     def _recompile(self, keys: set[MapKey], touched: set[Claim]) -> None:

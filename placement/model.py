@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from placement.bulk import without_cycle_collection
+from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, GrantView
 from placement.maps import Rollout
 from placement.types import (
     EnvMode,
@@ -124,6 +125,8 @@ class CompiledMap:
 class Model:
     generation: int = 0
     maps: Mapping[MapKey, CompiledMap] = field(default_factory=dict)
+    #: Which namespaces may place where (the placement policy resolved against the nodes).
+    grants: GrantView = field(default_factory=GrantView)
 
     def __post_init__(self) -> None:
         if not isinstance(self.maps, MappingProxyType):
@@ -240,7 +243,12 @@ def _encode_model(model: Model) -> dict[str, dict[str, str]]:
         name = f"{SHARD_PREFIX}{i}"
         out[name] = {SHARD_KEY: text}
         digests[name] = hashlib.sha256(text.encode()).hexdigest()[:16]
-    manifest = {"generation": model.generation, "shards": digests}
+    manifest: dict[str, Any] = {"generation": model.generation, "shards": digests}
+    if model.grants != GrantView():
+        # The resolved grants, for the webhook (which watches the model, not nodes).
+        text = model.grants.to_json()
+        out[GRANTS_CONFIGMAP] = {GRANTS_KEY: text}
+        manifest["grants"] = hashlib.sha256(text.encode()).hexdigest()[:16]
     out[MANIFEST_NAME] = {MANIFEST_KEY: json.dumps(manifest, sort_keys=True, separators=(",", ":"))}
     return out
 
@@ -272,4 +280,11 @@ def _decode_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
         for key_text, data in json.loads(text).items():
             key = MapKey.parse(key_text)
             maps[key] = decode_map(key, data)
-    return Model(generation, maps)
+    grants = GrantView()
+    grants_digest = json.loads(configmaps[MANIFEST_NAME][MANIFEST_KEY]).get("grants")
+    if grants_digest:
+        text = (configmaps.get(GRANTS_CONFIGMAP) or {}).get(GRANTS_KEY, "")
+        if hashlib.sha256(text.encode()).hexdigest()[:16] != grants_digest:
+            raise ValueError(f"{GRANTS_CONFIGMAP} does not match manifest generation {generation}")
+        grants = GrantView.from_json(text)
+    return Model(generation, maps, grants)

@@ -76,6 +76,8 @@ def is_placement_document(value: object) -> bool:
     if not isinstance(value, dict):
         return False
     api = value.get("apiVersion")
+    if value.get("kind") == "PlacementPolicy":  # the cluster's grants (placement/grants.py)
+        return False
     return value.get("kind") == KIND or (isinstance(api, str) and api.startswith("gpuplace.io/"))
 
 

@@ -35,7 +35,7 @@ class _Route:
 _ROUTES = {
     Endpoint.MUTATE: _Route("", "Pod", admit_pod),
     Endpoint.VALIDATE: _Route(
-        "", "ConfigMap", lambda request, _model, _settings: check_configmap(request)
+        "", "ConfigMap", lambda request, model, _settings: check_configmap(request, model.grants)
     ),
 }
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL
-from placement.errors import PlacementError
+from placement.errors import PlacementError, format_all
+from placement.grants import GrantView, check_map
 from placement.types import MapKey
 from placement.validate import parse_map_for
 from webhook.review import AdmissionRequest, Verdict
@@ -24,8 +25,9 @@ def _invalid(message: str) -> Verdict:
     return Verdict.deny(message, code=422, reason="Invalid")
 
 
-def check_configmap(request: AdmissionRequest) -> Verdict:
-    """Validates the `placement.yaml` of a labelled ConfigMap on CREATE and UPDATE."""
+def check_configmap(request: AdmissionRequest, grants: GrantView | None = None) -> Verdict:
+    """Validates the `placement.yaml` of a labelled ConfigMap on CREATE and UPDATE, and that its
+    namespace's grants allow every node and GPU it names."""
     if request.operation not in ("CREATE", "UPDATE") or request.sub_resource:
         return Verdict(True)
     obj: Mapping[str, Any] = request.object or {}
@@ -65,6 +67,9 @@ def check_configmap(request: AdmissionRequest) -> Verdict:
         pmap = parse_map_for(text, source_name(key), key)
     except PlacementError as exc:
         return _invalid(exc.format())
+    denied = check_map(grants, pmap) if grants is not None else []
+    if denied:
+        return Verdict.deny(format_all(denied), code=403, reason="Forbidden")
     return Verdict(True, warnings=tuple(w.format() for w in pmap.warnings))
 
 

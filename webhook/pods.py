@@ -30,6 +30,7 @@ from placement.annotations import (
 )
 from placement.dra import POD_CLAIM_NAME, Enforcement, template_name
 from placement.errors import PlacementError
+from placement.grants import GrantView
 from placement.indexing import IndexChoice, IndexSource, PodIdentity, resolve_index
 from placement.legacy import parse_legacy, shared_gpus
 from placement.model import CompiledMap, Model
@@ -418,7 +419,7 @@ def claim_wiring(pod: PodView, template: str) -> list[Operation]:
     return ops
 
 
-def _admit_legacy(pod: PodView) -> Verdict:
+def _admit_legacy(pod: PodView, grants: GrantView) -> Verdict:
     source = f"pod {pod} annotation {LEGACY_ANNOTATION}"
     try:
         entries = parse_legacy(pod.annotations[LEGACY_ANNOTATION], source)
@@ -442,6 +443,10 @@ def _admit_legacy(pod: PodView) -> Verdict:
             f"pod {pod}: annotation {LEGACY_ANNOTATION} has no line for index {index} (the pod "
             f"name's suffix); it declares {describe_indices(declared)}"
         )
+    entry = next(e for e in entries if e.index == index)
+    refusal = grants.refusal(pod.namespace, entry.node, entry.devices)
+    if refusal is not None:
+        return Verdict.deny(f"{source}:{entry.line}:{entry.node_column}: error: {refusal}")
     sharing = [
         f"annotation {LEGACY_ANNOTATION}: {shared.describe()}"
         for shared in shared_gpus(entries)
@@ -468,5 +473,5 @@ def admit_pod(request: AdmissionRequest, model: Model, settings: AdmissionSettin
         and LEGACY_ANNOTATION in pod.annotations
         and pod.scheduler_name in settings.legacy_scheduler_names
     ):
-        return _admit_legacy(pod)
+        return _admit_legacy(pod, model.grants)
     return Verdict(True)

@@ -65,6 +65,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--node-alias-label", default=env_str("GPUPLACE_NODE_ALIAS_LABEL", "gpu-node-name")
     )
     p.add_argument(
+        "--grants-default",
+        choices=("allow", "deny"),
+        default=env_str("GPUPLACE_GRANTS_DEFAULT", "allow"),
+        help="what a namespace that no grant of the placement policy (ConfigMap gpuplace-policy) "
+        "names may do: place anywhere (allow, the default) or nowhere (deny)",
+    )
+    p.add_argument(
         "--require-inventory",
         action=argparse.BooleanOptionalAction,
         default=env_bool("GPUPLACE_REQUIRE_INVENTORY", True),
@@ -131,6 +138,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         dra=DraSettings(args.dra_driver, args.dra_attribute, args.dra_device_class),
         log_level=args.log_level,
         log_json=args.log_json,
+        grants_default_deny=args.grants_default == "deny",
     )
 
 

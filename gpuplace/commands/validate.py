@@ -4,7 +4,10 @@ Reads the files named and every *.yaml / *.yml under the directories named (docu
 kinds are skipped), validates every PlacementMap, then checks the maps of each cluster together
 (the nearest directory with a kustomization): a map declared twice, two exclusive slots naming the
 same device on the same node. Kustomizations are checked to generate the ConfigMaps the controller
-reads. Exit status 0 when everything is valid (warnings allowed), 1 otherwise.
+reads. With `--policy FILE` (the cluster's PlacementPolicy) every map is also checked against the
+grants of its namespace, as the webhook will at apply time; node selectors of grants need the
+cluster's node labels, so a node that only a selector could grant is not reported here.
+Exit status 0 when everything is valid (warnings allowed), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import sys
 from typing import Any
 
 from gpuplace.commands._tree import read_paths
-from placement.errors import Diagnostic, Location
+from placement.errors import Diagnostic, Location, PlacementError
+from placement.grants import check_map, parse_policy, resolve
 from placement.snapshot import Snapshot, load_snapshot
 
 
@@ -30,14 +34,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--format", choices=("text", "json"), default="text", help="output format (default text)"
     )
+    parser.add_argument(
+        "--policy", metavar="FILE", help="PlacementPolicy whose grants every map must stay within"
+    )
+    parser.add_argument(
+        "--grants-default",
+        choices=("allow", "deny"),
+        default="allow",
+        help="what namespaces that no grant names may do, as the controller's --grants-default",
+    )
     parser.set_defaults(handler=run)
 
 
-def check(paths: list[str]) -> tuple[Snapshot, list[Diagnostic]]:
+def check(
+    paths: list[str], policy: str | None = None, deny_by_default: bool = False
+) -> tuple[Snapshot, list[Diagnostic]]:
     """The snapshot of everything under `paths`, and every diagnostic, sorted by place."""
     files, problems = read_paths(paths)
     snapshot = load_snapshot(files)
     diagnostics = problems + snapshot.diagnostics
+    if policy is not None:
+        diagnostics += _grant_diagnostics(snapshot, policy, deny_by_default)
     if not snapshot.maps and not snapshot.invalid and not problems:
         diagnostics.append(
             Diagnostic(
@@ -50,8 +67,22 @@ def check(paths: list[str]) -> tuple[Snapshot, list[Diagnostic]]:
     return snapshot, diagnostics
 
 
+def _grant_diagnostics(snapshot: Snapshot, path: str, deny_by_default: bool) -> list[Diagnostic]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        return [Diagnostic(Location(path), f"cannot read the policy: {exc.strerror}")]
+    try:
+        policy = parse_policy(text, path)
+    except PlacementError as exc:
+        return list(exc.diagnostics)
+    view = resolve(policy, deny_by_default, None)
+    return [d for m in snapshot.maps.values() for d in check_map(view, m.map)]
+
+
 def run(args: argparse.Namespace) -> int:
-    snapshot, diagnostics = check(args.paths)
+    snapshot, diagnostics = check(args.paths, args.policy, args.grants_default == "deny")
     errors = [d for d in diagnostics if d.severity == "error"]
     if args.format == "json":
         json.dump(_json_report(snapshot, diagnostics), sys.stdout, indent=2)

@@ -167,7 +167,7 @@ class Components:
             ],
         )
 
-    def webhook(self, enforcement: str = "env") -> Component:
+    def webhook(self, enforcement: str = "env", *extra: str) -> Component:
         """The webhook over HTTPS on loopback, with a serving certificate from the cluster's CA,
         registered with the apiserver (objectSelector on the gpuplace labels, failurePolicy Fail)."""
         self.webhook_port = free_port()
@@ -185,6 +185,7 @@ class Components:
                 f"--tls-ca-file={self.cluster.ca_file}",
                 f"--register=https://127.0.0.1:{self.webhook_port}",
                 f"--enforcement={enforcement}",
+                *extra,
             ),
         )
 

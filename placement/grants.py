@@ -1,0 +1,399 @@
+"""Grants: which namespaces may place on which nodes and GPUs (the cluster placement policy).
+
+The policy is a `PlacementPolicy` document, committed to git and synced into ConfigMap
+`gpuplace-policy` (key `policy.yaml`) in `gpuplace-system`:
+
+    apiVersion: gpuplace.io/v1alpha1
+    kind: PlacementPolicy
+    metadata:
+      name: cluster
+    spec:
+      grants:
+        - namespaces: [inference]
+          nodes: [gpu-a-01, node7]              # node names, or logical names (gpu-node-name)
+          nodeSelector: {matchLabels: {pool: inference}}
+          devices: [0, 1]                       # optional: only these GPUs (indices or UUIDs)
+
+A namespace named in a grant may place only where its grants say. A namespace named in none may
+place anywhere while the installation allows by default (a new install), and nowhere once it denies
+by default (one switch: `--grants-default=deny`, chart value `global.grants.defaultDeny`).
+
+The controller resolves the policy against the cluster's nodes into a `GrantView` (node selectors
+and logical names become node names), publishes it for the webhook, and every check (a map at
+apply time and at compile time, a legacy pod, a cut-over holding) asks that view.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from placement.errors import Diagnostic, Location, PlacementError
+from placement.maps import DeclaredSlot, PlacementMap
+from placement.types import (
+    DNS_LABEL_RE,
+    GPU_UUID_RE,
+    MAX_DEVICE_INDEX,
+    DeviceRef,
+    GpuUuid,
+    is_node_ref,
+)
+from placement.yamlsource import Document, Path, load_documents
+
+POLICY_KIND = "PlacementPolicy"
+POLICY_API_VERSION = "gpuplace.io/v1alpha1"
+POLICY_CONFIGMAP = "gpuplace-policy"
+POLICY_KEY = "policy.yaml"
+GRANTS_CONFIGMAP = "gpuplace-grants"
+GRANTS_KEY = "grants.json"
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "Exists":
+            return self.key in labels
+        if self.operator == "DoesNotExist":
+            return self.key not in labels
+        if self.operator == "In":
+            return labels.get(self.key) in self.values
+        return labels.get(self.key) not in self.values  # NotIn
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelector:
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    expressions: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.match_labels.items()) and all(
+            r.matches(labels) for r in self.expressions
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    namespaces: tuple[str, ...]
+    nodes: tuple[str, ...] = ()
+    selector: NodeSelector | None = None
+    devices: tuple[DeviceRef, ...] = ()  # empty: every GPU of those nodes
+    location: Location = field(default=Location(""), compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPolicy:
+    grants: tuple[Grant, ...] = ()
+    source: str = ""
+
+
+# ---------------------------------------------------------------------------------- parsing
+
+
+class _Reader:
+    def __init__(self, doc: Document) -> None:
+        self.doc = doc
+        self.errors: list[Diagnostic] = []
+
+    def error(self, path: Path, message: str, hint: str = "", *, key: bool = False) -> None:
+        self.errors.append(Diagnostic(self.doc.locate(path, key=key), message, hint=hint))
+
+    def mapping(self, value: object, path: Path, allowed: Iterable[str]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.error(path, "expected a mapping")
+            return {}
+        known = tuple(allowed)
+        for k in value:
+            if k not in known:
+                self.error(
+                    (*path, k),
+                    f"unknown field {k!r}",
+                    f"expected one of {', '.join(known)}",
+                    key=True,
+                )
+        return value
+
+    def strings(self, value: object, path: Path) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            self.error(path, "expected a list of strings")
+            return ()
+        out: list[str] = []
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                self.error((*path, i), "expected a non-empty string")
+            else:
+                out.append(item)
+        return tuple(out)
+
+
+def _selector(r: _Reader, value: object, path: Path) -> NodeSelector:
+    body = r.mapping(value, path, ("matchLabels", "matchExpressions"))
+    labels: dict[str, str] = {}
+    raw_labels = body.get("matchLabels", {})
+    if not isinstance(raw_labels, dict):
+        r.error((*path, "matchLabels"), "expected a mapping of label to value")
+    else:
+        for k, v in raw_labels.items():
+            if not isinstance(v, str):
+                r.error((*path, "matchLabels", k), "label values are strings (quote them)")
+            else:
+                labels[str(k)] = v
+    expressions: list[Requirement] = []
+    raw = body.get("matchExpressions", [])
+    if not isinstance(raw, list):
+        r.error((*path, "matchExpressions"), "expected a list")
+        raw = []
+    for i, item in enumerate(raw):
+        epath = (*path, "matchExpressions", i)
+        e = r.mapping(item, epath, ("key", "operator", "values"))
+        op = e.get("operator")
+        if op not in _SELECTOR_OPERATORS:
+            r.error(
+                (*epath, "operator"),
+                f"operator {op!r} is not one of {', '.join(_SELECTOR_OPERATORS)}",
+            )
+            continue
+        values = r.strings(e["values"], (*epath, "values")) if "values" in e else ()
+        if not isinstance(e.get("key"), str):
+            r.error(epath, "expected 'key'")
+            continue
+        expressions.append(Requirement(e["key"], op, values))
+    return NodeSelector(labels, tuple(expressions))
+
+
+def _devices(r: _Reader, value: object, path: Path) -> tuple[DeviceRef, ...]:
+    if not isinstance(value, list) or not value:
+        r.error(
+            path,
+            "expected a non-empty list of GPU indices or UUIDs",
+            "omit 'devices' to grant every GPU",
+        )
+        return ()
+    out: list[DeviceRef] = []
+    for i, item in enumerate(value):
+        if isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= MAX_DEVICE_INDEX:
+            out.append(item)
+        elif isinstance(item, str) and GPU_UUID_RE.match(item):
+            out.append(GpuUuid(item))
+        else:
+            r.error((*path, i), f"device {item!r} is neither an NVML index nor a GPU UUID")
+    return tuple(out)
+
+
+def _grant(r: _Reader, value: object, path: Path) -> Grant | None:
+    before = len(r.errors)
+    body = r.mapping(value, path, ("namespaces", "nodes", "nodeSelector", "devices"))
+    namespaces = (
+        r.strings(body.get("namespaces"), (*path, "namespaces")) if "namespaces" in body else ()
+    )
+    if not namespaces and "namespaces" not in body:
+        r.error(path, "a grant needs 'namespaces'")
+    for i, ns in enumerate(namespaces):
+        if not DNS_LABEL_RE.match(ns):
+            r.error((*path, "namespaces", i), f"{ns!r} is not a namespace name")
+    nodes = r.strings(body["nodes"], (*path, "nodes")) if "nodes" in body else ()
+    for i, node in enumerate(nodes):
+        if not is_node_ref(node):
+            r.error((*path, "nodes", i), f"{node!r} is not a node name or label value")
+    selector = (
+        _selector(r, body["nodeSelector"], (*path, "nodeSelector"))
+        if "nodeSelector" in body
+        else None
+    )
+    if not nodes and selector is None and body:
+        r.error(path, "a grant needs 'nodes', 'nodeSelector' or both")
+    devices = _devices(r, body["devices"], (*path, "devices")) if "devices" in body else ()
+    if len(r.errors) > before:
+        return None
+    return Grant(namespaces, nodes, selector, devices, r.doc.locate(path))
+
+
+def parse_policy(text: str, source: str) -> PlacementPolicy:
+    """The one PlacementPolicy in `text`; raises PlacementError with every located problem."""
+    docs = [d for d in load_documents(text, source) if d.value is not None]
+    if len(docs) != 1:
+        raise PlacementError.single(
+            Location(source, 1, 1),
+            f"expected exactly one {POLICY_KIND}, found {len(docs)} documents",
+        )
+    doc = docs[0]
+    r = _Reader(doc)
+    top = r.mapping(doc.value, (), ("apiVersion", "kind", "metadata", "spec"))
+    if top.get("kind") != POLICY_KIND:
+        r.error(("kind",), f"expected kind {POLICY_KIND}")
+    if top.get("apiVersion") != POLICY_API_VERSION:
+        r.error(("apiVersion",), f"expected apiVersion {POLICY_API_VERSION}")
+    spec = r.mapping(top.get("spec", {}), ("spec",), ("grants",))
+    grants: list[Grant] = []
+    raw = spec.get("grants", [])
+    if not isinstance(raw, list):
+        r.error(("spec", "grants"), "expected a list of grants")
+        raw = []
+    for i, item in enumerate(raw):
+        grant = _grant(r, item, ("spec", "grants", i))
+        if grant is not None:
+            grants.append(grant)
+    if r.errors:
+        raise PlacementError(tuple(r.errors))
+    return PlacementPolicy(tuple(grants), source)
+
+
+def is_policy_document(value: object) -> bool:
+    return isinstance(value, dict) and value.get("kind") == POLICY_KIND
+
+
+# ---------------------------------------------------------------------------------- the view
+
+#: node (name or logical name) -> the GPUs granted there (None: all of them)
+NodeGrants = Mapping[str, frozenset[DeviceRef] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class GrantView:
+    """The policy resolved against the cluster's nodes: what each namespace may use."""
+
+    deny_by_default: bool = False
+    namespaces: Mapping[str, NodeGrants] = field(default_factory=dict)
+    #: Namespaces with a node-selector grant that could not be resolved (offline checks only):
+    #: a node they name outside their named nodes is not an error there.
+    unresolved: frozenset[str] = frozenset()
+    origin: str = f"{POLICY_CONFIGMAP}"
+
+    @property
+    def allows_everything(self) -> bool:
+        return not self.deny_by_default and not self.namespaces
+
+    def refusal(
+        self, namespace: str, node: str, devices: Iterable[DeviceRef], count: bool = False
+    ) -> str | None:
+        """Why `namespace` may not place on `node` (with these devices), or None if it may."""
+        grants = self.namespaces.get(namespace)
+        if grants is None:
+            if self.deny_by_default:
+                return (
+                    f"namespace {namespace} has no grant in the placement policy, and grants deny "
+                    "by default; ask a cluster admin to grant it nodes in "
+                    f"gpuplace-system/{self.origin}"
+                )
+            return None
+        if node not in grants:
+            if namespace in self.unresolved:
+                return None
+            return (
+                f"namespace {namespace} may not place on node {node}: no grant in "
+                f"gpuplace-system/{self.origin} gives it that node"
+            )
+        allowed = grants[node]
+        if allowed is None:
+            return None
+        if count:
+            return (
+                f"namespace {namespace} may use only GPUs {_show(allowed)} of node {node}; "
+                "list them under 'devices' instead of 'count'"
+            )
+        outside = [d for d in devices if d not in allowed]
+        if outside:
+            return (
+                f"namespace {namespace} may not use GPU(s) {', '.join(map(str, outside))} of node "
+                f"{node}: its grant allows {_show(allowed)}"
+            )
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "denyByDefault": self.deny_by_default,
+                "namespaces": {
+                    ns: {n: None if d is None else sorted(d, key=str) for n, d in sorted(g.items())}
+                    for ns, g in sorted(self.namespaces.items())
+                },
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> GrantView:
+        data = json.loads(text)
+        namespaces = {
+            str(ns): {
+                str(n): None if d is None else frozenset(_device(x) for x in d)
+                for n, d in nodes.items()
+            }
+            for ns, nodes in data.get("namespaces", {}).items()
+        }
+        return cls(bool(data.get("denyByDefault", False)), namespaces)
+
+
+def _device(value: object) -> DeviceRef:
+    return value if isinstance(value, int) else GpuUuid(str(value))
+
+
+def _show(devices: frozenset[DeviceRef]) -> str:
+    return ", ".join(str(d) for d in sorted(devices, key=lambda d: (isinstance(d, str), str(d))))
+
+
+def resolve(
+    policy: PlacementPolicy,
+    deny_by_default: bool,
+    nodes: Mapping[str, Mapping[str, str]] | None,
+    alias_label: str = "gpu-node-name",
+) -> GrantView:
+    """The view for `nodes` (name -> labels); `nodes=None` resolves offline (names only)."""
+    view: dict[str, dict[str, frozenset[DeviceRef] | None]] = {}
+    unresolved: set[str] = set()
+
+    def add(namespace: str, node: str, devices: tuple[DeviceRef, ...]) -> None:
+        grants = view.setdefault(namespace, {})
+        if node in grants and grants[node] is None:
+            return
+        if not devices:
+            grants[node] = None
+        else:
+            grants[node] = (grants.get(node) or frozenset()) | frozenset(devices)
+
+    for grant in policy.grants:
+        targets: set[str] = set(grant.nodes)
+        if nodes is not None:
+            # A grant naming a logical name grants the nodes carrying it, by name too.
+            for name, labels in nodes.items():
+                if labels.get(alias_label) in grant.nodes:
+                    targets.add(name)
+                if grant.selector is not None and grant.selector.matches(labels):
+                    targets.add(name)
+                    if labels.get(alias_label):
+                        targets.add(labels[alias_label])
+        elif grant.selector is not None:
+            unresolved.update(grant.namespaces)
+        if nodes is not None:
+            for name in list(targets):
+                alias = (nodes.get(name) or {}).get(alias_label)
+                if alias:
+                    targets.add(alias)
+        for namespace in grant.namespaces:
+            view.setdefault(namespace, {})
+            for node in targets:
+                add(namespace, node, grant.devices)
+    return GrantView(deny_by_default, view, frozenset(unresolved))
+
+
+def slot_refusal(view: GrantView, namespace: str, slot: DeclaredSlot) -> str | None:
+    return view.refusal(namespace, slot.node, slot.devices, count=slot.count is not None)
+
+
+def check_map(view: GrantView, pmap: PlacementMap) -> list[Diagnostic]:
+    """Every entry of `pmap` that its namespace's grants do not allow, at the entry's location."""
+    if view.allows_everything:
+        return []
+    out: list[Diagnostic] = []
+    for slot in pmap.slots:
+        why = slot_refusal(view, pmap.key.namespace, slot)
+        if why is not None:
+            out.append(Diagnostic(slot.location, f"index {slot.index}: {why}"))
+    return out

@@ -1,0 +1,231 @@
+"""Grants, tried as a hostile tenant: a map or legacy pod outside the tenant's grants is refused
+at apply time with its location; the granted team is unaffected; revoking a grant stops serving
+the map. The real apiserver, controller and webhook processes."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuplace.demo.components import Components
+from gpuplace.localcluster import FakeNode, LocalCluster
+from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
+from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, POLICY_CONFIGMAP, POLICY_KEY
+from tests.integration.controllerkit import (
+    ControllerProcess,
+    apply_map,
+    get_pod,
+    inventory_for,
+    map_status,
+    map_yaml,
+    publish_inventory,
+    wait_for,
+)
+from tests.integration.tenantkit import Tenant
+
+pytestmark = pytest.mark.integration
+SYSTEM = "gpuplace-system"
+CONFIGURATION = "gpuplace-grants-it"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def policy(tenant: str, team: str, pool: str, tenant_nodes: list[str]) -> str:
+    return textwrap.dedent(f"""\
+        apiVersion: gpuplace.io/v1alpha1
+        kind: PlacementPolicy
+        metadata:
+          name: cluster
+        spec:
+          grants:
+            - namespaces: [{tenant}]
+              nodes: [{", ".join(tenant_nodes)}]
+            - namespaces: [{team}]
+              nodeSelector:
+                matchLabels: {{gpuplace-it/pool: {pool}}}
+    """)
+
+
+def put_policy(cluster: LocalCluster, text: str) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": POLICY_CONFIGMAP, "namespace": SYSTEM},
+        "data": {POLICY_KEY: text},
+    }
+    path = f"/api/v1/namespaces/{SYSTEM}/configmaps"
+    status, resp = cluster.request("PUT", f"{path}/{POLICY_CONFIGMAP}", body)
+    if status == 404:
+        status, resp = cluster.request("POST", path, body)
+    assert status in (200, 201), resp
+
+
+def published_grants(cluster: LocalCluster) -> dict[str, Any]:
+    status, body = cluster.request(
+        "GET", f"/api/v1/namespaces/{SYSTEM}/configmaps/{GRANTS_CONFIGMAP}"
+    )
+    return json.loads(body["data"][GRANTS_KEY]) if status == 200 else {}
+
+
+def source_configmap(namespace: str, name: str, text: str) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {PLACEMENT_MAP_LABEL: "true"},
+            },
+            "data": {"placement.yaml": text},
+        }
+    )
+
+
+def location_of(text: str, needle: str) -> tuple[int, int]:
+    for number, line in enumerate(text.splitlines(), 1):
+        if needle in line:
+            return number, line.index("index") + 1
+    raise AssertionError(needle)
+
+
+def pod(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {}, "annotations": {}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}], **spec},
+    }
+
+
+@pytest.fixture
+def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerProcess, Components]]:
+    for name in (SYSTEM, "gpuplace-inventory"):
+        cluster.create_namespace(name)
+    controller = ControllerProcess(cluster, unique("grants"), lease=unique("grants"))
+    components = Components(cluster, tmp_path)
+    components.webhook("env", f"--configuration-name={CONFIGURATION}")
+    try:
+        yield controller, components
+    finally:
+        controller.stop()
+        components.stop()
+        cluster.request("DELETE", f"/api/v1/namespaces/{SYSTEM}/configmaps/{POLICY_CONFIGMAP}")
+        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+            cluster.request(
+                "DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/{CONFIGURATION}"
+            )
+        print(controller.log()[-3000:])
+        for component in components.items:
+            print(component.log_tail(30))
+
+
+def test_tenant_outside_its_grants_is_refused_at_apply_and_the_granted_team_is_not(
+    cluster: LocalCluster, stack: tuple[ControllerProcess, Components]
+) -> None:
+    tenant_ns, team_ns, pool = unique("tenant"), unique("team"), unique("pool")
+    for name in (tenant_ns, team_ns):
+        cluster.create_namespace(name)
+    tenant = Tenant(cluster, tenant_ns)
+    mine, theirs = unique("grant-a"), unique("grant-b")
+    cluster.create_nodes(
+        [FakeNode(mine, gpus=4), FakeNode(theirs, gpus=4, labels={"gpuplace-it/pool": pool})]
+    )
+    for node in (mine, theirs):
+        publish_inventory(cluster, inventory_for(node, 4))
+    put_policy(cluster, policy(tenant_ns, team_ns, pool, [mine]))
+    wait_for(
+        "grants published in the model",
+        lambda: theirs in published_grants(cluster).get("namespaces", {}).get(team_ns, {}),
+    )
+
+    # The tenant's map naming the team's node: refused at apply, with line and column.
+    squat = map_yaml(tenant_ns, "squat", [(0, mine, [0]), (1, theirs, [0])])
+    manifest = source_configmap(tenant_ns, "squat", squat)
+    last: list[str] = []
+    wait_for(
+        lambda: f"the webhook to refuse by the published grants: {last}",
+        lambda: (
+            (r := tenant.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest))
+            and not last.append(r.stderr + r.stdout + str(published_grants(cluster)))
+            and r.returncode != 0
+        ),
+    )
+    result = tenant.kubectl("apply", "-f", "-", input=manifest)
+    assert result.returncode != 0
+    line, column = location_of(squat, "- index: 1")
+    assert (
+        f"configmap {tenant_ns}/squat placement.yaml:{line}:{column}: error: spec.placements[1]: index 1: namespace "
+        f"{tenant_ns} may not place on node {theirs}"
+    ) in result.stderr, result.stderr
+    assert "index 0:" not in result.stderr
+    assert tenant.kubectl("get", "configmap", "squat").returncode != 0  # nothing was stored
+
+    # So is its legacy pod.
+    legacy = pod("leg-0", schedulerName="gpu-scheduler")
+    legacy["metadata"]["annotations"] = {LEGACY_ANNOTATION: f"0={theirs}:0\n1={mine}:1\n"}
+    result = tenant.create(legacy)
+    assert result.returncode != 0
+    assert (
+        f"pod {tenant_ns}/leg-0 annotation {LEGACY_ANNOTATION}:1:3: error: namespace {tenant_ns} "
+        f"may not place on node {theirs}"
+    ) in result.stderr, result.stderr
+
+    # Within its grants the tenant places as before, with a map and with a legacy pod.
+    own = map_yaml(tenant_ns, "own", [(0, mine, [0]), (1, mine, [2])])
+    applied = tenant.kubectl("apply", "-f", "-", input=source_configmap(tenant_ns, "own", own))
+    assert applied.returncode == 0, applied.stderr
+    mapped = pod("own-0", schedulerName="gpuplace")
+    mapped["metadata"]["labels"] = {MAP_LABEL: "own"}
+    assert tenant.create(mapped).returncode == 0
+    legacy["metadata"]["name"] = "leg-1"
+    assert tenant.create(legacy).returncode == 0
+    # The granted team is unaffected: its map on its node (granted by label) binds.
+    apply_map(cluster, team_ns, "team", map_yaml(team_ns, "team", [(0, theirs, [0])]))
+    status, body = cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{team_ns}/pods",
+        {
+            **pod("team-0", schedulerName="gpuplace"),
+            "metadata": {"name": "team-0", "labels": {MAP_LABEL: "team"}},
+        },
+    )
+    assert status == 201, body
+    for namespace, name, node in (
+        (tenant_ns, "own-0", mine),
+        (tenant_ns, "leg-1", mine),
+        (team_ns, "team-0", theirs),
+    ):
+        placed = wait_for(
+            f"{namespace}/{name} bound",
+            lambda namespace=namespace, name=name: (
+                (p := get_pod(cluster, namespace, name)) and p["spec"].get("nodeName") and p
+            ),
+        )
+        assert placed["spec"]["nodeName"] == node
+
+    # A grant revoked: the map is refused by the controller (status with the location) and
+    # no longer served; pods already bound keep running, new ones wait.
+    put_policy(cluster, policy(tenant_ns, team_ns, pool, [theirs]))
+    status_line, status_column = location_of(own, "- index: 0")
+    invalid = wait_for(
+        "own turns Invalid",
+        lambda: (st := map_status(cluster, tenant_ns, "own")) and st["phase"] == "Invalid" and st,
+    )
+    first = invalid["errors"][0]
+    assert (first["line"], first["column"]) == (status_line, status_column)
+    assert f"may not place on node {mine}" in first["message"]
+    assert "nothing served" in invalid["message"]
+    mapped["metadata"]["name"] = "own-1"
+    refused = tenant.create(mapped)
+    assert refused.returncode != 0
+    assert f"placement map {tenant_ns}/own, which does not exist" in refused.stderr
+    assert get_pod(cluster, tenant_ns, "own-0")["spec"]["nodeName"] == mine
