@@ -74,7 +74,10 @@ def test_server_dry_run_catches_a_broken_object(
 
 def test_install_renders_notes(chart_cluster: LocalCluster) -> None:
     # `helm install --dry-run=server` renders NOTES.txt against the real server (kubeVersion
-    # constraint included). The inventory namespace already exists here, unowned by helm.
+    # constraint included). The inventory namespace already exists here, unowned by helm. So may
+    # the binding key Secret, which controllers run by other tests of this session create when
+    # the chart has not rendered it: a real install renders it before any controller starts.
+    chart_cluster.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/secrets/gpuplace-binding-key")
     result = helm(
         "install",
         RELEASE,
