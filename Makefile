@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: help venv control-plane node tools argocd fakenvml lint test unit integration e2e e2e-argocd demo bench cluster-up cluster-down clean
+.PHONY: help venv control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench cluster-up cluster-down clean
 
 help:
 	@echo "make test | demo | lint | bench | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
@@ -36,6 +36,10 @@ tools:
 argocd:
 	@hack/build-argocd.sh >/dev/null
 
+# Debian's redis-server for ArgoCD's cache, installed with apt-get (as root) when missing.
+redis:
+	@hack/ensure-redis.sh
+
 fakenvml:
 	@$(MAKE) --no-print-directory -C tests/fakenvml
 
@@ -51,19 +55,24 @@ unit: $(STAMP) tools fakenvml
 integration: $(STAMP) control-plane node tools fakenvml
 	$(BIN)/pytest tests/integration -q
 
-e2e: $(STAMP) control-plane fakenvml
+e2e: $(STAMP) control-plane node fakenvml
 	$(BIN)/pytest tests/e2e -q
 
 test: $(STAMP) control-plane node tools fakenvml
 	$(BIN)/pytest tests -q -m "not argocd"
 
-# The flow through real ArgoCD (needs redis-server: apt-get install redis-server). -rP prints the
-# scenario, with the Application's sync and health status at each step.
-e2e-argocd: $(STAMP) control-plane fakenvml argocd
+# The flow through real ArgoCD. -rP prints the scenario, with the Application's sync and health
+# status at each step.
+e2e-argocd: $(STAMP) control-plane node fakenvml argocd redis
 	$(BIN)/pytest tests/e2e_argocd -q -m argocd -rP
 
-demo: $(STAMP) control-plane fakenvml
+# The whole flow through real ArgoCD, with gpu-probe pods on a real node next to the kwok nodes.
+demo: $(STAMP) control-plane node fakenvml argocd redis
 	$(BIN)/gpuplace demo
+
+# The same scenario synced with kustomize + kubectl apply, all pods on kwok nodes.
+demo-quick: $(STAMP) control-plane fakenvml
+	$(BIN)/gpuplace demo --no-argocd --kwok-only
 
 bench: $(STAMP) control-plane fakenvml
 	$(BIN)/python -m bench

@@ -4,6 +4,11 @@
 GPU nodes, records the processes in <dir>/state.json and prints 'export KUBECONFIG=...' on stdout,
 so that eval "$(gpuplace cluster up)" works. 'down' stops what that file records and removes the
 directory.
+
+With --real-node, containerd and a kubelet run on this machine too (built by hack/build-node.sh
+the first time, a few minutes; then about 2 seconds to a Ready node): Node 'localhost', where pods
+really run (image gpuplace.local/gpu-probe:dev prints the GPU environment it got). It needs root;
+one real node runs per machine at a time. 'down' stops its containers and removes what it wrote.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import sys
 from pathlib import Path
 
 from gpuplace.localcluster import (
+    REAL_NODE_NAME,
     BinariesError,
     ClusterError,
     ClusterLayout,
@@ -46,6 +52,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="NAME",
         help="namespace to create (repeatable)",
+    )
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also run a real node, 'localhost' (containerd and a kubelet on this machine; root)",
+    )
+    up.add_argument(
+        "--real-node-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="label of the real node (repeatable), e.g. gpu-node-name=node5",
     )
     up.add_argument(
         "--scheduler",
@@ -104,8 +122,23 @@ def _up(args: argparse.Namespace) -> int:
         )
         return 1
 
+    labels = {}
+    for item in args.real_node_label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(
+                f"gpuplace cluster up: --real-node-label {item!r}: expected KEY=VALUE",
+                file=sys.stderr,
+            )
+            return 2
+        labels[key] = value
     cluster = LocalCluster(
-        directory, detach=True, scheduler=args.scheduler, namespaces=args.namespace
+        directory,
+        detach=True,
+        scheduler=args.scheduler,
+        namespaces=args.namespace,
+        real_nodes=1 if args.real_node else 0,
+        real_node_labels=labels,
     )
     try:
         cluster.start()
@@ -119,9 +152,10 @@ def _up(args: argparse.Namespace) -> int:
     except BaseException:
         cluster.stop(keep_directory=True)
         raise
+    real = f" and real node {REAL_NODE_NAME}" if args.real_node else ""
     print(
         f"cluster up in {cluster.startup_seconds:.1f}s: {cluster.server}, "
-        f"{len(nodes)} node(s) with {args.gpus} GPU(s) each; logs in {cluster.logs_dir}\n"
+        f"{len(nodes)} node(s) with {args.gpus} GPU(s) each{real}; logs in {cluster.logs_dir}\n"
         "stop it with: gpuplace cluster down"
         + (f" --dir {shlex.quote(str(directory))}" if args.dir is not None else ""),
         file=sys.stderr,

@@ -17,12 +17,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--argocd",
         action=argparse.BooleanOptionalAction,
-        default=None,
+        default=True,
         help="sync through real ArgoCD (application-controller, repo-server, "
-        "applicationset-controller built by `make argocd`); default: when those are built",
+        "applicationset-controller, built the first time; default); --no-argocd syncs with "
+        "kustomize and kubectl apply instead",
+    )
+    p.add_argument(
+        "--kwok-only",
+        action="store_true",
+        help="no real node: every pod on kwok nodes (no containers start; quicker, no root)",
     )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return main(keep=bool(args.keep), argocd=args.argocd)
+    return main(keep=bool(args.keep), argocd=args.argocd, real_node=not args.kwok_only)

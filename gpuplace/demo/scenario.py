@@ -11,13 +11,22 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import inspect
+from gpuplace.demo import realnode
 from gpuplace.demo.argocd import APPLICATION, APPLICATIONSET, ArgoCDSync
 from gpuplace.demo.components import REPO_ROOT, Components, demo_uuid
 from gpuplace.demo.gitops import GitOpsRepo, SyncResult, run_cli
 from gpuplace.localargocd import binaries as argocd_binaries
 from gpuplace.localargocd.binaries import ArgoCDBinariesError
 from gpuplace.localargocd.launcher import ArgoCDError
-from gpuplace.localcluster import FakeNode, KubectlError, LocalCluster, find_binaries
+from gpuplace.localcluster import (
+    REAL_NODE_NAME,
+    BinariesError,
+    ClusterError,
+    FakeNode,
+    KubectlError,
+    LocalCluster,
+    find_binaries,
+)
 from kubeio.client import ClientSettings, Kube
 
 NODES = 4
@@ -33,9 +42,14 @@ class DemoError(Exception):
 
 class Demo:
     def __init__(
-        self, keep: bool = False, out: Callable[[str], None] = print, argocd: bool = False
+        self,
+        keep: bool = False,
+        out: Callable[[str], None] = print,
+        argocd: bool = False,
+        real_node: bool = True,
     ) -> None:
         self.keep = keep
+        self.real_node = real_node
         self.use_argocd = argocd
         self.argocd: ArgoCDSync | None = None
         self.out = out
@@ -88,11 +102,28 @@ class Demo:
         self.step("Local control plane: building the binaries if missing (cached after that)")
         binaries = find_binaries()
         self.out(f"    binaries in {binaries.bin_dir}")
-        self.cluster = LocalCluster(self.workdir / "cluster", detach=self.keep)
+        if self.real_node:
+            self.out(
+                "    and the real node's containerd, runc, CNI plugins and kubelet "
+                "(hack/build-node.sh)"
+            )
+        self.cluster = LocalCluster(
+            self.workdir / "cluster",
+            detach=self.keep,
+            real_nodes=1 if self.real_node else 0,
+            real_node_labels={"gpu-node-name": realnode.REAL_NODE_ALIAS},
+        )
         self.cluster.start()
         self.out(
             f"    kube-apiserver {self.cluster.server} up in {self.cluster.startup_seconds:.1f}s"
         )
+        if self.real_node:
+            phases = self.cluster.startup_phases
+            self.out(
+                f"    real node {REAL_NODE_NAME} (containerd, kubelet) Ready "
+                f"{phases['real node Ready'] - phases['controller-manager ready']:.1f}s after "
+                "the control plane"
+            )
         for ns in ("gpuplace-system", "gpuplace-inventory"):
             self.cluster.create_namespace(ns)
 
@@ -107,8 +138,13 @@ class Demo:
         self.components = Components(self.cluster, self.workdir)
         for name in names:
             self.components.agent(name, GPUS)
+        inventories = NODES
+        if self.real_node:
+            self.out(f"    and an agent for the real node {REAL_NODE_NAME}, {GPUS} fake GPUs")
+            self.components.agent(REAL_NODE_NAME, GPUS, number=realnode.REAL_NODE_NUMBER)
+            inventories += 1
         self.wait(
-            "4 inventories",
+            f"{inventories} inventories",
             lambda: (
                 len(
                     [
@@ -119,7 +155,7 @@ class Demo:
                         if "inventory.json" in (cm.get("data") or {})
                     ]
                 )
-                == NODES
+                == inventories
             ),
         )
         self.check(True, "every agent published its inventory")
@@ -186,6 +222,8 @@ class Demo:
         )
         self.out(inspect.pod_table(pods.values()))
         self._check_declared(pods)
+        if self.real_node:
+            self._real_node_step(repo)
 
         self.step("Commit a change that moves llm-serving index 1 to gpu-node-4, GPU 2")
         repo.edit(
@@ -344,6 +382,79 @@ class Demo:
             "the map's status names the missing GPU",
         )
 
+    def _real_node_step(self, repo: GitOpsRepo) -> None:
+        """A map for gpu-probe pods on the real node, through git like the others; what each
+        container printed (its log) next to the table."""
+        assert self.cluster is not None
+        self.step(
+            f"The real node {REAL_NODE_NAME}: commit a map for gpu-probe pods; their containers "
+            "print what they got"
+        )
+        (repo.path / CLUSTER_DIR / realnode.MAP_FILE).write_text(realnode.MAP_YAML)
+        repo.edit(
+            f"{CLUSTER_DIR}/kustomization.yaml",
+            "configMapGenerator:\n",
+            "configMapGenerator:\n" + realnode.KUSTOMIZE_ENTRY,
+        )
+        commit = repo.commit("gpu-probe pods on the real node")
+        self.out(f"    committed {commit}: {CLUSTER_DIR}/{realnode.MAP_FILE}")
+        result = self._sync(repo, commit)
+        self.check(result.ok, f"sync of {commit} applied")
+        key = f"{realnode.NAMESPACE}/{realnode.MAP_NAME}"
+        self.wait(
+            f"map {key} Valid",
+            lambda: (
+                (st := dict(inspect.map_statuses(self.kube)).get(key)) is not None
+                and st.phase.value == "Valid"
+            ),
+        )
+        self.cluster.kubectl("apply", "-f", "-", input=realnode.STATEFULSET_YAML)
+        self.out(
+            f"    kubectl apply: StatefulSet {realnode.NAMESPACE}/gpu-probe "
+            "(2 replicas, image gpuplace.local/gpu-probe:dev)"
+        )
+        names = [f"{realnode.NAMESPACE}/{name}" for name in realnode.DECLARED]
+        pods = self.wait(
+            "the gpu-probe pods Running on the real node",
+            lambda: self.all_running(names),
+            timeout=120,
+        )
+        self.out(inspect.pod_table([pods[n] for n in names]))
+        for name, declared in realnode.DECLARED.items():
+            log = self._probe_log(name)
+            self.out(f"    $ kubectl -n {realnode.NAMESPACE} logs {name}\n" + _indent(log.strip()))
+            seen = realnode.printed(log)
+            row = pods[f"{realnode.NAMESPACE}/{name}"]
+            self.check(
+                row.node == REAL_NODE_NAME
+                and seen.get("CUDA_VISIBLE_DEVICES") == declared == row.cuda_visible_devices
+                and seen.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID",
+                f"{realnode.NAMESPACE}/{name}'s container printed "
+                f"CUDA_VISIBLE_DEVICES={declared} and CUDA_DEVICE_ORDER=PCI_BUS_ID",
+            )
+        env = self.cluster.kubectl(
+            "-n", realnode.NAMESPACE, "exec", "gpu-probe-0", "--", "env"
+        ).stdout.splitlines()
+        cuda = [line for line in env if line.startswith(("CUDA_", "NVIDIA_"))]
+        self.out(
+            f"    $ kubectl -n {realnode.NAMESPACE} exec gpu-probe-0 -- env | grep CUDA\n"
+            + _indent("\n".join(cuda))
+        )
+        self.check(
+            "CUDA_VISIBLE_DEVICES=0,1" in cuda and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in cuda,
+            "kubectl exec sees the same environment in the running container",
+        )
+
+    def _probe_log(self, name: str) -> str:
+        assert self.cluster is not None
+        cluster = self.cluster
+
+        def report() -> str:
+            out = cluster.kubectl("-n", realnode.NAMESPACE, "logs", name, check=False).stdout
+            return out if "environment at start" in out else ""
+
+        return str(self.wait(f"{name}'s report in its log", report, timeout=30))
+
     def _webhook_registered(self) -> bool:
         items = self.kube.get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
         return bool(items["items"])
@@ -416,16 +527,25 @@ def _indent(text: str) -> str:
     return "\n".join(f"      {line}" for line in text.splitlines())
 
 
-def main(keep: bool = False, argocd: bool | None = None) -> int:
-    """Runs the demo; `argocd` None means: through ArgoCD when its binaries are built."""
+def main(keep: bool = False, argocd: bool | None = None, real_node: bool = True) -> int:
+    """Runs the demo; `argocd` None means: through ArgoCD when its binaries are built.
+    ``real_node``: gpu-probe pods on a real node (containerd, kubelet) besides the kwok nodes."""
     use_argocd = argocd_binaries.available() if argocd is None else argocd
-    demo = Demo(keep=keep, argocd=use_argocd)
+    demo = Demo(keep=keep, argocd=use_argocd, real_node=real_node)
     failed = True
     try:
         demo.run()
         failed = False
         return 0
-    except (DemoError, ArgoCDError, ArgoCDBinariesError, KubectlError, TimeoutError) as exc:
+    except (
+        DemoError,
+        ArgoCDError,
+        ArgoCDBinariesError,
+        KubectlError,
+        TimeoutError,
+        ClusterError,
+        BinariesError,
+    ) as exc:
         print(f"\nDEMO FAILED: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

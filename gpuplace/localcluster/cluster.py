@@ -53,9 +53,11 @@ from gpuplace.localcluster.realnode import (
     import_images,
     kubelet_args,
     kubelet_configuration,
+    node_directory,
     node_env,
     node_images,
     record_created_paths,
+    remove_node_directory,
 )
 from placement import podpolicy
 from placement.annotations import NODE_ANNOTATION
@@ -180,9 +182,7 @@ class LocalCluster:
         cluster = cls(directory)
         cluster._server = state.server
         cluster._records = state.processes
-        cluster._real_nodes = (
-            1 if RealNodeLayout(layout.directory / "node").directory.is_dir() else 0
-        )
+        cluster._real_nodes = 1 if (layout.directory / "node").is_dir() else 0
         cluster.startup_seconds = state.startup_seconds
         cluster._started = True
         return cluster
@@ -215,6 +215,7 @@ class LocalCluster:
             stop_records(self._records)
         if self._directory is not None and self._real_nodes:
             problems = cleanup(self._node_layout())
+            remove_node_directory(self.directory / "node")
             self._node_lock.release()
             if problems:
                 print("gpuplace: the real node left: " + "; ".join(problems), file=sys.stderr)
@@ -313,7 +314,7 @@ class LocalCluster:
         return self._real_node
 
     def _node_layout(self) -> RealNodeLayout:
-        return RealNodeLayout(self.directory / "node")
+        return RealNodeLayout(node_directory(self.directory / "node"))
 
     def kubectl(
         self,
@@ -536,7 +537,7 @@ class LocalCluster:
 
     def _start_real_node(self, binaries: NodeBinaries, began: float) -> None:
         """containerd, the images, then the kubelet; returns once the Node is Ready."""
-        node = RealNodeLayout(self.directory / "node")
+        node = RealNodeLayout(node_directory(self.directory / "node", create=True))
         for directory in (node.directory, node.cni_conf_dir, node.cdi_dir, node.pod_logs):
             directory.mkdir(parents=True, exist_ok=True)
         record_created_paths(node)

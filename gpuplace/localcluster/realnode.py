@@ -7,7 +7,9 @@ reaches a kubelet by the node's host name first, the kubelet refuses a loopback 
 only. One real node runs on a machine at a time: ``/tmp/gpuplace-real-node.lock`` is held (flock)
 by whoever started it and by containerd and the kubelet, so a detached node keeps it until stopped.
 
-Its files live in ``<cluster>/node`` (`RealNodeLayout`), except what the kubelet and containerd
+Its files live in ``<cluster>/node`` (`RealNodeLayout`; a symbolic link to
+``/tmp/gpuplace-node-<hash>`` when the cluster's path is long, since Unix socket paths are limited
+to 107 bytes and containerd and the kubelet put sockets deep below it), except what the kubelet and containerd
 write to fixed places (``/run/containerd``, ``/var/lib/cni``, ``/var/lib/kubelet/device-plugins``,
 ``/var/log/containers``): those that did not exist before are recorded and removed on stop, with
 the ``kubepods`` cgroups, the CNI bridge and every mount below the node's directory.
@@ -32,11 +34,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -66,6 +70,9 @@ SYSTEM_PATHS = (
     Path("/var/log/containers"),
 )
 _MNT_DETACH = 2
+#: Longer node directories move to a short one: the deepest sockets add about 60 bytes to it.
+_MAX_NODE_DIRECTORY = 40
+_SHORT_PREFIX = "gpuplace-node-"
 
 
 class RealNodeError(RuntimeError):
@@ -393,6 +400,29 @@ def ctr(
 
 
 # --------------------------------------------------------------------------------- cleanup
+
+
+def node_directory(link: Path, *, create: bool = False) -> Path:
+    """The node directory that ``<cluster>/node`` stands for: itself, or, when its path is too long
+    for the sockets below it, the short directory it links to (made and linked with ``create``)."""
+    if link.is_symlink():
+        return link.resolve()
+    if not create or len(str(link)) <= _MAX_NODE_DIRECTORY:
+        return link
+    digest = hashlib.sha256(str(link.absolute()).encode()).hexdigest()[:10]
+    short = Path(tempfile.gettempdir()) / f"{_SHORT_PREFIX}{digest}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    link.symlink_to(short, target_is_directory=True)
+    return short
+
+
+def remove_node_directory(link: Path) -> None:
+    """Removes the short directory ``<cluster>/node`` links to, and the link (after `cleanup`)."""
+    if link.is_symlink():
+        target = link.resolve()
+        if target.name.startswith(_SHORT_PREFIX):
+            shutil.rmtree(target, ignore_errors=True)
+        link.unlink()
 
 
 def record_created_paths(layout: RealNodeLayout) -> None:

@@ -12,10 +12,11 @@
   Tests that need nodes with particular labels create their own, with unique names.
 - ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists (so pods can
   be created at once), deleted after the test without waiting.
-- ``real_cluster`` (session): a second `LocalCluster` with a real node, ``localhost``
+- ``real_cluster`` (module): a second `LocalCluster` with a real node, ``localhost``
   (containerd and a kubelet: pods bound to it run; ``real_cluster.real_node``), labelled
   ``gpu-node-name=realnode``. Only one real node runs on a machine at a time: starting it waits
-  for another test run's to stop. Tests using it are marked ``real_node``.
+  for another's to stop, which is why the fixture is per module: a module that starts a real node
+  of its own runs while none is up. Tests using it are marked ``real_node``.
 
 Every test collected under ``tests/integration`` is marked ``integration``.
 """
@@ -53,7 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(
         tmp_path_factory.mktemp("real-cluster"),

@@ -307,9 +307,9 @@ def test_real_node_is_a_node_of_the_cluster(real_cluster: LocalCluster) -> None:
     assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.35.4"
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
     assert node["metadata"]["labels"]["gpu-node-name"] == "realnode"
-    # Its state is below the cluster's directory.
+    # Its state is below the cluster's directory (a link to a short path: socket paths are short).
     layout = real_cluster.real_node.layout
-    assert layout.directory == Path(real_cluster.directory) / "node"
+    assert layout.directory == (Path(real_cluster.directory) / "node").resolve()
     assert layout.containerd_socket.is_socket()
     images = real_cluster.real_node.ctr("images", "ls", "-q").stdout.split()
     assert GPU_PROBE_IMAGE in images
