@@ -32,5 +32,9 @@ def test_demo_runs_every_step_and_every_check_passes() -> None:
         "rejected by the validating webhook",
         "the running placement is unchanged",
         "names file, line and column",
+        # The real node: what the containers themselves printed.
+        "inference/gpu-probe-0's container printed CUDA_VISIBLE_DEVICES=0,1",
+        "inference/gpu-probe-1's container printed CUDA_VISIBLE_DEVICES=3",
+        "kubectl exec sees the same environment",
     ):
         assert step in result.stdout
