@@ -22,7 +22,7 @@ from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
 from controller.slotcache import SlotCache
 from kubeio.client import Kube, Obj
-from kubeio.errors import APIConflictError, APIError, APINotFoundError
+from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import WARNING, EventRecorder, ObjectRef
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
@@ -57,8 +57,12 @@ class Binder:
         cluster: Callable[[], Cluster],
         on_bound: Callable[[SlotKey], None] = lambda _key: None,  # a slot was bound or freed
         dra: DraTracker | None = None,  # `dra` enforcement: claims are allocated before binding
+        fence: Callable[[], bool] = lambda: True,
     ) -> None:
         self.kube = kube
+        #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
+        #: before each Binding, so a leader that was paused past its lease sends none.
+        self.fence = fence
         self.settings = settings
         self.metrics = metrics
         self.events = events
@@ -184,6 +188,9 @@ class Binder:
                 self.queue.backoff(uid)
 
     def _decide(self, uid: str, pod: Obj) -> None:
+        if not self.fence():
+            self.queue.backoff(uid)  # leadership is being lost; the next leader decides
+            return
         facts = podfacts.facts(pod, self.settings.legacy)
         outcome: Placement | Status = plan(facts, self.cluster(), self.cache)
         claim: ClaimPlan | None = None
@@ -216,19 +223,31 @@ class Binder:
     ) -> None:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding"
-        if claim is not None and self.claims is not None:
-            try:
-                self.claims.reserve(claim, pod)  # Reserve: the claim's allocation, then the bind
-            except APIError as exc:
-                # The claim changed since the decision (regenerated, deallocated): decide again
-                # from what the claims informer shows next.
-                self.metrics.binds.labels("claim-refused").inc()
-                log.info("claim not allocated: %s", exc, extra={"pod": podfacts.name_of(pod)})
-                self.cache.forget(uid)
-                self._finish(uid, requeue=True)
-                return
         try:
-            self.kube.create(path, binding_body(pod, placement, self.key))
+            if self._stop.is_set() or not self.fence():
+                raise FencedError(0, "Fenced", "lease not held")
+            if claim is not None and self.claims is not None:
+                try:
+                    self.claims.reserve(claim, pod)  # Reserve: the claim's allocation, then bind
+                except FencedError:
+                    raise
+                except APIError as exc:
+                    # The claim changed since the decision (regenerated, deallocated): decide
+                    # again from what the claims informer shows next.
+                    self.metrics.binds.labels("claim-refused").inc()
+                    log.info("claim not allocated: %s", exc, extra={"pod": podfacts.name_of(pod)})
+                    self.cache.forget(uid)
+                    self._finish(uid, requeue=True)
+                    return
+            # Checked again as the request is written, after any wait for a connection.
+            self.kube.create(path, binding_body(pod, placement, self.key), guard=self.fence)
+        except FencedError:
+            # The decision came from a cache that another leader may already have outdated.
+            self.metrics.binds.labels("fenced").inc()
+            log.warning("lease not held: Binding not sent", extra={"pod": podfacts.name_of(pod)})
+            self.cache.forget(uid)
+            self._finish(uid, requeue=False)
+            return
         except (APINotFoundError, APIConflictError) as exc:
             # Gone, recreated, or already bound by someone else: the pod's next event decides.
             self.metrics.binds.labels("conflict").inc()

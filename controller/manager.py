@@ -118,6 +118,7 @@ class Controller:
             self._cluster,
             self._on_bound,
             dra=self.dra,
+            fence=self._holds_lease,
         )
         self.writer = ModelWriter(kube, settings.system_namespace)
         self.drift = DriftTracker(kube, self.events, self.metrics.drifted.set)
@@ -137,6 +138,8 @@ class Controller:
         self._leading = threading.Event()
         self._stop = threading.Event()
         self.lost_leadership = threading.Event()
+        self._term = threading.Lock()  # orders the end of a start-up against its abort
+        self._term_over = False
         self.ready = threading.Event()
         self.informers = self._make_informers()
         self.git: GitSource | None = None
@@ -474,13 +477,13 @@ class Controller:
                 self._apply_pending()
                 # Also what was applied while this replica was not leading yet, or between the
                 # compile that started its leadership and the moment it counted as leading.
-                if self._leading.is_set() and self._uncompiled:
+                if self._leads() and self._uncompiled:
                     self._compile_and_publish(set())
-            if self._leading.is_set():
+            if self._leads():
                 self._judge_drift()
                 self._sync_templates()
             now = time.monotonic()
-            if self._leading.is_set() and now - last_status > 0.5 and self._status_dirty:
+            if self._leads() and now - last_status > 0.5 and self._status_dirty:
                 self._write_statuses()
                 last_status = time.monotonic()
             if now - last_expiry >= 1.0:  # looks at every inventory: once a second is enough
@@ -516,6 +519,8 @@ class Controller:
                 self._status_dirty |= changed
 
     def _compile_and_publish(self, keys: set[str]) -> None:
+        if not self._holds_lease():
+            return  # the model is the leader's to write; what is pending stays pending
         keys |= self._unblocked
         self._uncompiled, self._unblocked = False, set()
         started = time.perf_counter()
@@ -547,6 +552,8 @@ class Controller:
             self.binder.wake(keys)
 
     def _write_statuses(self) -> None:
+        if not self._holds_lease():
+            return
         with self._lock:
             dirty, self._status_dirty = self._status_dirty, set()
         reports = self.compiler.reports
@@ -646,12 +653,29 @@ class Controller:
         self.events.emit(ref, kind, status.phase.value, status.message)
 
     # -- leadership -----------------------------------------------------------------------------
+    def _holds_lease(self) -> bool:
+        """Whether the lease is held and unexpired by the local clock: checked before every
+        write only the leader may make (Bindings, the model, statuses, evictions)."""
+        return self.elector.holds()
+
+    def _leads(self) -> bool:
+        return self._leading.is_set() and self._holds_lease()
+
     def _start_leading(self) -> None:
+        """Runs on its own thread while the elector keeps renewing; gives up at any step once
+        the lease is no longer held (the elector then calls _stop_leading)."""
         self.metrics.leader.set(1)
         for informer in self.informers.values():
             informer.wait_synced()
         if self.git is not None:
             self.git.synced.wait()
+        if self.settings.startup_delay_seconds:
+            # Test hook: a start-up slower than the lease (a large cluster's first sync).
+            log.warning("start-up delayed by %.1f s", self.settings.startup_delay_seconds)
+            self._stop.wait(self.settings.startup_delay_seconds)
+        if not self._holds_lease():
+            log.warning("lease lost during start-up: not leading")
+            return
         stored = {
             name: obj.get("data") or {}
             for (_ns, name), obj in self.informers["model"].store.items()
@@ -679,6 +703,9 @@ class Controller:
                     pods.extend(informer.store.values())
         # Bound pods count only with a valid signature, so the key comes before the rebuild.
         self.binder.key = self._binding_key()
+        if not self._holds_lease():
+            log.warning("lease lost during start-up: not leading")
+            return
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self._shared_maps())
         with self._drift_lock:
@@ -688,8 +715,12 @@ class Controller:
             self.model.generation,
             bound,
         )
-        self.binder.start()
-        self._leading.set()
+        with self._term:
+            if self._term_over or not self._holds_lease():
+                log.warning("lease lost during start-up: not leading")
+                return
+            self.binder.start()
+            self._leading.set()
 
     def _restore_last_valid(self, stored: Model) -> None:
         """Sources that are invalid now and had no valid version in this process keep serving
@@ -734,9 +765,12 @@ class Controller:
 
     def _stop_leading(self) -> None:
         self.metrics.leader.set(0)
-        if self._leading.is_set() and not self._stop.is_set():
-            self.lost_leadership.set()
-        self._leading.clear()
+        with self._term:
+            # A start-up still running on its own thread must not start the binder after this.
+            self._term_over = True
+            if not self._stop.is_set():
+                self.lost_leadership.set()
+            self._leading.clear()
         self.binder.stop()
         self.drift.stop()
 

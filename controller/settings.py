@@ -62,5 +62,8 @@ class ControllerSettings:
     #: Namespaces that no grant of the placement policy names may place nowhere (True) or
     #: anywhere (False, a new install's default).
     grants_default_deny: bool = False
+    #: Test hook: stretches the leader's start-up by this long (informer sync, compile and cache
+    #: rebuild on a large cluster can take longer than the lease).
+    startup_delay_seconds: float = 0.0
     log_level: str = "info"
     log_json: bool = False

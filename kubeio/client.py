@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from kubeio.errors import APIError, APITransportError, error_for
+from kubeio.errors import APIError, APITransportError, FencedError, error_for
 
 Obj = dict[str, Any]
 
@@ -29,6 +29,29 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+
+
+#: The guard of the request this thread is sending (see Kube.request).
+_send_guard = threading.local()
+
+
+class _NotSentError(Exception):
+    pass
+
+
+class _GuardedHTTPSConnection(urllib3.connection.HTTPSConnection):
+    """Checks the sending thread's guard as the last step before the request is written, after
+    any wait for a pooled connection: a leader paused there must not send on resuming."""
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> None:
+        guard = getattr(_send_guard, "check", None)
+        if guard is not None and not guard():
+            raise _NotSentError
+        super().request(method, url, *args, **kwargs)
+
+
+class _GuardedHTTPSConnectionPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _GuardedHTTPSConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +84,10 @@ class Kube:
             server_hostname=configuration.tls_server_name or None,
             retries=False,
         )
+        self._pool.pool_classes_by_scheme = {
+            **self._pool.pool_classes_by_scheme,
+            "https": _GuardedHTTPSConnectionPool,
+        }
         self._lock = threading.Lock()
 
     @classmethod
@@ -110,12 +137,17 @@ class Kube:
         query: Mapping[str, Any] | None = None,
         content_type: str | None = None,
         timeout: float | None = None,
+        guard: Callable[[], bool] | None = None,
     ) -> Obj:
-        """Sends one request; returns the decoded JSON body ({} when empty); raises APIError."""
+        """Sends one request; returns the decoded JSON body ({} when empty); raises APIError.
+
+        `guard`, when given, is called immediately before the request is written to the
+        connection; if it returns False nothing is sent and FencedError is raised."""
         data: bytes | None = None
         if body is not None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             content_type = content_type or JSON
+        _send_guard.check = guard
         try:
             response = self._pool.request(
                 method,
@@ -125,8 +157,12 @@ class Kube:
                 timeout=timeout or self._settings.timeout_seconds,
                 preload_content=True,
             )
+        except _NotSentError as exc:
+            raise FencedError(0, "Fenced", f"{method} {path}: not sent, guard failed") from exc
         except urllib3.exceptions.HTTPError as exc:
             raise APITransportError(0, "Transport", f"{method} {path}: {exc}") from exc
+        finally:
+            _send_guard.check = None
         if response.status >= 300:
             raise error_for(response.status, response.data)
         if not response.data:
@@ -140,8 +176,8 @@ class Kube:
     def get(self, path: str, **query: Any) -> Obj:
         return self.request("GET", path, query=query)
 
-    def create(self, path: str, body: Obj) -> Obj:
-        return self.request("POST", path, body=body)
+    def create(self, path: str, body: Obj, guard: Callable[[], bool] | None = None) -> Obj:
+        return self.request("POST", path, body=body, guard=guard)
 
     def patch(self, path: str, body: Any, content_type: str = MERGE_PATCH, **query: Any) -> Obj:
         return self.request("PATCH", path, body=body, content_type=content_type, query=query)

@@ -21,6 +21,10 @@ class APITransportError(APIError):
     """No HTTP answer: connection refused, TLS failure, timeout."""
 
 
+class FencedError(APIError):
+    """Not sent: the request's guard (a leader's lease check) failed just before it left."""
+
+
 class APIClientError(APIError):
     """4xx."""
 

@@ -2,6 +2,13 @@
 
 Expiry is judged by the local clock from when this process last saw the record change, never from
 the remote renewTime, so clock skew between replicas cannot make two leaders.
+
+Fencing: a leader counts as holding the lease only until `renew_deadline_seconds` after the start
+of its last successful renewal, by the local monotonic clock (which keeps running while the process
+is paused). A standby takes over no sooner than `lease_seconds` after it saw that renewal, so the
+leader's writes checked against `holds()` stop before another replica's can begin, whatever
+paused the leader (a slow start-up, a stopped process, a partition). Start-up runs on its own
+thread while this one keeps renewing.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class LeaderElector:
         self._stop = threading.Event()
         self._observed: tuple[str, str] = ("", "")  # (holder, renewTime) last seen
         self._observed_at = 0.0
+        self._held_until = 0.0  # monotonic; see holds()
         #: monotonic time of the loop's last campaign or renewal attempt (for /healthz)
         self.last_attempt = time.monotonic()
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases"
@@ -56,22 +64,48 @@ class LeaderElector:
     def stop(self) -> None:
         self._stop.set()
 
+    def holds(self) -> bool:
+        """Whether this process may act as the leader right now: check it immediately before
+        each write that only the leader may make."""
+        return self.is_leader.is_set() and time.monotonic() < self._held_until
+
+    def _renew(self) -> bool:
+        started = time.monotonic()
+        if not self._try_acquire():
+            return False
+        self._held_until = started + self.s.renew_deadline_seconds
+        return True
+
     def run(self) -> None:
-        """Blocks: campaigns, leads until the lease is lost or stop() is called, then returns."""
-        while not self._stop.is_set() and not self._try_acquire():
+        """Blocks: campaigns, leads until the lease is lost or stop() is called, then returns.
+
+        `on_started` runs on a thread of its own, so that the lease is renewed during a start-up
+        (informer sync, compile, cache rebuild) that takes longer than the lease."""
+        while not self._stop.is_set() and not self._renew():
             self._stop.wait(self.s.retry_seconds)
         if self._stop.is_set():
             return
         self.is_leader.set()
         log.info("became leader", extra={"lease": self.s.name, "identity": self.s.identity})
-        self.on_started()
-        last_renew = time.monotonic()
+        threading.Thread(target=self.on_started, name="leader-start-up", daemon=True).start()
         try:
             while not self._stop.wait(self.s.retry_seconds):
-                if self._try_acquire():
-                    last_renew = time.monotonic()
-                elif time.monotonic() - last_renew > self.s.renew_deadline_seconds:
-                    log.error("lost leadership", extra={"lease": self.s.name})
+                if self._renew():
+                    continue
+                holder = self._observed[0]
+                if holder and holder != self.s.identity:
+                    log.error(
+                        "lost leadership: %s holds the lease",
+                        holder,
+                        extra={"lease": self.s.name},
+                    )
+                    break
+                if time.monotonic() >= self._held_until:
+                    log.error(
+                        "lost leadership: the lease was not renewed within %.1f s",
+                        self.s.renew_deadline_seconds,
+                        extra={"lease": self.s.name},
+                    )
                     break
         finally:
             self.is_leader.clear()

@@ -103,6 +103,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=env_float("GPUPLACE_GIT_INTERVAL_SECONDS", 15.0),
     )
     p.add_argument("--metrics-address", default=env_str("GPUPLACE_METRICS_ADDRESS", "0.0.0.0:8080"))
+    # Test hook (see ControllerSettings.startup_delay_seconds), not for production.
+    p.add_argument("--startup-delay-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default=env_str("GPUPLACE_LOG_LEVEL", "info"))
     p.add_argument("--log-json", action="store_true", default=env_bool("GPUPLACE_LOG_JSON", False))
     p.set_defaults(handler=run)
@@ -136,6 +138,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         ),
         enforcement=Enforcement(args.enforcement),
         dra=DraSettings(args.dra_driver, args.dra_attribute, args.dra_device_class),
+        startup_delay_seconds=args.startup_delay_seconds,
         log_level=args.log_level,
         log_json=args.log_json,
         grants_default_deny=args.grants_default == "deny",
@@ -150,7 +153,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     kube = Kube.connect(
         ClientSettings(
-            kubeconfig=settings.kubeconfig, qps_pool=max(64, settings.binder.bind_workers * 2)
+            kubeconfig=settings.kubeconfig,
+            qps_pool=max(64, settings.binder.bind_workers * 2),
+            # Audit logs then say which replica sent each request (a Binding, a Lease renewal).
+            user_agent=f"gpuplace-controller/{settings.identity}",
         )
     )
     controller = Controller(kube, settings)
@@ -176,6 +182,13 @@ def run(args: argparse.Namespace) -> int:
         runner.join(0.5)
     ops.stop()
     if controller.lost_leadership.is_set():
-        log.error("leadership lost; exiting so a fresh process campaigns again")
+        log.error(
+            "leadership lost (the apiserver could not be reached to renew the lease within "
+            "%.0f s, or another replica holds it); exiting with status 1 rather than acting on "
+            "a stale cache. In a Deployment the kubelet restarts this container and it campaigns "
+            "again; run by hand, start `gpuplace controller` again (it rebuilds everything from "
+            "the apiserver) or run it under a supervisor that restarts it",
+            settings.renew_deadline_seconds,
+        )
         os._exit(1)
     return 0

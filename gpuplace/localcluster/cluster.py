@@ -359,6 +359,19 @@ class LocalCluster:
         """A keep-alive admin connection for many raw requests (one per thread; close it)."""
         return ApiConnection(self.server, self.ssl_context(), timeout=timeout)
 
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The apiserver's audit events so far (see `_AUDIT_POLICY`: Bindings only)."""
+        path = self.layout.audit_log
+        if not path.exists():
+            return []
+        events = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # the line being written
+        return events
+
     def request(
         self, method: str, path: str, body: Any = None, *, timeout: float = 30.0
     ) -> tuple[int, Any]:
@@ -506,6 +519,7 @@ class LocalCluster:
             _registry.add(self)
         env = _component_env(layout)
         self._spawn("etcd", _etcd_args(binaries, layout, etcd_port, etcd_peer_port), env)
+        layout.audit_policy.write_text(_AUDIT_POLICY)
         # The apiserver retries etcd until it answers, so both start at once.
         self._spawn(
             "kube-apiserver", _apiserver_args(binaries, layout, apiserver_port, etcd_port), env
@@ -757,7 +771,25 @@ def _apiserver_args(
         # `kubernetes` Service, so its endpoints are not maintained.
         "--endpoint-reconciler-type=none",
         "--profiling=false",
+        f"--audit-policy-file={layout.audit_policy}",
+        f"--audit-log-path={layout.audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-maxbackup=1",
     ]
+
+
+#: Who sent each Binding, accepted or refused, and when the apiserver received it: the record
+#: against which tests check that a replica that lost its lease sent none (metadata only).
+_AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create]
+    resources: [{group: "", resources: [pods/binding]}]
+  - level: None
+"""
 
 
 def _controller_manager_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> list[str]:

@@ -18,7 +18,7 @@ class ClusterLayout:
 
     ``kubeconfig`` (admin), ``pki/`` (CA, serving and client certificates, service-account keys),
     ``etcd/`` (data), ``logs/<component>.log``, ``kubeconfigs/`` (per component),
-    ``kwok.yaml``, ``kube-scheduler.yaml`` (with a scheduler QPS), ``state.json`` (while running), ``.gpuplace-cluster`` (marker).
+    ``kwok.yaml``, ``audit-policy.yaml`` (audit log in ``logs/audit.log``), ``kube-scheduler.yaml`` (with a scheduler QPS), ``state.json`` (while running), ``.gpuplace-cluster`` (marker).
     """
 
     directory: Path
@@ -66,6 +66,15 @@ class ClusterLayout:
 
     def log(self, component: str) -> Path:
         return self.logs / f"{component}.log"
+
+    @property
+    def audit_policy(self) -> Path:
+        return self.directory / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """One JSON audit event a line: every Binding (pods/binding create) the apiserver got."""
+        return self.logs / "audit.log"
 
     @property
     def kwok_config(self) -> Path:
