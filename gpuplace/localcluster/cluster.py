@@ -32,6 +32,7 @@ from gpuplace.localcluster.layout import ClusterLayout, ClusterState
 from gpuplace.localcluster.nodebinaries import NodeBinaries, find_node_binaries
 from gpuplace.localcluster.nodes import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, FakeNode
 from gpuplace.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
+from gpuplace.localcluster.policies import admission_policies
 from gpuplace.localcluster.process import (
     ManagedProcess,
     ProcessRecord,
@@ -359,6 +360,18 @@ class LocalCluster:
         """A keep-alive admin connection for many raw requests (one per thread; close it)."""
         return ApiConnection(self.server, self.ssl_context(), timeout=timeout)
 
+    def _install_policies(self) -> None:
+        """The chart's ValidatingAdmissionPolicies, so every test runs under them."""
+        base = "/apis/admissionregistration.k8s.io/v1"
+        plurals = {
+            "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        }
+        for obj in admission_policies():
+            status, body = self.request("POST", f"{base}/{plurals[obj['kind']]}", obj)
+            if status not in (201, 409):
+                raise ClusterError(f"installing {obj['kind']} {obj['metadata']['name']}: {body}")
+
     def audit_events(self) -> list[dict[str, Any]]:
         """The apiserver's audit events so far (see `_AUDIT_POLICY`: Bindings only)."""
         path = self.layout.audit_log
@@ -526,6 +539,7 @@ class LocalCluster:
         )
         self.wait_for("kube-apiserver /readyz", lambda: self._status("/readyz") == 200)
         self._phase("apiserver ready", began)
+        self._install_policies()
 
         # kube-controller-manager gives up if the apiserver is not healthy within 10 seconds, so
         # the clients start only now.

@@ -168,6 +168,9 @@ ALLOWED: list[tuple[str, ...]] = [
     ("agent", "update", "leases.coordination.k8s.io/gpu-a-01", "-n", INVENTORY),
     ("agent", "watch", "configmaps", "-n", NAMESPACE),
 ]
+# RBAC allows an agent to write every inventory and the controller to patch every ConfigMap; the
+# chart's ValidatingAdmissionPolicies narrow both, which `can-i` cannot see: test_least_privilege.py
+# checks them with real tokens.
 REFUSED: list[tuple[str, ...]] = [
     # controller: no ConfigMap writes outside gpuplace-system beyond the status patch; no pod writes
     ("controller", "create", "configmaps", "-n", W),
