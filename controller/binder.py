@@ -243,10 +243,12 @@ class Binder:
             self.kube.create(path, binding_body(pod, placement, self.key), guard=self.fence)
         except FencedError:
             # The decision came from a cache that another leader may already have outdated.
+            # Decided again after a backoff: by this process if a late renewal keeps the lease,
+            # else the binder stops with the lost leadership and the next leader decides.
             self.metrics.binds.labels("fenced").inc()
             log.warning("lease not held: Binding not sent", extra={"pod": podfacts.name_of(pod)})
             self.cache.forget(uid)
-            self._finish(uid, requeue=False)
+            self._finish(uid, requeue=True)
             return
         except (APINotFoundError, APIConflictError) as exc:
             # Gone, recreated, or already bound by someone else: the pod's next event decides.
