@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +35,15 @@ pytestmark = pytest.mark.integration
 def _namespaces(cluster: LocalCluster) -> None:
     for name in ("gpuplace-system", "gpuplace-inventory"):
         cluster.create_namespace(name)
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster) -> Iterator[str]:
+    """Removed, pods and maps with it, before the next test: its controllers find a quiet cluster."""
+    name = unique("fence")
+    cluster.create_namespace(name)
+    yield name
+    cluster.delete_namespace(name, wait=True, timeout=180)
 
 
 def bindings_by(cluster: LocalCluster, identity: str, namespace: str) -> list[datetime]:
