@@ -178,6 +178,7 @@ class _Builder:
         self.doc = doc
         #: gpuplace's own documents admit no anchors, aliases or merge keys at all.
         self.strict = strict
+        self.kind = "PlacementMap"  # named in messages about what gpuplace's documents refuse
         self.errors: list[Diagnostic] = []
         self._built: dict[int, Any] = {}
         self._merged = 0
@@ -210,7 +211,7 @@ class _Builder:
         self.errors.append(
             Diagnostic(
                 _where(self.doc.source, mark),
-                f"YAML {what}s are not allowed in a PlacementMap{also}",
+                f"YAML {what}s are not allowed in a {self.kind}{also}",
                 hint="write the value out in full",
             )
         )
@@ -248,7 +249,7 @@ class _Builder:
                     self.errors.append(
                         Diagnostic(
                             _where(self.doc.source, key_node.start_mark, path),
-                            "YAML merge keys (<<) are not allowed in a PlacementMap",
+                            f"YAML merge keys (<<) are not allowed in a {self.kind}",
                             hint="write the entries out in full",
                         )
                     )
@@ -377,6 +378,8 @@ def _documents(loader: _Loader, text: str, source: str) -> Iterator[Document]:
             continue
         doc = Document(source, None)
         builder = _Builder(loader, doc, text, strict=_is_gpuplace_document(node))
+        kind = _scalar_value(node, "kind") if isinstance(node, yaml.MappingNode) else None
+        builder.kind = kind if isinstance(kind, str) and kind else "gpuplace document"
         if builder.strict and loader.references:
             builder.refuse_references()
             raise PlacementError(tuple(builder.errors))

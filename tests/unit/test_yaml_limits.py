@@ -183,3 +183,14 @@ def test_log_lines_are_capped(formatter: logging.Formatter) -> None:
         logger.removeHandler(handler)
     assert len(stream.getvalue()) < 10_000
     assert "more characters)" in stream.getvalue()
+
+
+def test_the_placement_policy_refuses_aliases_too() -> None:
+    text = "apiVersion: gpuplace.io/v1alpha1\nkind: PlacementPolicy\nx: &a [1]\ny: *a\n"
+    with pytest.raises(PlacementError) as caught:
+        list(load_documents(text, "policy.yaml"))
+    (diagnostic,) = caught.value.diagnostics
+    assert diagnostic.message == (
+        "YAML anchors are not allowed in a PlacementPolicy (1 more anchors or aliases in this "
+        "document)"
+    )
