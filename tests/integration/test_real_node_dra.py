@@ -12,7 +12,7 @@ import pytest
 
 from gpuplace.demo.components import Components, demo_uuid
 from gpuplace.localcluster import REAL_NODE_NAME, LocalCluster
-from placement.annotations import MAP_LABEL
+from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL
 from placement.inventory import INVENTORY_NAMESPACE
 from placement.model import MODEL_NAMESPACE
 from tests.integration.controllerkit import map_yaml, wait_for
@@ -59,6 +59,10 @@ def gpuplace_dra(
         yield
     finally:
         components.stop()
+        # The next module's webhook registers itself under the same name; a configuration left
+        # pointing at this one's closed port would refuse its maps until then.
+        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+            real_cluster.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/gpuplace")
 
 
 @pytest.fixture
@@ -66,6 +70,19 @@ def ns(real_cluster: LocalCluster, gpuplace_dra: None) -> Iterator[str]:
     name = f"real-dra-{uuid.uuid4().hex[:6]}"
     real_cluster.create_namespace(name)
     yield name
+    # Maps go first, synchronously: until the namespace is gone its maps would still claim the
+    # real node's GPUs, and the next module's maps would read as conflicting with them.
+    real_cluster.request(
+        "DELETE", f"/api/v1/namespaces/{name}/configmaps?labelSelector={PLACEMENT_MAP_LABEL}%3Dtrue"
+    )
+    # Pods next, while the DRA driver still runs: the kubelet asks it to unprepare their claims
+    # before the pods can go, and the GPUs they hold are free for the next module only then.
+    real_cluster.request("DELETE", f"/api/v1/namespaces/{name}/pods")
+    wait_for(
+        f"the pods of {name} gone",
+        lambda: not real_cluster.request("GET", f"/api/v1/namespaces/{name}/pods")[1]["items"],
+        timeout=90,
+    )
     real_cluster.delete_namespace(name)
 
 
