@@ -20,7 +20,7 @@ from controller.dra import ClaimPlan, ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
-from controller.slotcache import SlotCache
+from controller.slotcache import Holding, SlotCache
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import WARNING, EventRecorder, ObjectRef
@@ -113,6 +113,8 @@ class Binder:
                     self.on_bound(held.slot)
             else:
                 holding = podfacts.holding_from_bound(pod, shared_maps or set(), self.key)
+                if holding is None and self.settings.legacy:
+                    holding = self._adopt_prebound(uid, pod)
                 if holding is not None:
                     self.cache.add_bound(holding)
                     self.on_bound(holding.slot)
@@ -127,6 +129,21 @@ class Binder:
                 return
         self.queue.add(uid)
         self.metrics.pending.set(len(self._pods))
+
+    def _adopt_prebound(self, uid: str, pod: Obj) -> Holding | None:
+        """A pod the earlier tools bound: it holds the GPUs its legacy line declares, so that no
+        map pod is bound onto them (unless its namespace's grants do not give it those GPUs)."""
+        adopted = podfacts.prebound_legacy(pod, self.cluster())
+        if isinstance(adopted, str):
+            if uid not in self._unverified:
+                self._unverified.add(uid)
+                meta = pod["metadata"]
+                ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
+                self._executor.submit(self.events.emit, ref, WARNING, "NotGranted", adopted)
+            return None
+        if adopted is not None:
+            self.metrics.prebound.inc()
+        return adopted
 
     def _check_forged(self, uid: str, pod: Obj) -> None:
         """A bound pod whose gpuplace.io/* annotations the binder did not sign: reported once."""

@@ -47,6 +47,11 @@ class ControllerMetrics:
         self.unschedulable = Counter(
             "gpuplace_unschedulable", "Pods found unschedulable by reason", ["reason"], registry=r
         )
+        self.prebound = Counter(
+            "gpuplace_prebound_legacy_pods",
+            "Pods bound by the earlier tools, counted as holding their gpu-scheduling-map GPUs",
+            registry=r,
+        )
         self.unverified = Counter(
             "gpuplace_unverified_bindings",
             "Bound pods whose gpuplace.io/* annotations the binder did not sign (they hold nothing)",

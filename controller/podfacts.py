@@ -11,9 +11,12 @@ from placement.annotations import (
     binding_annotations,
     decode_binding,
     legacy_map_key,
+    name_ordinal,
     verify_binding,
 )
-from placement.binding import PodFacts
+from placement.binding import Cluster, PodFacts
+from placement.errors import PlacementError
+from placement.legacy import parse_legacy
 from placement.types import NodeName, Sharing, SlotKey
 
 Obj = dict[str, Any]
@@ -109,4 +112,44 @@ def holding_from_bound(pod: Obj, shared_maps: set[str], signing_key: bytes) -> H
         sharing,
         assumed=False,
         revision=decision.revision,
+    )
+
+
+def prebound_legacy(pod: Obj, cluster: Cluster) -> Holding | str | None:
+    """What a pod that another scheduler bound holds, by its `gpu-scheduling-map` line (cut-over
+    from the earlier tools): a Holding; a reason it holds nothing (outside its namespace's
+    grants); or None when it is not such a pod (gpuplace annotations, no line for its index)."""
+    meta = pod["metadata"]
+    annotations = annotations_of(pod)
+    text = annotations.get(LEGACY_ANNOTATION)
+    if text is None or binding_annotations(annotations):
+        return None
+    index = name_ordinal(meta["name"])
+    try:
+        entries = parse_legacy(text, f"pod {name_of(pod)} annotation {LEGACY_ANNOTATION}")
+    except PlacementError:
+        return None
+    entry = next((e for e in entries if e.index == index), None)
+    if index is None or entry is None:
+        return None
+    refusal = cluster.model.grants.refusal(meta["namespace"], entry.node, entry.devices)
+    if refusal is not None:
+        return refusal
+    node = NodeName(pod["spec"]["nodeName"])
+    state = cluster.inventories.get(node)
+    gpus: list[str] = []
+    for ref in entry.devices:
+        # Kept by UUID, as binder holdings are, whenever the node's inventory names the device.
+        device = state.inventory.find(ref) if state is not None else None
+        gpus.append(
+            device.uuid if device is not None else f"#{ref}" if isinstance(ref, int) else ref
+        )
+    return Holding(
+        uid_of(pod),
+        name_of(pod),
+        SlotKey(legacy_map_key(meta["namespace"], meta["name"]), index),
+        node,
+        tuple(gpus),
+        Sharing.EXCLUSIVE,
+        assumed=False,
     )

@@ -22,9 +22,11 @@ from placement.annotations import (
     MAP_ANNOTATION,
     MAP_LABEL,
     PLACEMENT_MAP_LABEL,
+    RENUMBERED_CONDITION,
     REVISION_ANNOTATION,
     SOURCE_FILE_ANNOTATION,
     STATUS_ANNOTATION,
+    binding_annotations,
     name_ordinal,
 )
 from placement.errors import PlacementError
@@ -94,6 +96,15 @@ class PodRow:
             drifted = drift_condition(pod)
             if drifted is not None:
                 reason = f"Drifted ({drifted.get('reason')}): {drifted.get('message')}"
+            renumbered = true_condition(pod, RENUMBERED_CONDITION)
+            if renumbered is not None:
+                reason = f"DevicesRenumbered: {renumbered.get('message')}"
+            prebound = prebound_line(pod)
+            if prebound is not None:
+                reason = (
+                    f"bound by {pod['spec'].get('schedulerName')} (cut-over): holds GPUs "
+                    f"{prebound} of its {LEGACY_ANNOTATION} line"
+                )
         return cls(
             meta["namespace"],
             meta["name"],
@@ -105,6 +116,27 @@ class PodRow:
             pod.get("status", {}).get("phase", ""),
             reason,
         )
+
+
+def true_condition(pod: Obj, kind: str) -> Obj | None:
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def prebound_line(pod: Obj) -> str | None:
+    """The devices of a pod bound by the earlier tools (legacy line, no gpuplace binding)."""
+    ann = pod["metadata"].get("annotations") or {}
+    if LEGACY_ANNOTATION not in ann or binding_annotations(ann) or not pod["spec"].get("nodeName"):
+        return None
+    index = name_ordinal(pod["metadata"]["name"])
+    try:
+        entries = parse_legacy(ann[LEGACY_ANNOTATION], LEGACY_ANNOTATION)
+    except PlacementError:
+        return None
+    entry = next((e for e in entries if e.index == index), None)
+    return None if entry is None else ",".join(map(str, entry.devices))
 
 
 def drift_condition(pod: Obj) -> Obj | None:

@@ -42,6 +42,9 @@ SOURCE_FILE_ANNOTATION = "gpuplace.io/source-file"
 #: Pod condition of a bound pod whose slot its map no longer declares as bound.
 DRIFTED_CONDITION = "gpuplace.io/Drifted"
 
+#: Pod condition: the node's GPUs were renumbered under the pod (its NVML indices now name other
+#: GPUs than the ones it was bound to).
+RENUMBERED_CONDITION = "DevicesRenumbered"
 LEGACY_ANNOTATION = "gpu-scheduling-map"
 LEGACY_NODE_LABEL = "gpu-node-name"
 LEGACY_MAP_PREFIX = "legacy."

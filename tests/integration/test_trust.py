@@ -5,6 +5,8 @@ controller process."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ from tests.integration.controllerkit import (
     gpu_uuid,
     inventory_for,
     map_yaml,
+    pending_reason,
     publish_inventory,
     wait_for,
 )
@@ -237,3 +240,50 @@ def test_tenant_cannot_rewrite_its_bound_pods_binding(
     assert {
         k: v for k, v in after["metadata"]["annotations"].items() if k != "team/owner"
     } == before
+
+
+def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
+    cluster: LocalCluster, namespaces: tuple[str, str]
+) -> None:
+    team, _ = namespaces
+    node = node_with_gpus(cluster)
+    # Bound before gpuplace came (here: created bound, as a webhook-based scheduler does).
+    old = map_pod("old-trainer-0", "unused", schedulerName="gpu-scheduler")
+    old["metadata"] = {
+        "name": "old-trainer-0",
+        "annotations": {"gpu-scheduling-map": f"0={node}:0,1\n"},
+    }
+    old["spec"]["schedulerName"] = "gpu-scheduler"
+    old["spec"]["nodeName"] = node
+    status, body = cluster.request("POST", f"/api/v1/namespaces/{team}/pods", old)
+    assert status == 201, body
+    apply_map(cluster, team, "new", map_yaml(team, "new", [(0, node, [1]), (1, node, [2])]))
+    proc = ControllerProcess(cluster, unique("cutover"), lease=unique("cutover"))
+    try:
+        for name in ("new-0", "new-1"):
+            status, body = cluster.request(
+                "POST", f"/api/v1/namespaces/{team}/pods", map_pod(name, "new")
+            )
+            assert status == 201, body
+        wait_for("new-1 bound", lambda: bound(cluster, team, "new-1"))
+        wait_for("new-0 waits", lambda: pending_reason(cluster, team, "new-0") == "DeviceBusy")
+        pod = get_pod(cluster, team, "new-0")
+        assert pod is not None and not pod["spec"].get("nodeName")
+        assert metric(proc, "gpuplace_prebound_legacy_pods_total") >= 1
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpuplace", "status", f"--kubeconfig={cluster.kubeconfig}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        row = next(line for line in shown.splitlines() if line.split()[1:2] == ["old-trainer-0"])
+        assert "bound by gpu-scheduler (cut-over): holds GPUs 0,1 of its gpu-scheduling-map" in row
+        # The old pod gone, its GPUs are free for the map pod at once.
+        cluster.request(
+            "DELETE", f"/api/v1/namespaces/{team}/pods/old-trainer-0?gracePeriodSeconds=0"
+        )
+        placed = wait_for("new-0 bound", lambda: bound(cluster, team, "new-0"))
+        assert placed["metadata"]["annotations"][DEVICES_ANNOTATION] == gpu_uuid(node, 1)
+    finally:
+        proc.stop()
