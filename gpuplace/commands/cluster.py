@@ -6,7 +6,7 @@ so that eval "$(gpuplace cluster up)" works. 'down' stops what that file records
 directory.
 
 With --real-node, containerd and a kubelet run on this machine too (built by hack/build-node.sh
-the first time, a few minutes; then about 2 seconds to a Ready node): Node 'localhost', where pods
+the first time, a few minutes; then about 1.3 seconds to a Ready node): Node 'localhost', where pods
 really run (image gpuplace.local/gpu-probe:dev prints the GPU environment it got). It needs root;
 one real node runs per machine at a time. 'down' stops its containers and removes what it wrote.
 """

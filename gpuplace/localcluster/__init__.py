@@ -47,7 +47,7 @@ Use::
 A real node (``LocalCluster(real_nodes=1)``, `gpuplace.localcluster.realnode`): containerd, runc,
 CNI plugins and a kubelet on this machine (built by ``hack/build-node.sh`` into
 ``~/.cache/gpuplace/node``), registered as Node ``localhost``, Ready when ``start()`` returns
-(about 2 s after the control plane). Pods bound to it run: image ``GPU_PROBE_IMAGE``
+(about 1.3 s after the control plane). Pods bound to it run: image ``GPU_PROBE_IMAGE``
 (``gpuplace.local/gpu-probe:dev``) prints CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER,
 NVIDIA_VISIBLE_DEVICES and every CUDA_/NVIDIA_/GPU_/GPUPLACE_/DRA_ variable, serves the same on
 port 8080, then waits for SIGTERM (``--once``: print and exit, for init containers); ``kubectl
