@@ -30,7 +30,14 @@ from placement.annotations import (
 )
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE
 from placement.model import MODEL_NAMESPACE
-from tests.integration.controllerkit import apply_map, map_status, map_yaml, wait_for
+from tests.integration.controllerkit import (
+    apply_map,
+    map_status,
+    map_yaml,
+    placement_configmap,
+    wait_for,
+)
+from tests.integration.tenantkit import Tenant
 
 #: The real node's fake GPUs have the UUIDs demo_uuid(NODE_NUMBER, index).
 NODE_NUMBER = 9
@@ -313,3 +320,47 @@ def test_real_node_is_a_node_of_the_cluster(real_cluster: LocalCluster) -> None:
     assert layout.containerd_socket.is_socket()
     images = real_cluster.real_node.ctr("images", "ls", "-q").stdout.split()
     assert GPU_PROBE_IMAGE in images
+
+
+def test_tenant_spoofing_the_environment_gets_only_its_declared_gpu(
+    real_cluster: LocalCluster, ns: str
+) -> None:
+    # A ServiceAccount with only `edit` in its namespace writes its own map and a pod that sets
+    # the GPU variables and the binding's annotation itself: the container sees the declared GPU.
+    tenant = Tenant(real_cluster, ns)
+    configmap = placement_configmap(
+        ns, "mine", map_yaml(ns, "mine", [(0, REAL_NODE_NAME, [1])], envMode="index")
+    )
+    created = tenant.create(configmap)
+    assert created.returncode == 0, created.stderr
+    wait_for(
+        "map mine Valid",
+        lambda: (status := map_status(real_cluster, ns, "mine")) and status["phase"] == "Valid",
+    )
+    pod = probe_pod(
+        "mine-0",
+        ns,
+        labels={MAP_LABEL: "mine", INDEX_LABEL: "0"},
+        annotations={CUDA_ANNOTATION: "0,1,2,3", DEVICES_ANNOTATION: demo_uuid(NODE_NUMBER, 0)},
+    )
+    spoofed = [
+        {"name": "CUDA_VISIBLE_DEVICES", "value": "0,1,2,3"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+    ]
+    pod["spec"]["containers"][0]["env"] = spoofed
+    pod["spec"]["initContainers"][0]["env"] = spoofed
+    created = tenant.create(pod)
+    assert created.returncode == 0, created.stderr
+    wait_running(real_cluster, ns, "mine-0")
+
+    for container in ("probe", "init"):
+        out = tenant.kubectl("logs", "mine-0", "-c", container)
+        assert out.returncode == 0, out.stderr
+        printed = report(out.stdout)
+        assert printed["CUDA_VISIBLE_DEVICES"] == "1", (container, out.stdout)
+        assert "NVIDIA_VISIBLE_DEVICES" not in printed, (container, out.stdout)
+    env = tenant.kubectl("exec", "mine-0", "-c", "probe", "--", "env")
+    assert env.returncode == 0, env.stderr
+    assert [line for line in env.stdout.splitlines() if "VISIBLE_DEVICES" in line] == [
+        "CUDA_VISIBLE_DEVICES=1"
+    ]
