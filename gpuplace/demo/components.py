@@ -189,6 +189,12 @@ class Components:
             ),
         )
 
+    def remove(self, name: str) -> None:
+        """Stops the component ``name`` (to start it again with other flags)."""
+        for component in [c for c in self.items if c.name == name]:
+            component.stop()
+            self.items.remove(component)
+
     def check_alive(self) -> None:
         for component in self.items:
             if not component.alive():

@@ -74,3 +74,34 @@ def printed(log: str) -> dict[str, str]:
             name, _, value = line.partition("=")
             found[name] = value
     return found
+
+
+#: dra enforcement at the end of the demo: a map for the real node's last free GPU.
+DRA_MAP_NAME = "dra-probe"
+DRA_DEVICE = 2
+DRA_MAP_YAML = f"""\
+apiVersion: gpuplace.io/v1alpha1
+kind: PlacementMap
+metadata:
+  name: {DRA_MAP_NAME}
+  namespace: {NAMESPACE}
+spec:
+  placements:
+    - index: 0
+      node: {REAL_NODE_NAME}
+      devices: [{DRA_DEVICE}]
+"""
+
+DRA_POD_YAML = f"""\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {DRA_MAP_NAME}-0
+  namespace: {NAMESPACE}
+  labels: {{gpuplace.io/map: {DRA_MAP_NAME}}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: probe
+      image: {GPU_PROBE_IMAGE}
+"""

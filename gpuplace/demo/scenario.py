@@ -28,6 +28,7 @@ from gpuplace.localcluster import (
     find_binaries,
 )
 from kubeio.client import ClientSettings, Kube
+from kubeio.errors import APIError
 
 NODES = 4
 GPUS = 4
@@ -50,6 +51,9 @@ class Demo:
     ) -> None:
         self.keep = keep
         self.real_node = real_node
+        self.real_nvml_config = (
+            Path()
+        )  # the real node's fake NVML configuration (agent and DRA driver)
         self.use_argocd = argocd
         self.argocd: ArgoCDSync | None = None
         self.out = out
@@ -141,7 +145,9 @@ class Demo:
         inventories = NODES
         if self.real_node:
             self.out(f"    and an agent for the real node {REAL_NODE_NAME}, {GPUS} fake GPUs")
-            self.components.agent(REAL_NODE_NAME, GPUS, number=realnode.REAL_NODE_NUMBER)
+            self.real_nvml_config = self.components.agent(
+                REAL_NODE_NAME, GPUS, number=realnode.REAL_NODE_NUMBER
+            )
             inventories += 1
         self.wait(
             f"{inventories} inventories",
@@ -323,6 +329,9 @@ class Demo:
             f"gpuplace explain names the synced commit {moved} and the map's file",
         )
 
+        if self.real_node:
+            self._dra_step()
+
         self.step(f"All {len(self.checks)} checks passed")
 
     def _sync(self, repo: GitOpsRepo, revision: str, *, rejected: bool = False) -> SyncResult:
@@ -443,6 +452,109 @@ class Demo:
         self.check(
             "CUDA_VISIBLE_DEVICES=0,1" in cuda and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in cuda,
             "kubectl exec sees the same environment in the running container",
+        )
+
+    def _dra_step(self) -> None:
+        """dra enforcement: the controller and the webhook restarted with --enforcement=dra, the
+        fake GPU DRA driver on the real node, one map; the pod's claim, its allocation, and what
+        the container saw."""
+        assert self.cluster is not None and self.components is not None
+        self.step(
+            "dra enforcement: the binder allocates the pod's ResourceClaim, the kubelet has the "
+            "DRA driver prepare exactly those GPUs"
+        )
+        self.components.dra_driver(self.real_nvml_config)
+        for name in ("controller", "webhook"):
+            self.components.remove(name)
+        self.components.controller(enforcement="dra")
+        self.components.webhook(enforcement="dra")
+        self.out(
+            "    restarted the controller and the webhook with --enforcement=dra; started "
+            f"hack/dra-driver on {REAL_NODE_NAME} (its ResourceSlice: the node's fake NVML GPUs)"
+        )
+        apply = f"placement map {realnode.NAMESPACE}/{realnode.DRA_MAP_NAME}"
+        key = f"{realnode.NAMESPACE}/{realnode.DRA_MAP_NAME}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": realnode.DRA_MAP_NAME,
+                "namespace": realnode.NAMESPACE,
+                "labels": {"gpuplace.io/placement-map": "true"},
+            },
+            "data": {"placement.yaml": realnode.DRA_MAP_YAML},
+        }
+
+        def created() -> bool:
+            try:  # refused until the restarted webhook has registered its new address
+                self.kube.create(f"/api/v1/namespaces/{realnode.NAMESPACE}/configmaps", body)
+            except APIError:
+                return False
+            return True
+
+        self.wait("the restarted webhook to validate the map", created)
+        self.out(
+            f"    kubectl apply: {apply} (index 0: {REAL_NODE_NAME} GPU {realnode.DRA_DEVICE})"
+        )
+        self.wait(
+            f"map {key} Valid",
+            lambda: (
+                (st := dict(inspect.map_statuses(self.kube)).get(key)) is not None
+                and st.phase.value == "Valid"
+            ),
+        )
+        self.wait(
+            "the webhook in dra enforcement",
+            lambda: (
+                self.cluster is not None
+                and self.cluster.kubectl(
+                    "apply",
+                    "--dry-run=server",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                    input=realnode.DRA_POD_YAML,
+                    check=False,
+                ).stdout.count("resourceClaimTemplateName")
+                > 0
+            ),
+        )
+        self.cluster.kubectl("apply", "-f", "-", input=realnode.DRA_POD_YAML)
+        pod_name = f"{realnode.DRA_MAP_NAME}-0"
+        names = [f"{realnode.NAMESPACE}/{pod_name}"]
+        pods = self.wait("the pod Running on the real node", lambda: self.all_running(names), 120)
+        self.out(inspect.pod_table([pods[n] for n in names]))
+        pod = self.kube.get(f"/api/v1/namespaces/{realnode.NAMESPACE}/pods/{pod_name}")
+        claim_name = next(
+            s["resourceClaimName"]
+            for s in pod["status"].get("resourceClaimStatuses") or []
+            if s["name"] == "gpuplace-gpus"
+        )
+        claim = self.kube.get(
+            f"/apis/resource.k8s.io/v1/namespaces/{realnode.NAMESPACE}/resourceclaims/{claim_name}"
+        )
+        results = claim["status"]["allocation"]["devices"]["results"]
+        reserved = [r["name"] for r in claim["status"].get("reservedFor") or []]
+        self.out(
+            f"    ResourceClaim {claim_name}: allocation "
+            + ", ".join(f"{r['driver']} pool {r['pool']} device {r['device']}" for r in results)
+            + f"; reservedFor {', '.join(reserved)}"
+        )
+        uuid = demo_uuid(realnode.REAL_NODE_NUMBER, realnode.DRA_DEVICE)
+        self.check(
+            [(r["pool"], r["device"]) for r in results]
+            == [(REAL_NODE_NAME, f"gpu-{realnode.DRA_DEVICE}")]
+            and reserved == [pod_name],
+            f"the claim holds exactly {REAL_NODE_NAME} gpu-{realnode.DRA_DEVICE}, reserved for "
+            f"{pod_name}",
+        )
+        log = self._probe_log(pod_name)
+        self.out(f"    $ kubectl -n {realnode.NAMESPACE} logs {pod_name}\n" + _indent(log.strip()))
+        seen = realnode.printed(log)
+        self.check(
+            seen.get("NVIDIA_VISIBLE_DEVICES") == uuid == seen.get("CUDA_VISIBLE_DEVICES"),
+            f"the container saw only GPU {uuid} (from the DRA driver's CDI edits and the binding)",
         )
 
     def _probe_log(self, name: str) -> str:

@@ -36,5 +36,8 @@ def test_demo_runs_every_step_and_every_check_passes() -> None:
         "inference/gpu-probe-0's container printed CUDA_VISIBLE_DEVICES=0,1",
         "inference/gpu-probe-1's container printed CUDA_VISIBLE_DEVICES=3",
         "kubectl exec sees the same environment",
+        # dra enforcement: the claim's allocation and what the container saw.
+        "the claim holds exactly localhost gpu-2, reserved for dra-probe-0",
+        "the container saw only GPU",
     ):
         assert step in result.stdout
