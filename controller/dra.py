@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kubeio.client import Kube, Obj
-from kubeio.errors import APIError, APINotFoundError
+from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.informer import DELETED
 from placement.binding import Code, Placement, SlotView, Status
 from placement.dra import (
@@ -284,7 +284,12 @@ class TemplateKeeper:
             path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
             try:
                 if have is None:
-                    self.kube.create(path, body)
+                    try:
+                        self.kube.create(path, body)
+                    except APIConflictError:
+                        # One of that name without our labels (made by someone else): ours wins.
+                        self.kube.delete(f"{path}/{name}")
+                        self.kube.create(path, body)
                 elif not template_matches(have, body):
                     # A template's spec is immutable: replace it; claims already generated keep
                     # theirs, and the binder's allocation decides their devices anyway.

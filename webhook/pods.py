@@ -190,7 +190,9 @@ def _resource_claims(value: object) -> tuple[tuple[str, str], ...] | None:
     out = []
     for i, item in enumerate(value):
         entry = _object(item, f"spec.resourceClaims[{i}]")
-        source = entry.get("resourceClaimTemplateName") or entry.get("resourceClaimName")
+        # A template, as ours is, or a claim named directly (never ours, even under our name).
+        template = entry.get("resourceClaimTemplateName")
+        source = template if template else f"claim:{entry.get('resourceClaimName') or ''}"
         out.append(
             (
                 _string(entry.get("name"), f"spec.resourceClaims[{i}].name"),

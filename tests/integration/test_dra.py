@@ -433,3 +433,36 @@ def test_leader_killed_during_a_burst_leaves_no_device_twice_and_no_orphan_claim
         a.kill() if a.alive() else None
         b.stop()
         print(b.log()[-4000:])
+
+
+def test_a_template_someone_else_made_under_the_maps_name_is_replaced(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    (node,) = dra.nodes("tpl", 1, gpus=2)
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+    request = {"name": "any", "exactly": {"deviceClassName": "other.example.com"}}
+    create(
+        cluster,
+        path,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": template_name("m")},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        },
+    )
+    apply_map(cluster, namespace, "m", map_yaml(namespace, "m", [(0, node, [1])]))
+
+    def ours() -> bool:
+        status, body = cluster.request("GET", f"{path}/{template_name('m')}")
+        requests = body["spec"]["spec"]["devices"]["requests"] if status == 200 else []
+        return [r["name"] for r in requests] == ["gpus"]
+
+    wait_for("the map's own template", ours)
+    create(
+        cluster,
+        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+        statefulset(namespace, "m", "m", 1),
+    )
+    pod = wait_for("m-0 bound", lambda: bound(cluster, namespace).get("m-0"))
+    assert_claim_is_the_binding(cluster, pod)

@@ -265,3 +265,12 @@ def test_dra_pods_with_claims_of_their_own_are_refused_with_where() -> None:
     assert "spec.resourceClaims[0] 'gpu'" in message
     assert "spec.containers[0].resources.claims[0] 'gpu'" in message
     assert f"placement map {NS}/llm is enforced through DRA" in message
+
+
+def test_a_claim_named_directly_under_our_name_is_replaced_by_the_maps_template() -> None:
+    obj = make_pod("web-1").label(MAP, "llm").obj()
+    obj["spec"]["resourceClaims"] = [{"name": POD_CLAIM_NAME, "resourceClaimName": "gpuplace-llm"}]
+    out = patched(obj, build_response(review(obj), MODEL, DRA))
+    assert out["spec"]["resourceClaims"] == [
+        {"name": POD_CLAIM_NAME, "resourceClaimTemplateName": "gpuplace-llm"}
+    ]
