@@ -28,6 +28,7 @@ from controller.drift import DriftTracker
 from controller.gitsource import GitSource
 from controller.inventories import InventoryTracker
 from controller.metrics import ControllerMetrics
+from controller.renumber import RenumberTracker, bound_indices
 from controller.rollout import Rollouts
 from controller.settings import ControllerSettings
 from controller.sources import SourceState, map_status, only_bound_changed, read_source, restore
@@ -42,6 +43,7 @@ from placement.annotations import (
     PLACEMENT_MAP_LABEL,
     STATUS_ANNOTATION,
     decode_binding,
+    verify_binding,
 )
 from placement.binding import Cluster, NodeState, Status, slot_status
 from placement.compile import Compiler
@@ -122,6 +124,7 @@ class Controller:
         )
         self.writer = ModelWriter(kube, settings.system_namespace)
         self.drift = DriftTracker(kube, self.events, self.metrics.drifted.set)
+        self.renumber = RenumberTracker(kube, self.events, self.metrics.renumbered.set)
         self._running: dict[str, bool] = {}  # bound pod uid -> Running (informer threads write)
         self.rollouts = Rollouts(kube, self.events, self._is_running, self._servable)
         self._drift_dirty: set[MapKey] = set()  # maps whose bound pods to judge again
@@ -280,6 +283,30 @@ class Controller:
         if decision is not None and not decision.map.name.startswith(LEGACY_MAP_PREFIX):
             with self._drift_lock:
                 self._drift_dirty.add(decision.map)
+        self._track_indices(obj, gone)
+
+    def _track_indices(self, pod: Obj, gone: bool) -> None:
+        """Feeds the renumbering tracker: bound pods with a verified envMode-index binding."""
+        uid = podfacts.uid_of(pod)
+        if gone:
+            key = self.renumber.forget(uid)
+            if key is not None:
+                with self._lock:
+                    self._status_dirty.add(key)
+            return
+        if not self.binder.active.is_set():
+            return
+        meta = pod["metadata"]
+        annotations = meta.get("annotations") or {}
+        if not verify_binding(self.binder.key, uid, meta["namespace"], annotations):
+            return
+        decision = decode_binding(meta["namespace"], annotations)
+        if decision is None:
+            return
+        ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
+        tracked = bound_indices(ref, pod["spec"]["nodeName"], decision)
+        if tracked is not None:
+            self.renumber.track(uid, tracked)
 
     def _is_running(self, uid: str) -> bool:
         return self._running.get(uid, False)
@@ -356,6 +383,7 @@ class Controller:
                 self.compiler.remove_inventory(node)
             else:
                 self.compiler.set_inventory(inventory)
+            self._status_dirty |= self.renumber.check(node, inventory)
             return {f"inventory:{node}"}
         return None
 
@@ -576,6 +604,7 @@ class Controller:
                 self.drift.count(key),
                 cmap.provenance.revision if cmap else "",
                 self._rollout_note(key),
+                self.renumber.count(key),
             )
             text = status.to_json()
             sources = self.informers.get("sources")
@@ -708,6 +737,11 @@ class Controller:
             return
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self._shared_maps())
+        for pod in pods:
+            if podfacts.is_bound(pod):
+                self._track_indices(pod, podfacts.is_finished(pod))
+        inventories = {n: state.inventory for n, state in self.tracker.states.items()}
+        self._status_dirty |= self.renumber.check_all(inventories)
         with self._drift_lock:
             self._drift_dirty |= {h.slot.map for h in self.binder.cache.holdings()}
         log.info(

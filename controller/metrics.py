@@ -47,6 +47,11 @@ class ControllerMetrics:
         self.unschedulable = Counter(
             "gpuplace_unschedulable", "Pods found unschedulable by reason", ["reason"], registry=r
         )
+        self.renumbered = Gauge(
+            "gpuplace_renumbered_pods",
+            "Bound pods whose CUDA_VISIBLE_DEVICES indices now name other GPUs (node renumbered)",
+            registry=r,
+        )
         self.prebound = Counter(
             "gpuplace_prebound_legacy_pods",
             "Pods bound by the earlier tools, counted as holding their gpu-scheduling-map GPUs",

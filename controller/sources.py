@@ -86,11 +86,17 @@ def map_status(
     drifted: int = 0,
     revision: str = "",
     rollout: str = "",
+    renumbered: int = 0,
 ) -> MapStatus:
     total = report.total if report else 0
     served = report.served if report else 0
     counts = SlotCounts(
-        total=total, served=served, bound=bound, blocked=total - served, drifted=drifted
+        total=total,
+        served=served,
+        bound=bound,
+        blocked=total - served,
+        drifted=drifted,
+        renumbered=renumbered,
     )
     extra = {"observed_data_hash": state.data_hash, "revision": revision, "rollout": rollout}
     warnings = state.valid.warnings if state.valid is not None else ()
@@ -131,6 +137,11 @@ def map_status(
         message += f"; {len(warnings)} warning(s): {warnings[0].format()}"
     if drifted:
         message += f"; {drifted} pod(s) drifted"
+    if renumbered:
+        message += (
+            f"; {renumbered} pod(s) on renumbered GPUs (their CUDA_VISIBLE_DEVICES indices now "
+            "name other GPUs: delete them to rebind)"
+        )
     return MapStatus(
         report.phase,
         generation,

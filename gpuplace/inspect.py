@@ -200,7 +200,7 @@ def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
     rows = []
     for key, s in statuses:
         if s is None:
-            rows.append((key, "Pending", "-", "-", "-", "-", "no status yet"))
+            rows.append((key, "Pending", "-", "-", "-", "-", "-", "no status yet"))
         else:
             rows.append(
                 (
@@ -210,10 +210,12 @@ def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
                     str(s.slots.bound),
                     str(s.slots.drifted),
                     str(s.slots.blocked),
+                    str(s.slots.renumbered),
                     s.message[:100],
                 )
             )
-    return table(("MAP", "PHASE", "SLOTS", "BOUND", "DRIFTED", "BLOCKED", "MESSAGE"), rows)
+    headers = ("MAP", "PHASE", "SLOTS", "BOUND", "DRIFTED", "BLOCKED", "RENUMBERED", "MESSAGE")
+    return table(headers, rows)
 
 
 def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[tuple[str, str]]:

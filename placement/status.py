@@ -46,6 +46,7 @@ class SlotCounts:
     bound: int = 0
     blocked: int = 0
     drifted: int = 0  # bound pods whose binding the map's current slot no longer matches
+    renumbered: int = 0  # bound pods whose NVML indices now name other GPUs than they were bound to
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,8 @@ class MapStatus:
                 "drifted": self.slots.drifted,
             },
         }
+        if self.slots.renumbered:
+            data["slots"]["renumbered"] = self.slots.renumbered
         if self.warnings:
             data["warnings"] = [d.to_json() for d in self.warnings]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -101,6 +104,7 @@ class MapStatus:
                 int(slots.get("bound", 0)),
                 int(slots.get("blocked", 0)),
                 int(slots.get("drifted", 0)),
+                int(slots.get("renumbered", 0)),
             ),
             serving_version=str(data.get("servingVersion", "")),
             warnings=tuple(Diagnostic.from_json(w) for w in data.get("warnings", [])),

@@ -4,6 +4,7 @@ controller process."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from tests.integration.controllerkit import (
     get_pod,
     gpu_uuid,
     inventory_for,
+    map_status,
     map_yaml,
     pending_reason,
     publish_inventory,
@@ -285,5 +287,71 @@ def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
         )
         placed = wait_for("new-0 bound", lambda: bound(cluster, team, "new-0"))
         assert placed["metadata"]["annotations"][DEVICES_ANNOTATION] == gpu_uuid(node, 1)
+    finally:
+        proc.stop()
+
+
+def test_a_renumbered_node_marks_its_bound_pods_and_maps(
+    cluster: LocalCluster, namespaces: tuple[str, str]
+) -> None:
+    team, _ = namespaces
+    node = node_with_gpus(cluster)
+    apply_map(cluster, team, "r", map_yaml(team, "r", [(0, node, [1]), (1, node, [2])]))
+    proc = ControllerProcess(cluster, unique("renumber"), lease=unique("renumber"))
+    try:
+        for name in ("r-0", "r-1"):
+            status, body = cluster.request(
+                "POST", f"/api/v1/namespaces/{team}/pods", map_pod(name, "r")
+            )
+            assert status == 201, body
+        first = wait_for("r-0 bound", lambda: bound(cluster, team, "r-0"))
+        wait_for("r-1 bound", lambda: bound(cluster, team, "r-1"))
+        assert first["metadata"]["annotations"][CUDA_ANNOTATION] == "1"
+        # The agent reports the node's GPUs 1 and 3 swapped (a reboot renumbered them).
+        before = inventory_for(node, 4)
+        swapped = {1: 3, 3: 1}
+        publish_inventory(
+            cluster,
+            dataclasses.replace(
+                before,
+                devices=tuple(
+                    dataclasses.replace(d, index=swapped.get(d.index, d.index))
+                    for d in before.devices
+                ),
+            ),
+        )
+
+        def renumbered(name: str) -> dict[str, Any] | None:
+            pod = get_pod(cluster, team, name) or {}
+            for cond in pod.get("status", {}).get("conditions") or []:
+                if cond["type"] == "DevicesRenumbered" and cond["status"] == "True":
+                    return dict(cond)
+            return None
+
+        condition = wait_for("r-0 marked DevicesRenumbered", lambda: renumbered("r-0"))
+        assert f"index 1 was {gpu_uuid(node, 1)} (now index 3)" in condition["message"]
+        assert f"now names {gpu_uuid(node, 3)}" in condition["message"]
+        assert renumbered("r-1") is None  # GPU 2 kept its number
+        wait_for(
+            "the Event",
+            lambda: any(e["reason"] == "DevicesRenumbered" for e in events(cluster, team, "r-0")),
+        )
+        status = wait_for(
+            "the map status counts it",
+            lambda: (
+                (st := map_status(cluster, team, "r")) and st["slots"].get("renumbered") == 1 and st
+            ),
+        )
+        assert "1 pod(s) on renumbered GPUs" in status["message"]
+        assert metric(proc, "gpuplace_renumbered_pods") == 1
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpuplace", "status", f"--kubeconfig={cluster.kubeconfig}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        row = next(line for line in shown.splitlines() if line.split()[1:2] == ["r-0"])
+        assert "DevicesRenumbered: GPUs of node" in row
     finally:
         proc.stop()
