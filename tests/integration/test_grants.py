@@ -185,20 +185,21 @@ def test_tenant_outside_its_grants_is_refused_at_apply_and_the_granted_team_is_n
     assert applied.returncode == 0, applied.stderr
     mapped = pod("own-0", schedulerName="gpuplace")
     mapped["metadata"]["labels"] = {MAP_LABEL: "own"}
-    assert tenant.create(mapped).returncode == 0
+    # Refused (by the webhook) until its model has the new map.
+    wait_for("own-0 admitted", lambda: tenant.create(mapped).returncode == 0)
     legacy["metadata"]["name"] = "leg-1"
     assert tenant.create(legacy).returncode == 0
     # The granted team is unaffected: its map on its node (granted by label) binds.
     apply_map(cluster, team_ns, "team", map_yaml(team_ns, "team", [(0, theirs, [0])]))
-    status, body = cluster.request(
-        "POST",
-        f"/api/v1/namespaces/{team_ns}/pods",
-        {
-            **pod("team-0", schedulerName="gpuplace"),
-            "metadata": {"name": "team-0", "labels": {MAP_LABEL: "team"}},
-        },
+    team_pod = {
+        **pod("team-0", schedulerName="gpuplace"),
+        "metadata": {"name": "team-0", "labels": {MAP_LABEL: "team"}},
+    }
+    # Refused (by the webhook) until its model has the team's new map.
+    wait_for(
+        "team-0 admitted",
+        lambda: cluster.request("POST", f"/api/v1/namespaces/{team_ns}/pods", team_pod)[0] == 201,
     )
-    assert status == 201, body
     for namespace, name, node in (
         (tenant_ns, "own-0", mine),
         (tenant_ns, "leg-1", mine),
