@@ -19,9 +19,10 @@ from placement.binding import (
     plan,
 )
 from placement.compile import Compiler
+from placement.grants import Grant, PlacementPolicy, resolve
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
-from placement.model import Provenance
+from placement.model import Model, Provenance
 from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName, Sharing
 
 KEY = MapKey("ml", "llm")
@@ -343,3 +344,21 @@ def test_bindings_carry_the_provenance_of_the_map() -> None:
     result = plan(pod("web-0"), cluster, SlotCache())
     assert isinstance(result, Placement)
     assert (result.decision.revision, result.decision.source_file) == ("abc1234", "maps/x.yaml")
+
+
+def test_legacy_pod_outside_its_grants_is_not_granted() -> None:
+    cluster = build(TWO_SLOTS)
+    policy = PlacementPolicy((Grant(("ml",), ("gpu-1",)),))
+    granted = Cluster(
+        Model(cluster.model.generation, cluster.model.maps, resolve(policy, False, {})),
+        cluster.nodes,
+        cluster.aliases,
+        cluster.inventories,
+    )
+    legacy = PodFacts("ml", "old-1", "u1", {}, None, None, "0=gpu-1:0\n1=gpu-2:2\n")
+    status = plan(legacy, granted, SlotCache())
+    assert isinstance(status, Status) and status.reason == "NotGranted"
+    assert status.code is Code.UNRESOLVABLE and status.waits_for == {"model"}
+    assert "namespace ml may not place on node gpu-2" in status.message
+    first = PodFacts("ml", "old-0", "u0", {}, None, None, "0=gpu-1:0\n1=gpu-2:2\n")
+    assert isinstance(plan(first, granted, SlotCache()), Placement)
