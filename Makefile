@@ -9,7 +9,7 @@ export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 .PHONY: help venv control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench cluster-up cluster-down clean
 
 help:
-	@echo "make test | demo | lint | bench | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
+	@echo "make test | demo | demo-quick | lint | bench | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
