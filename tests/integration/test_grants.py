@@ -24,6 +24,7 @@ from tests.integration.controllerkit import (
     inventory_for,
     map_status,
     map_yaml,
+    pending_reason,
     publish_inventory,
     wait_for,
 )
@@ -230,3 +231,50 @@ def test_tenant_outside_its_grants_is_refused_at_apply_and_the_granted_team_is_n
     assert refused.returncode != 0
     assert f"placement map {tenant_ns}/own, which does not exist" in refused.stderr
     assert get_pod(cluster, tenant_ns, "own-0")["spec"]["nodeName"] == mine
+
+
+def test_deny_by_default_places_only_what_a_grant_allows(cluster: LocalCluster) -> None:
+    for name in (SYSTEM, "gpuplace-inventory"):
+        cluster.create_namespace(name)
+    namespace = unique("deny")
+    cluster.create_namespace(namespace)
+    node = unique("deny")
+    cluster.create_nodes([FakeNode(node, gpus=2)])
+    publish_inventory(cluster, inventory_for(node, 2))
+    controller = ControllerProcess(
+        cluster, unique("deny"), "--grants-default=deny", lease=unique("deny")
+    )
+    try:
+        text = map_yaml(namespace, "m", [(0, node, [0])])
+        apply_map(cluster, namespace, "m", text)
+        refused = wait_for(
+            "m refused: no grant",
+            lambda: (st := map_status(cluster, namespace, "m")) and st["phase"] == "Invalid" and st,
+        )
+        assert f"namespace {namespace} has no grant" in refused["errors"][0]["message"]
+        assert "deny by default" in refused["errors"][0]["message"]
+        status, body = cluster.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            {
+                **pod("m-0", schedulerName="gpuplace"),
+                "metadata": {"name": "m-0", "labels": {MAP_LABEL: "m"}},
+            },
+        )
+        assert status == 201, body
+        wait_for("m-0 waits", lambda: pending_reason(cluster, namespace, "m-0") == "MapNotFound")
+        # The admin grants the namespace the node: the map is compiled, the pod bound.
+        put_policy(cluster, policy(namespace, unique("other"), unique("pool"), [node]))
+        wait_for(
+            "m valid",
+            lambda: (st := map_status(cluster, namespace, "m")) and st["phase"] == "Valid",
+        )
+        placed = wait_for(
+            "m-0 bound",
+            lambda: (p := get_pod(cluster, namespace, "m-0")) and p["spec"].get("nodeName") and p,
+        )
+        assert placed["spec"]["nodeName"] == node
+    finally:
+        controller.stop()
+        cluster.request("DELETE", f"/api/v1/namespaces/{SYSTEM}/configmaps/{POLICY_CONFIGMAP}")
+        cluster.delete_namespace(namespace)
