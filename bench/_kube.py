@@ -171,9 +171,10 @@ class PodWatch:
             self._proc.wait()
             raise BenchError(f"pod watcher did not start: {first!r}")
 
-    def wait(self) -> Observed:
+    def wait(self, *, partial: bool = False) -> Observed:
         """Waits until `count` pods are bound; raises BenchError (saying why pods are pending)
-        when that takes longer than the timeout or a cluster component dies."""
+        when that takes longer than the timeout or a cluster component dies. With `partial`,
+        a timeout returns what was bound by then (at least one pod) instead."""
         deadline = time.monotonic() + self.timeout
         out = ""
         while True:
@@ -188,6 +189,8 @@ class PodWatch:
                     break
                 self._cluster.check_alive()
         observed = self._result(out)
+        if partial and observed.bound:
+            return observed
         if len(observed.bound) < self.count:
             raise BenchError(
                 f"only {len(observed.bound)} of {self.count} pods bound within "

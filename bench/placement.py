@@ -389,8 +389,10 @@ class PlacementBench:
         workdir: Path,
         log: Callable[[str], None],
         profile_dir: Path | None = None,
+        enforcement: str = "env",
     ) -> None:
         self.scale = scale
+        self.enforcement = enforcement
         self.profile_dir = profile_dir
         self.workdir = workdir
         self.log = log
@@ -420,7 +422,7 @@ class PlacementBench:
         self.publish_inventories()
         self.log(f"inventories published after {time.monotonic() - began:.1f} s")
         self.components = Components(cluster, self.workdir)
-        self.webhook = self.components.webhook()
+        self.webhook = self.components.webhook(self.enforcement)
         cluster.wait_for("the webhook configurations", self._webhook_registered, 60)
         self.start_controller()
         self.apply_maps()
@@ -571,7 +573,7 @@ class PlacementBench:
     # -- processes -------------------------------------------------------------------------------
     def start_controller(self) -> Component:
         assert self.components is not None
-        self.controller = self.components.controller()
+        self.controller = self.components.controller(self.enforcement)
         return self.controller
 
     def stop_controller(self) -> None:
