@@ -73,6 +73,7 @@ class Binder:
         self.cache = SlotCache()
         #: The binding key (controller/bindingkey.py); set by the leader before `rebuild`.
         self.key = b""
+        self.key_since = ""  # pods created before this hold without a signature (upgrades)
         self._unverified: set[str] = set()  # pods already reported as carrying a forged binding
         self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
         self._pods: dict[str, Obj] = {}
@@ -112,7 +113,9 @@ class Binder:
                     self.cache.confirm(uid)
                     self.on_bound(held.slot)
             else:
-                holding = podfacts.holding_from_bound(pod, shared_maps or set(), self.key)
+                holding = podfacts.holding_from_bound(
+                    pod, shared_maps or set(), self.key, self.key_since
+                )
                 if holding is None and self.settings.legacy:
                     holding = self._adopt_prebound(uid, pod)
                 if holding is not None:
@@ -147,7 +150,7 @@ class Binder:
 
     def _check_forged(self, uid: str, pod: Obj) -> None:
         """A bound pod whose gpuplace.io/* annotations the binder did not sign: reported once."""
-        why = podfacts.unverified_binding(pod, self.key)
+        why = podfacts.unverified_binding(pod, self.key, self.key_since)
         if why is None or uid in self._unverified:
             return
         self._unverified.add(uid)

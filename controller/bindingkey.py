@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import logging
 import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APINotFoundError
@@ -19,9 +21,22 @@ log = logging.getLogger(__name__)
 
 KEY_FIELD = "key"
 KEY_BYTES = 32
+#: When the key was made: pods bound before it carry no signature and still hold their GPUs (an
+#: installation that signed nothing yet); nobody can create a pod that predates it.
+SINCE_ANNOTATION = "gpuplace.io/signing-since"
 
 
-def load_or_create_key(kube: Kube, namespace: str, name: str) -> bytes:
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    key: bytes
+    since: str  # RFC 3339, UTC, seconds
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def load_or_create_key(kube: Kube, namespace: str, name: str) -> SigningKey:
     """The key in Secret `name`; a new random one if the Secret is missing or (as the chart renders
     it, so that RBAC needs no `create`) empty. Races between replicas end with one key."""
     path = f"/api/v1/namespaces/{namespace}/secrets"
@@ -40,6 +55,8 @@ def load_or_create_key(kube: Kube, namespace: str, name: str) -> bytes:
         if data.get(KEY_FIELD):
             return _decode(found, namespace, name)
         found["data"] = {**data, KEY_FIELD: fresh}  # resourceVersion kept: a racing fill conflicts
+        meta = found.setdefault("metadata", {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), SINCE_ANNOTATION: _now()}
         try:
             filled = kube.put(f"{path}/{name}", found)
             log.info("stored a new binding key in Secret %s/%s", namespace, name)
@@ -57,13 +74,17 @@ def _secret(namespace: str, name: str, value: str) -> dict[str, object]:
             "name": name,
             "namespace": namespace,
             "labels": {"app.kubernetes.io/part-of": "gpuplace"},
+            "annotations": {SINCE_ANNOTATION: _now()},
         },
         "type": "Opaque",
         "data": {KEY_FIELD: value},
     }
 
 
-def _decode(secret: dict[str, object], namespace: str, name: str) -> bytes:
+def _decode(secret: dict[str, object], namespace: str, name: str) -> SigningKey:
+    meta = secret.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    since = (meta.get("annotations") or {}).get(SINCE_ANNOTATION) or meta.get("creationTimestamp")
     data = secret.get("data")
     value = data.get(KEY_FIELD) if isinstance(data, dict) else None
     key = base64.b64decode(value) if isinstance(value, str) else b""
@@ -71,4 +92,4 @@ def _decode(secret: dict[str, object], namespace: str, name: str) -> bytes:
         raise ValueError(
             f"Secret {namespace}/{name} must hold at least 16 random bytes under data.{KEY_FIELD}"
         )
-    return key
+    return SigningKey(key, str(since or ""))

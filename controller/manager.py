@@ -15,7 +15,7 @@ from typing import Any
 
 from controller import podfacts
 from controller.binder import Binder
-from controller.bindingkey import load_or_create_key
+from controller.bindingkey import SigningKey, load_or_create_key
 from controller.dra import (
     CLAIMS_PATH,
     SLICES_PATH,
@@ -43,7 +43,6 @@ from placement.annotations import (
     PLACEMENT_MAP_LABEL,
     STATUS_ANNOTATION,
     decode_binding,
-    verify_binding,
 )
 from placement.binding import Cluster, NodeState, Status, slot_status
 from placement.compile import Compiler
@@ -298,7 +297,7 @@ class Controller:
             return
         meta = pod["metadata"]
         annotations = meta.get("annotations") or {}
-        if not verify_binding(self.binder.key, uid, meta["namespace"], annotations):
+        if not podfacts.trusted_binding(pod, self.binder.key, self.binder.key_since):
             return
         decision = decode_binding(meta["namespace"], annotations)
         if decision is None:
@@ -731,7 +730,8 @@ class Controller:
                 with informer.lock:
                     pods.extend(informer.store.values())
         # Bound pods count only with a valid signature, so the key comes before the rebuild.
-        self.binder.key = self._binding_key()
+        signing = self._binding_key()
+        self.binder.key, self.binder.key_since = signing.key, signing.since
         if not self._holds_lease():
             log.warning("lease lost during start-up: not leading")
             return
@@ -785,7 +785,7 @@ class Controller:
                 cmap.source_version,
             )
 
-    def _binding_key(self) -> bytes:
+    def _binding_key(self) -> SigningKey:
         while True:
             try:
                 return load_or_create_key(

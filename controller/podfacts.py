@@ -8,6 +8,7 @@ from controller.slotcache import Holding
 from placement.annotations import (
     LEGACY_ANNOTATION,
     MAP_LABEL,
+    SIGNATURE_ANNOTATION,
     binding_annotations,
     decode_binding,
     legacy_map_key,
@@ -67,15 +68,25 @@ def annotations_of(pod: Obj) -> dict[str, str]:
     return dict(pod["metadata"].get("annotations") or {})
 
 
-def unverified_binding(pod: Obj, key: bytes) -> str | None:
+def trusted_binding(pod: Obj, key: bytes, since: str = "") -> bool:
+    """Whether the binder wrote this pod's gpuplace.io/* annotations: signed with the key, or
+    (unsigned) on a pod created before the key existed, which only the binder could bind then."""
+    meta = pod["metadata"]
+    annotations = annotations_of(pod)
+    if verify_binding(key, uid_of(pod), meta["namespace"], annotations):
+        return True
+    created = str(meta.get("creationTimestamp") or "")
+    return bool(since and created) and SIGNATURE_ANNOTATION not in annotations and created < since
+
+
+def unverified_binding(pod: Obj, key: bytes, since: str = "") -> str | None:
     """Why the gpuplace.io/* annotations of a bound pod are not a binding the binder signed, or
     None when they are (or when the pod carries none)."""
     annotations = annotations_of(pod)
     present = binding_annotations(annotations)
     if not present:
         return None
-    meta = pod["metadata"]
-    if verify_binding(key, uid_of(pod), meta["namespace"], annotations):
+    if trusted_binding(pod, key, since):
         return None
     return (
         f"annotation(s) {', '.join(present)} on pod {name_of(pod)} were not written by the "
@@ -83,7 +94,9 @@ def unverified_binding(pod: Obj, key: bytes) -> str | None:
     )
 
 
-def holding_from_bound(pod: Obj, shared_maps: set[str], signing_key: bytes) -> Holding | None:
+def holding_from_bound(
+    pod: Obj, shared_maps: set[str], signing_key: bytes, since: str = ""
+) -> Holding | None:
     """What a bound pod holds, from the annotations its Binding wrote (rebuild after failover).
 
     Only a binding whose signature verifies holds anything: hand-written or rewritten annotations
@@ -91,7 +104,7 @@ def holding_from_bound(pod: Obj, shared_maps: set[str], signing_key: bytes) -> H
     """
     meta = pod["metadata"]
     annotations = annotations_of(pod)
-    if not verify_binding(signing_key, uid_of(pod), meta["namespace"], annotations):
+    if not trusted_binding(pod, signing_key, since):
         return None
     decision = decode_binding(meta["namespace"], annotations)
     if decision is None:

@@ -8,6 +8,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -150,6 +151,9 @@ def test_forged_bindings_are_refused_or_hold_nothing(
     #    on a cluster without the policy): its unsigned annotations hold nothing.
     proc = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
     try:
+        # Pods created before the binding key existed hold without a signature (upgrades): the
+        # forged one is created once the leader has its key.
+        wait_for("the controller leads", lambda: "leading:" in proc.log())
         pending = map_pod("squat-2", "owner")
         del pending["metadata"]["labels"]
         status, body = cluster.request("POST", f"/api/v1/namespaces/{tenant_ns}/pods", pending)
@@ -353,5 +357,38 @@ def test_a_renumbered_node_marks_its_bound_pods_and_maps(
         ).stdout
         row = next(line for line in shown.splitlines() if line.split()[1:2] == ["r-0"])
         assert "DevicesRenumbered: GPUs of node" in row
+    finally:
+        proc.stop()
+
+
+def test_pods_bound_before_signing_began_keep_their_gpus(
+    cluster: LocalCluster, namespaces: tuple[str, str]
+) -> None:
+    team, _ = namespaces
+    node = node_with_gpus(cluster)
+    old = map_pod("old-0", "owner")
+    status, body = cluster.request("POST", f"/api/v1/namespaces/{team}/pods", old)
+    assert status == 201, body
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "old-0", "annotations": forged_annotations(team, node, [0, 1])},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    status, body = cluster.request("POST", f"/api/v1/namespaces/{team}/pods/old-0/binding", binding)
+    assert status == 201, body
+    # An installation that signed nothing yet: no binding key until the upgraded controller runs.
+    time.sleep(1.1)  # creation times have a resolution of one second
+    cluster.request("DELETE", "/api/v1/namespaces/gpuplace-system/secrets/gpuplace-binding-key")
+    apply_map(cluster, team, "owner", map_yaml(team, "owner", [(0, node, [0, 1]), (1, node, [2])]))
+    proc = ControllerProcess(cluster, unique("upgrade"), lease=unique("upgrade"))
+    try:
+        wait_for("the controller leads", lambda: "leading:" in proc.log())
+        status, body = cluster.request(
+            "POST", f"/api/v1/namespaces/{team}/pods", map_pod("owner-0", "owner")
+        )
+        assert status == 201, body
+        wait_for("owner-0 waits", lambda: pending_reason(cluster, team, "owner-0") == "SlotTaken")
+        assert not any(e["reason"] == "BindingUnverified" for e in events(cluster, team, "old-0"))
     finally:
         proc.stop()
