@@ -25,7 +25,11 @@ LEGACY_POD_WEBHOOK = "legacy-pods.gpuplace.io"
 MAP_WEBHOOK = "placementmaps.gpuplace.io"
 MUTATE_PATH = "/mutate"
 VALIDATE_PATH = "/validate"
+#: Pod admission is on every placed pod's path: a short timeout.
 TIMEOUT_SECONDS = 5
+#: A map is applied rarely and may be up to 1 MiB (tens of thousands of placements): validating it
+#: takes seconds, not microseconds, on a busy apiserver host.
+MAP_TIMEOUT_SECONDS = 15
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +71,18 @@ def _rule(operations: Sequence[str], resource: str) -> dict[str, Any]:
 
 
 def _common(
-    name: str, endpoint: Endpoint, path: str, namespace_selector: dict[str, Any] | None
+    name: str,
+    endpoint: Endpoint,
+    path: str,
+    namespace_selector: dict[str, Any] | None,
+    timeout_seconds: int = TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
     webhook: dict[str, Any] = {
         "name": name,
         "clientConfig": endpoint.client_config(path),
         "failurePolicy": "Fail",
         "sideEffects": "None",
-        "timeoutSeconds": TIMEOUT_SECONDS,
+        "timeoutSeconds": timeout_seconds,
         "admissionReviewVersions": ["v1"],
         "matchPolicy": "Equivalent",
     }
@@ -143,7 +151,7 @@ def validating_configuration(
     namespace_selector: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """ConfigMaps labelled gpuplace.io/placement-map=true, on CREATE and UPDATE."""
-    maps = _common(MAP_WEBHOOK, endpoint, VALIDATE_PATH, namespace_selector)
+    maps = _common(MAP_WEBHOOK, endpoint, VALIDATE_PATH, namespace_selector, MAP_TIMEOUT_SECONDS)
     maps["rules"] = [_rule(["CREATE", "UPDATE"], "configmaps")]
     maps["objectSelector"] = {"matchLabels": {PLACEMENT_MAP_LABEL: "true"}}
     return {

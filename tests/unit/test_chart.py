@@ -233,6 +233,9 @@ def test_webhook_configurations_fail_closed_and_reach_the_service(
         assert hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1"]
         assert 1 <= hook["timeoutSeconds"] <= 30
+        # Maps may be 1 MiB: their validation gets its own, longer timeout than pod admission.
+        if kind.startswith("Validating"):
+            assert hook["timeoutSeconds"] == 15
         ref = hook["clientConfig"]["service"]
         assert (ref["name"], ref["namespace"], ref["port"]) == ("gpuplace-webhook", NAMESPACE, 443)
         assert ref["path"] == ("/mutate" if kind.startswith("Mutating") else "/validate")

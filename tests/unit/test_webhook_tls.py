@@ -283,6 +283,8 @@ def test_validating_configuration_shape() -> None:
     assert maps["rules"][0]["operations"] == ["CREATE", "UPDATE"]
     assert maps["rules"][0]["resources"] == ["configmaps"]
     assert maps["failurePolicy"] == "Fail"
+    # A 1 MiB map takes seconds to validate; pod admission keeps its short timeout.
+    assert maps["timeoutSeconds"] == 15
 
 
 def test_with_ca_bundle_sets_every_webhook_once() -> None:
