@@ -140,7 +140,16 @@ class Observed:
 class PodWatch:
     """`bench._podwatch` in a subprocess, watching one namespace from before the workload starts."""
 
-    def __init__(self, cluster: LocalCluster, namespace: str, count: int, timeout: float) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        namespace: str,
+        count: int,
+        timeout: float,
+        *,
+        claims: bool = False,
+    ) -> None:
+        """`claims`: watch the namespace's ResourceClaims, "bound" meaning allocated."""
         self.namespace = namespace
         self.count = count
         self.timeout = timeout
@@ -157,6 +166,7 @@ class PodWatch:
             f"--namespace={namespace}",
             f"--count={count}",
             f"--timeout={timeout}",
+            *(["--claims"] if claims else []),
         ]
         self._proc = subprocess.Popen(
             argv,

@@ -33,11 +33,17 @@ class Seen:
     listed: int = 0
     events: int = 0
     restarts: int = 0
+    #: Watching ResourceClaims instead of pods: "bound" is when a claim was first seen allocated.
+    claims: bool = False
 
-    def observe(self, pod: dict[str, Any], now: float) -> None:
-        name = str(pod["metadata"]["name"])
+    def observe(self, obj: dict[str, Any], now: float) -> None:
+        name = str(obj["metadata"]["name"])
         self.added.setdefault(name, now)
-        if pod.get("spec", {}).get("nodeName"):
+        if self.claims:
+            done = bool((obj.get("status") or {}).get("allocation"))
+        else:
+            done = bool(obj.get("spec", {}).get("nodeName"))
+        if done:
             self.bound.setdefault(name, now)
 
     def to_json(self) -> str:
@@ -83,7 +89,11 @@ def _list(connection: http.client.HTTPSConnection, path: str, seen: Seen) -> str
 
 
 def watch(args: argparse.Namespace, seen: Seen) -> None:
-    base = f"/api/v1/namespaces/{args.namespace}/pods"
+    base = (
+        f"/apis/resource.k8s.io/v1/namespaces/{args.namespace}/resourceclaims"
+        if args.claims
+        else f"/api/v1/namespaces/{args.namespace}/pods"
+    )
     connection = _connect(args)
     rv = _list(connection, base, seen)
     deadline = time.monotonic() + args.timeout
@@ -136,9 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--count", type=int, required=True, help="exit once this many are bound")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--claims", action="store_true", help="watch ResourceClaims: done once allocated"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_term)
-    seen = Seen()
+    seen = Seen(claims=args.claims)
     with contextlib.suppress(_Stopped):
         watch(args, seen)
     print(seen.to_json(), flush=True)

@@ -12,18 +12,27 @@ real `gpuplace webhook` and `gpuplace controller` with `--enforcement=dra`, and 
    writes each claim's finalizer and status (allocation + reservedFor), then the Binding. Rate:
    pods / (first create sent -> last pod seen bound); latency: create sent -> bound, per pod.
 2. gpuplace, backlog drain: the controller is stopped, the pods are created and
-   kube-controller-manager has generated every claim; the controller starts. Rate:
-   (pods - 1) / (first bound -> last bound): binding only, as the minimal client (4) does.
+   kube-controller-manager has generated every claim; the controller starts. Rate: pods /
+   (first claim seen allocated -> last pod seen bound), from a watch of the claims beside the pod
+   watch: binding only, timed over the same work whether a contender writes all claims before
+   its first Binding (kube-scheduler's pipeline) or claim and Binding pod by pod.
 3. kube-scheduler (client QPS 5,000) on the same pods, each with a ResourceClaim of its own that
    requests one device of the DeviceClass whose CEL selector names the slot's GPU UUID
    (`device.attributes["gpu.nvidia.com"].uuid == "GPU-..."`), pinned to its node by required
    node affinity as in the placement benchmark (that only helps kube-scheduler). Burst: 16
    threads create claim, then pod (latency from the claim's create); drain as in (2). A run
    that has not bound every pod within `SCHEDULER_CAP` seconds reports what was bound by then.
+   One more drain without the node affinity, as a DRA user writes such a pod: only the claim's
+   CEL picks device and node (the target compares with the pinned pods, kube-scheduler's best).
+   In a burst kube-controller-manager (client QPS 200) generates gpuplace's claims from the
+   map's template; kube-scheduler's claims come from the bench itself.
 4. The minimal client: pods with a schedulerName nobody serves and their claims exist
    beforehand; threads (one keep-alive connection each) write only each claim's status (the
    allocation and reservedFor that gpuplace writes) and then the pod's Binding. The better of
-   `MINIMAL_CONCURRENCY` threads counts, found once before the repeats.
+   `MINIMAL_CONCURRENCY` threads counts, found once before the repeats; rate as in (2).
+
+After each run every bound pod's claim must hold exactly its slot's device: the three place the
+same thing.
 
 API writes per pod count the apiserver's POST, PUT, PATCH, DELETE and APPLY requests over each
 run (apiserver_request_total): "claims + Bindings" those on resourceclaims (and status) and
@@ -54,6 +63,7 @@ from bench._kube import (
     create_pods,
     expect,
     process_cpu,
+    profiling,
 )
 from bench._stats import counter_delta, counter_totals, percentile
 from bench.placement import (
@@ -168,6 +178,11 @@ def cel_pod(scale: Scale, pod: int, run: int) -> Obj:
     return _claim_pod(pod_name(scale, pod, run), {"affinity": affinity})
 
 
+def cel_only_pod(scale: Scale, pod: int, run: int) -> Obj:
+    """kube-scheduler's pod as a DRA user writes it: only the claim's CEL picks device and node."""
+    return _claim_pod(pod_name(scale, pod, run), {})
+
+
 def minimal_pod(scale: Scale, pod: int, run: int) -> Obj:
     return _claim_pod(pod_name(scale, pod, run), {"schedulerName": UNSERVED_SCHEDULER})
 
@@ -214,6 +229,27 @@ def allocation_errors(claims: Iterable[Obj], expected: Mapping[str, DraDevice]) 
         if found.get(pod) != want:
             errors.append(f"{pod}: allocated {found.get(pod, [])}, planned {want}")
     return errors
+
+
+def placement_rate(allocated: Iterable[float], bound: Iterable[float]) -> float:
+    """Pods bound per second from the first claim seen allocated to the last pod seen bound:
+    a contender that writes every claim before its first Binding (kube-scheduler's pipeline)
+    and one that writes claim and Binding pod by pod are timed over the same work."""
+    times = list(bound)
+    seconds = max(times) - min(allocated)
+    return len(times) / seconds if seconds > 0 else float("inf")
+
+
+def with_placement_rate(
+    result: RunResult, allocated: Iterable[float], bound: Iterable[float]
+) -> RunResult:
+    """The drain's result timed from the first allocation; its first -> last Binding rate stays
+    in the details."""
+    return replace(
+        result,
+        rate=placement_rate(allocated, bound),
+        extra=result.extra | {"pods/s, first -> last Binding": result.rate},
+    )
 
 
 @dataclass(frozen=True)
@@ -290,6 +326,9 @@ class DraBench(PlacementBench):
     def _watch(self, timeout: float = RUN_TIMEOUT) -> PodWatch:
         return PodWatch(self.cluster, NAMESPACE, self.scale.pods, timeout)
 
+    def _claim_watch(self, timeout: float = RUN_TIMEOUT) -> PodWatch:
+        return PodWatch(self.cluster, NAMESPACE, self.scale.pods, timeout, claims=True)
+
     def _check(self, run: int, bound: Iterable[str]) -> None:
         """Every bound pod of the run got its slot's device: the contenders placed the same."""
         status, body = self.cluster.request("GET", CLAIMS)
@@ -345,7 +384,10 @@ class DraBench(PlacementBench):
         metrics: list[str] = []
         watch = self._watch()
         try:
-            with self._measuring(usage, metrics):
+            with (
+                self._measuring(usage, metrics),
+                profiling(self._controller_pid(), self._profile("dra-burst")),
+            ):
                 sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
                 seen = watch.wait()
         finally:
@@ -369,19 +411,24 @@ class DraBench(PlacementBench):
         self._quiesce()
         usage: list[Usage] = []
         metrics: list[str] = []
-        watch = self._watch()
+        watch, claims = self._watch(), self._claim_watch()
         try:
             with self._measuring(usage, metrics):
                 started = time.monotonic()
                 self.start_controller()
-                seen = watch.wait()
+                with profiling(self._controller_pid(), self._profile("dra-drain")):
+                    seen = watch.wait()
+                    allocated = claims.wait()
             usage[0].add("gpuplace controller", process_cpu(self._controller_pid()))
         finally:
             watch.stop()
+            claims.stop()
         self.note_controller_peak()
         self._check(run, seen.bound)
         self._clear_claims(pods, delete=False)
-        return self._writes(metrics, drain_result(seen, started, usage[0]))
+        result = drain_result(seen, started, usage[0])
+        result = with_placement_rate(result, allocated.bound.values(), seen.bound.values())
+        return self._writes(metrics, result)
 
     def _scheduler_ready(self) -> None:
         """kube-scheduler has synced once it binds a probe pod with a claim."""
@@ -424,27 +471,30 @@ class DraBench(PlacementBench):
         result = replace(result, extra=result.extra | {"bound share": len(done) / len(sent)})
         return self._writes(metrics, result)
 
-    def scheduler_dra_drain(self) -> DraRun:
+    def scheduler_dra_drain(self, build: Callable[[Scale, int, int], Obj] = cel_pod) -> DraRun:
         self.stop_controller()
         self.cluster.stop_scheduler()
-        run, pods = self._pods(cel_pod)
-        self._create_with_claims(run, cel_pod)
+        run, pods = self._pods(build)
+        self._create_with_claims(run, build)
         self._quiesce()
         usage: list[Usage] = []
         metrics: list[str] = []
-        watch = self._watch(SCHEDULER_CAP)
+        watch, claims = self._watch(SCHEDULER_CAP), self._claim_watch(SCHEDULER_CAP)
         try:
             with self._measuring(usage, metrics):
                 started = time.monotonic()
                 self.cluster.start_scheduler()
                 seen = watch.wait(partial=True)
+                allocated = claims.wait(partial=True)
             usage[0].add("kube-scheduler", process_cpu(self.pids()["kube-scheduler"]))
         finally:
             watch.stop()
+            claims.stop()
         self.cluster.stop_scheduler()
         self._check(run, seen.bound)
         self._clear_claims(pods, delete=True)
         result = drain_result(seen, started, usage[0])
+        result = with_placement_rate(result, allocated.bound.values(), seen.bound.values())
         result = replace(result, extra=result.extra | {"bound share": len(seen.bound) / len(pods)})
         return self._writes(metrics, result)
 
@@ -483,17 +533,20 @@ class DraBench(PlacementBench):
 
         usage: list[Usage] = []
         metrics: list[str] = []
-        watch = self._watch()
+        watch, claims = self._watch(), self._claim_watch()
         try:
             with self._measuring(usage, metrics):
                 started = time.monotonic()
                 times = concurrently(self.cluster, order, place, concurrency)
                 seen = watch.wait()
+                allocated = claims.wait()
         finally:
             watch.stop()
+            claims.stop()
         self._check(run, seen.bound)
         self._clear_claims(pods, delete=True)
         result = drain_result(seen, started, usage[0])
+        result = with_placement_rate(result, allocated.bound.values(), seen.bound.values())
         latencies = [done - sent for sent, done in times]
         result = replace(
             result,
@@ -513,6 +566,7 @@ class DraResults:
     gpuplace_drain: list[DraRun] = field(default_factory=list)
     scheduler_burst: list[DraRun] = field(default_factory=list)
     scheduler_drain: list[DraRun] = field(default_factory=list)
+    scheduler_cel_only: list[DraRun] = field(default_factory=list)
     minimal: list[DraRun] = field(default_factory=list)
     minimal_search: dict[int, float] = field(default_factory=dict)
 
@@ -524,6 +578,7 @@ def measurements(scale: Scale, r: DraResults) -> list[Measurement]:
         "gpuplace dra drain": r.gpuplace_drain,
         "kube-scheduler dra burst": r.scheduler_burst,
         "kube-scheduler dra drain": r.scheduler_drain,
+        "kube-scheduler dra drain, no node affinity": r.scheduler_cel_only,
         "minimal claim status + Binding": r.minimal,
     }
 
@@ -563,6 +618,15 @@ def measurements(scale: Scale, r: DraResults) -> list[Measurement]:
                 ratio(r.gpuplace_drain, r.scheduler_drain),
                 "x",
                 TARGET_VS_SCHEDULER,
+            )
+        )
+    if r.gpuplace_drain and r.scheduler_cel_only:
+        result.append(
+            below(
+                label,
+                "gpuplace / kube-scheduler, dra drain, no node affinity",
+                ratio(r.gpuplace_drain, r.scheduler_cel_only),
+                "x",
             )
         )
     if r.gpuplace_burst and r.scheduler_burst:
@@ -610,13 +674,17 @@ def measurements(scale: Scale, r: DraResults) -> list[Measurement]:
 
 
 def bench(
-    scale: Scale, repeats: int, log: Callable[[str], None], workdir: Path | None = None
+    scale: Scale,
+    repeats: int,
+    log: Callable[[str], None],
+    workdir: Path | None = None,
+    profile_dir: Path | None = None,
 ) -> DraResults:
     results = DraResults()
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuplace-dra-")))
-        b = DraBench(scale, workdir, log)
+        b = DraBench(scale, workdir, log, profile_dir)
         try:
             b.setup()
             for concurrency in MINIMAL_CONCURRENCY:
@@ -638,6 +706,9 @@ def bench(
                 run = b.scheduler_dra_drain()
                 results.scheduler_drain.append(run)
                 log(f"  kube-scheduler dra drain: {_line(run)}")
+                run = b.scheduler_dra_drain(cel_only_pod)
+                results.scheduler_cel_only.append(run)
+                log(f"  kube-scheduler dra drain, no node affinity: {_line(run)}")
                 run = b.minimal(best)
                 results.minimal.append(run)
                 log(f"  minimal ({best} threads): {_line(run)}")
@@ -664,10 +735,10 @@ SMALL = Scale(nodes=20, pods=100)
 
 
 def run(repeats: int, small: bool = False) -> list[Measurement]:
-    """Part of every `make bench`: one repeat takes about a minute on two busy cores, so at most
-    two repeats run."""
+    """Part of every `make bench`: set-up and one repeat take about five minutes on two busy
+    cores, so one repeat runs (`python -m bench.dra --repeats N` for more)."""
     scale = SMALL if small else DEFAULT
-    return measurements(scale, bench(scale, min(repeats, 2), _stderr))
+    return measurements(scale, bench(scale, min(repeats, 1), _stderr))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -676,12 +747,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=DEFAULT.pods)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample the controller with py-spy during gpuplace's runs (collapsed stacks in DIR)",
+    )
+    parser.add_argument(
         "--workdir", type=Path, help="keep the cluster's files and logs here (default: temporary)"
     )
     args = parser.parse_args(argv)
     scale = Scale(nodes=args.nodes, pods=args.pods)
     _stderr(f"machine: {describe(machine())}")
-    results = bench(scale, args.repeats, _stderr, args.workdir)
+    results = bench(scale, args.repeats, _stderr, args.workdir, args.profile)
     _stderr(f"machine at the end: {describe(machine())}")
     for m in measurements(scale, results):
         flag = "" if m.ok is None else (" ok" if m.ok else " MISSED")

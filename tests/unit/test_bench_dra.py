@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from bench._podwatch import Seen
 from bench.dra import (
     CLAIM_ENTRY,
     PLACEMENT_RESOURCES,
@@ -14,12 +15,15 @@ from bench.dra import (
     DraRun,
     allocation_errors,
     cel_claim,
+    cel_only_pod,
     cel_pod,
     device_class,
     measurements,
     minimal_pod,
+    placement_rate,
     slot_device,
     uuid_selector,
+    with_placement_rate,
     writes_per_pod,
 )
 from bench.placement import RunResult, Scale, gpu_uuid, inventory, node_name
@@ -52,7 +56,7 @@ def test_cel_claim_requests_one_device_of_the_class_selected_by_the_slots_uuid()
 
 
 def test_claim_pods_use_their_claim_in_the_container() -> None:
-    for build in (cel_pod, minimal_pod):
+    for build in (cel_pod, cel_only_pod, minimal_pod):
         pod = build(SCALE, 5, 1)
         name = pod["metadata"]["name"]
         assert pod["spec"]["resourceClaims"] == [{"name": CLAIM_ENTRY, "resourceClaimName": name}]
@@ -62,6 +66,7 @@ def test_claim_pods_use_their_claim_in_the_container() -> None:
     term = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"][0]["values"] == [node_name(5 % 3)]
     assert minimal_pod(SCALE, 5, 1)["spec"]["schedulerName"] == "bench-unserved"
+    assert "affinity" not in cel_only_pod(SCALE, 5, 1)["spec"]  # the claim's CEL alone pins it
 
 
 def test_slot_device_is_the_device_the_nodes_slice_publishes_under_that_uuid() -> None:
@@ -150,3 +155,26 @@ def test_measurements_check_the_targets_on_the_drains() -> None:
     rows = {m.metric: m for m in measurements(SCALE, slow)}
     assert rows["gpuplace / kube-scheduler, dra drain"].ok is False
     assert rows["gpuplace dra drain / minimal"].ok is False
+
+
+def test_placement_rate_times_from_the_first_allocation_to_the_last_binding() -> None:
+    # A pipeline that allocates every claim first: its Bindings come late and close together.
+    assert placement_rate([10.0, 10.5, 11.0], [12.0, 12.1, 14.0]) == 3 / 4.0
+    assert placement_rate([1.0], [1.0]) == float("inf")
+    result = with_placement_rate(RunResult(rate=15.0, seconds=0.2), [10.0], [12.0, 12.1, 14.0])
+    assert result.rate == 0.75
+    assert result.extra["pods/s, first -> last Binding"] == 15.0
+
+
+def test_the_watcher_counts_claims_once_allocated_and_pods_once_bound() -> None:
+    claims = Seen(claims=True)
+    claims.observe({"metadata": {"name": "c"}, "status": {}}, 1.0)
+    claims.observe({"metadata": {"name": "c"}, "spec": {"nodeName": "n"}}, 2.0)
+    assert claims.bound == {}
+    claims.observe({"metadata": {"name": "c"}, "status": {"allocation": {"devices": {}}}}, 3.0)
+    claims.observe({"metadata": {"name": "c"}, "status": {"allocation": {"devices": {}}}}, 4.0)
+    assert (claims.added, claims.bound) == ({"c": 1.0}, {"c": 3.0})
+    pods = Seen()
+    pods.observe({"metadata": {"name": "p"}, "status": {"allocation": {}}}, 1.0)
+    pods.observe({"metadata": {"name": "p"}, "spec": {"nodeName": "n"}}, 2.0)
+    assert pods.bound == {"p": 2.0}
