@@ -32,6 +32,7 @@ import kubernetes.client
 import pytest
 
 from gpuplace.localcluster import LocalCluster, fake_gpu_nodes
+from tests.integration.controllerkit import create_system_namespaces
 
 _HERE = Path(__file__).parent
 
@@ -66,6 +67,12 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture
+def system_namespaces(cluster: LocalCluster) -> None:
+    """For modules that run a controller: ``pytest.mark.usefixtures("system_namespaces")``."""
+    create_system_namespaces(cluster)
 
 
 @pytest.fixture(scope="session")

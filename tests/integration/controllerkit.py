@@ -22,6 +22,12 @@ from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, N
 from placement.types import GpuUuid, NodeName
 
 
+def create_system_namespaces(cluster: LocalCluster) -> None:
+    """The namespaces a controller writes to: the model's and the inventories'."""
+    for name in ("gpuplace-system", INVENTORY_NAMESPACE):
+        cluster.create_namespace(name)
+
+
 def gpu_uuid(node: str, index: int) -> str:
     digest = uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{index}")
     return f"GPU-{digest}"

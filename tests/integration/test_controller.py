@@ -36,7 +36,7 @@ from tests.integration.controllerkit import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
 
 
 def model_generation(cluster: LocalCluster) -> int:
@@ -49,12 +49,6 @@ def model_generation(cluster: LocalCluster) -> int:
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-@pytest.fixture(autouse=True)
-def system_namespaces(cluster: LocalCluster) -> None:
-    for name in ("gpuplace-system", "gpuplace-inventory"):
-        cluster.create_namespace(name)
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from placement.dra import (
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
+    create_system_namespaces,
     gpu_uuid,
     inventory_for,
     list_pods,
@@ -84,8 +85,7 @@ class Dra:
 
 @pytest.fixture(scope="module")
 def dra(cluster: LocalCluster) -> Iterator[Dra]:
-    for name in ("gpuplace-system", "gpuplace-inventory"):
-        cluster.create_namespace(name)
+    create_system_namespaces(cluster)
     kube = Kube.connect(ClientSettings(kubeconfig=str(cluster.kubeconfig)))
     models = ModelCache(kube, "gpuplace-system").start()
     webhook = RunningWebhook(

@@ -52,13 +52,7 @@ from tests.integration.test_controller import (
     unique,
 )
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def system_namespaces(cluster: LocalCluster) -> None:
-    for name in ("gpuplace-system", "gpuplace-inventory"):
-        cluster.create_namespace(name)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
 
 
 @pytest.fixture

@@ -28,13 +28,7 @@ from tests.integration.controllerkit import (
 )
 from tests.integration.test_controller import bound_pods, create, gpu_nodes, unique
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _namespaces(cluster: LocalCluster) -> None:
-    for name in ("gpuplace-system", "gpuplace-inventory"):
-        cluster.create_namespace(name)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from placement.annotations import CUDA_ANNOTATION, DEVICES_ANNOTATION, LEGACY_AN
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
+    create_system_namespaces,
     describe_pending,
     get_pod,
     gpu_uuid,
@@ -112,8 +113,7 @@ class Placement:
 @pytest.fixture(scope="module")
 def placement(cluster: LocalCluster) -> Iterator[Placement]:
     """Nodes, inventories, the controller and the webhook of this module."""
-    for name in ("gpuplace-system", "gpuplace-inventory"):
-        cluster.create_namespace(name)
+    create_system_namespaces(cluster)
     prefix = unique("mig")
     migration_nodes = [
         FakeNode(f"{prefix}-node-{i}", gpus=4, labels={"gpu-node-name": f"node{i}"})

@@ -40,17 +40,11 @@ from tests.integration.controllerkit import (
 )
 from tests.integration.tenantkit import Tenant
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
 
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-@pytest.fixture(autouse=True)
-def system_namespaces(cluster: LocalCluster) -> None:
-    for name in ("gpuplace-system", "gpuplace-inventory"):
-        cluster.create_namespace(name)
 
 
 @pytest.fixture
