@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image for every gpuplace component: `gpuplace controller | webhook | agent` (and the CLI, e.g.
 # the `gpuplace agent --once --print` steps of `gpuplace preflight`). charts/gpuplace runs it.
+# Without the `workflows` extra: printing the preflight Workflow is done where maps are written.
 #
 #   docker build -t ghcr.io/gpuplace/gpuplace:0.1.0 .
 ARG PYTHON_VERSION=3.12

@@ -18,7 +18,6 @@ from importlib.metadata import PackageNotFoundError, version
 
 import yaml
 
-from controller.preflight import DEFAULT_TOLERATIONS, PreflightSettings, workflow_manifest
 from gpuplace.commands._env import env_str
 from placement.annotations import LEGACY_NODE_LABEL
 from placement.errors import format_all
@@ -27,6 +26,12 @@ from placement.validate import load_maps
 
 PROG = "gpuplace preflight"
 IMAGE_REPOSITORY = "ghcr.io/gpuplace/gpuplace"
+#: The SDK that builds the Workflow; an optional dependency, as no component needs it.
+SDK_MODULE = "argo_workflows"
+MISSING_SDK = (
+    "the argo-workflows Python SDK is not installed; it builds the Workflow. "
+    "Install it with: pip install 'gpuplace[workflows]'"
+)
 
 
 def default_image() -> str:
@@ -96,6 +101,17 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--timeout must be a positive number of seconds, got {args.timeout}", 2)
     if args.parallelism <= 0:
         return _fail(f"--parallelism must be positive, got {args.parallelism}", 2)
+    try:
+        # Imported here, not at the top, so that the CLI and every component run without the SDK.
+        from gpuplace.preflight import (  # noqa: PLC0415
+            DEFAULT_TOLERATIONS,
+            PreflightSettings,
+            workflow_manifest,
+        )
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != SDK_MODULE:
+            raise
+        return _fail(MISSING_SDK)
     pmap = _read_map(args.map_file, args.select)
     if pmap is None:
         return 1

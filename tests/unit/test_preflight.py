@@ -1,22 +1,24 @@
-"""`gpuplace preflight`: the Argo Workflow built from a map (controller/preflight.py) and the CLI."""
+"""`gpuplace preflight`: the Argo Workflow built from a map (gpuplace/preflight.py) and the CLI."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from controller.preflight import (
+from gpuplace.cli import build_parser, main
+from gpuplace.preflight import (
     MAP_PATH,
     PreflightSettings,
     bounded_name,
     build_workflow,
     workflow_manifest,
 )
-from gpuplace.cli import build_parser, main
 from placement.maps import PlacementMap
 from placement.validate import parse_map
 
@@ -263,3 +265,39 @@ def test_command_rejects_unusable_numbers(
     assert main(["preflight", path, "--timeout", "0"]) == 2
     assert "--timeout must be a positive" in capsys.readouterr().err
     assert main(["preflight", path, "--parallelism", "-1"]) == 2
+
+
+def test_command_without_the_workflows_sdk_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, MAP)
+    # None in sys.modules makes `import argo_workflows...` fail as if it were not installed.
+    for name in [m for m in sys.modules if m.partition(".")[0] == "argo_workflows"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "argo_workflows", None)
+    monkeypatch.delitem(sys.modules, "gpuplace.preflight")
+    assert main(["preflight", path]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "gpuplace preflight: error: the argo-workflows Python SDK is not installed" in (
+        captured.err
+    )
+    assert "pip install 'gpuplace[workflows]'" in captured.err
+
+
+def test_components_and_the_cli_import_without_the_workflows_sdk() -> None:
+    script = """
+import importlib, pkgutil, sys
+sys.modules["argo_workflows"] = None
+for package in ("placement", "kubeio", "controller", "webhook", "agent"):
+    root = importlib.import_module(package)
+    for info in pkgutil.walk_packages(root.__path__, package + "."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+from gpuplace.cli import build_parser
+build_parser()
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr

@@ -6,6 +6,9 @@ node against a one-entry copy of the map, so a step fails exactly when its own e
 missing or unhealthy device, or one that does not match `require`. Annotated as an ArgoCD PreSync
 hook, the Workflow gates a sync: the new map is applied only after every entry passed.
 
+Only the `gpuplace preflight` command uses this module, and only it needs the argo-workflows SDK
+(the `workflows` extra): the components never import it.
+
 How a step reaches its node without knowing whether the map names nodes or logical names: node
 affinity with two ORed terms, the node's name (matchFields metadata.name) or the alias label
 (`gpu-node-name` by default), the same two ways the binder resolves `node`.
