@@ -35,6 +35,14 @@ GPUS = 4
 CLUSTER_DIR = "clusters/dev"
 LLM_MAP = f"{CLUSTER_DIR}/maps/llm-serving.yaml"
 EMBEDDINGS_MAP = f"{CLUSTER_DIR}/maps/embeddings.yaml"
+#: The pods of examples/workloads that maps place (the trainer's pods are named by their Deployment).
+WORKLOAD_PODS = [
+    "inference/llm-serving-0",
+    "inference/llm-serving-1",
+    "legacy/webhook-test-0",
+    "legacy/webhook-test-1",
+    "legacy/webhook-test-2",
+]
 
 
 class DemoError(Exception):
@@ -103,6 +111,24 @@ class Demo:
 
     # -- the scenario ---------------------------------------------------------------------------
     def run(self) -> None:
+        self._start_cluster()
+        self._start_agents()
+        self._start_components()
+        repo = GitOpsRepo(self.workdir / "gitops", REPO_ROOT / "examples" / "gitops")
+        commit = self._maps_step(repo)
+        self._workloads_step()
+        if self.real_node:
+            self._real_node_step(repo)
+        moved = self._move_step(repo, commit)
+        self._broken_map_step(repo)
+        if self.argocd is not None:
+            self._degraded_step(repo)
+        self._operator_step(moved)
+        if self.real_node:
+            self._dra_step()
+        self.step(f"All {len(self.checks)} checks passed")
+
+    def _start_cluster(self) -> None:
         self.step("Local control plane: building the binaries if missing (cached after that)")
         binaries = find_binaries()
         self.out(f"    binaries in {binaries.bin_dir}")
@@ -131,6 +157,8 @@ class Demo:
         for ns in ("gpuplace-system", "gpuplace-inventory"):
             self.cluster.create_namespace(ns)
 
+    def _start_agents(self) -> None:
+        assert self.cluster is not None
         self.step(f"{NODES} fake GPU nodes (kwok), {GPUS} GPUs each, one NVML agent per node")
         names = [f"gpu-node-{i}" for i in range(1, NODES + 1)]
         self.cluster.create_nodes(
@@ -149,30 +177,19 @@ class Demo:
                 REAL_NODE_NAME, GPUS, number=realnode.REAL_NODE_NUMBER
             )
             inventories += 1
-        self.wait(
-            f"{inventories} inventories",
-            lambda: (
-                len(
-                    [
-                        cm
-                        for cm in self.kube.get("/api/v1/namespaces/gpuplace-inventory/configmaps")[
-                            "items"
-                        ]
-                        if "inventory.json" in (cm.get("data") or {})
-                    ]
-                )
-                == inventories
-            ),
-        )
+        self.wait(f"{inventories} inventories", lambda: self._inventories() == inventories)
         self.check(True, "every agent published its inventory")
 
+    def _start_components(self) -> None:
+        assert self.components is not None
         self.step("Controller (leader-elected binder) and webhook (HTTPS, registered)")
         self.components.controller()
         self.components.webhook()
         self.wait("webhook registration", self._webhook_registered)
         self.check(True, "webhook configurations registered with the apiserver")
 
-        repo = GitOpsRepo(self.workdir / "gitops", REPO_ROOT / "examples" / "gitops")
+    def _maps_step(self, repo: GitOpsRepo) -> str:
+        """Commit the example maps and sync them; returns the commit."""
         if self.use_argocd:
             self._start_argocd(repo)
             self.step("Commit the placement maps; ArgoCD's ApplicationSet generates and syncs them")
@@ -210,27 +227,24 @@ class Demo:
             self.check(
                 True, f"{APPLICATION} is Synced and Healthy (the Lua check reads every map Valid)"
             )
+        return commit
 
+    def _workloads_step(self) -> None:
+        assert self.cluster is not None
         self.step("Workloads: a StatefulSet, a Deployment and the earlier tools' legacy pods")
         for manifest in sorted((REPO_ROOT / "examples" / "workloads").glob("*.yaml")):
             self.cluster.kubectl("apply", "-f", str(manifest))
             self.out(f"    kubectl apply -f examples/workloads/{manifest.name}")
-        expected = [
-            "inference/llm-serving-0",
-            "inference/llm-serving-1",
-            "legacy/webhook-test-0",
-            "legacy/webhook-test-1",
-            "legacy/webhook-test-2",
-        ]
         pods = self.wait(
             "every pod bound and Running",
-            lambda: self._trainer_running() and self.all_running(expected),
+            lambda: self._trainer_running() and self.all_running(WORKLOAD_PODS),
         )
         self.out(inspect.pod_table(pods.values()))
         self._check_declared(pods)
-        if self.real_node:
-            self._real_node_step(repo)
 
+    def _move_step(self, repo: GitOpsRepo, commit: str) -> str:
+        """Move one slot in git and recreate its pod; returns the commit that moved it."""
+        assert self.cluster is not None
         self.step("Commit a change that moves llm-serving index 1 to gpu-node-4, GPU 2")
         repo.edit(
             LLM_MAP,
@@ -256,7 +270,7 @@ class Demo:
         pods = self.wait(
             "llm-serving-1 re-placed",
             lambda: (
-                (p := self.all_running(expected))
+                (p := self.all_running(WORKLOAD_PODS))
                 and p["inference/llm-serving-1"].node == "gpu-node-4"
                 and p
             ),
@@ -267,7 +281,9 @@ class Demo:
             and pods["inference/llm-serving-1"].cuda_visible_devices == "2",
             "llm-serving-1 now runs on gpu-node-4 with CUDA_VISIBLE_DEVICES=2",
         )
+        return moved
 
+    def _broken_map_step(self, repo: GitOpsRepo) -> None:
         self.step("Commit a broken map: the sync is refused with its line and column")
         before = self.pods()
         repo.edit(LLM_MAP, "      devices: [2, 3]", "      devices: [2, 2]")
@@ -302,9 +318,9 @@ class Demo:
             "llm-serving still serves its last valid version",
         )
 
-        if self.argocd is not None:
-            self._degraded_step(repo)
-
+    def _operator_step(self, moved: str) -> None:
+        """`gpuplace status` and `gpuplace explain` after the move to commit `moved`."""
+        assert self.cluster is not None
         self.step("What an operator sees: gpuplace status and gpuplace explain")
         kubeconfig = f"--kubeconfig={self.cluster.kubeconfig}"
         status = run_cli("status", kubeconfig)
@@ -328,11 +344,6 @@ class Demo:
             and "llm-serving.yaml" in explained.stdout,
             f"gpuplace explain names the synced commit {moved} and the map's file",
         )
-
-        if self.real_node:
-            self._dra_step()
-
-        self.step(f"All {len(self.checks)} checks passed")
 
     def _sync(self, repo: GitOpsRepo, revision: str, *, rejected: bool = False) -> SyncResult:
         if self.argocd is not None:
@@ -409,14 +420,7 @@ class Demo:
         self.out(f"    committed {commit}: {CLUSTER_DIR}/{realnode.MAP_FILE}")
         result = self._sync(repo, commit)
         self.check(result.ok, f"sync of {commit} applied")
-        key = f"{realnode.NAMESPACE}/{realnode.MAP_NAME}"
-        self.wait(
-            f"map {key} Valid",
-            lambda: (
-                (st := dict(inspect.map_statuses(self.kube)).get(key)) is not None
-                and st.phase.value == "Valid"
-            ),
-        )
+        self._wait_map_valid(f"{realnode.NAMESPACE}/{realnode.MAP_NAME}")
         self.cluster.kubectl("apply", "-f", "-", input=realnode.STATEFULSET_YAML)
         self.out(
             f"    kubectl apply: StatefulSet {realnode.NAMESPACE}/gpu-probe "
@@ -429,6 +433,11 @@ class Demo:
             timeout=120,
         )
         self.out(inspect.pod_table([pods[n] for n in names]))
+        self._check_probe_logs(pods)
+        self._check_probe_exec_env()
+
+    def _check_probe_logs(self, pods: dict[str, inspect.PodRow]) -> None:
+        """Each gpu-probe container printed the devices its map entry declares."""
         for name, declared in realnode.DECLARED.items():
             log = self._probe_log(name)
             self.out(f"    $ kubectl -n {realnode.NAMESPACE} logs {name}\n" + _indent(log.strip()))
@@ -441,6 +450,9 @@ class Demo:
                 f"{realnode.NAMESPACE}/{name}'s container printed "
                 f"CUDA_VISIBLE_DEVICES={declared} and CUDA_DEVICE_ORDER=PCI_BUS_ID",
             )
+
+    def _check_probe_exec_env(self) -> None:
+        assert self.cluster is not None
         env = self.cluster.kubectl(
             "-n", realnode.NAMESPACE, "exec", "gpu-probe-0", "--", "env"
         ).stdout.splitlines()
@@ -458,11 +470,31 @@ class Demo:
         """dra enforcement: the controller and the webhook restarted with --enforcement=dra, the
         fake GPU DRA driver on the real node, one map; the pod's claim, its allocation, and what
         the container saw."""
-        assert self.cluster is not None and self.components is not None
+        assert self.cluster is not None
         self.step(
             "dra enforcement: the binder allocates the pod's ResourceClaim, the kubelet has the "
             "DRA driver prepare exactly those GPUs"
         )
+        self._restart_for_dra()
+        self._create_dra_map()
+        self.wait("the webhook in dra enforcement", self._webhook_adds_claims)
+        self.cluster.kubectl("apply", "-f", "-", input=realnode.DRA_POD_YAML)
+        pod_name = f"{realnode.DRA_MAP_NAME}-0"
+        names = [f"{realnode.NAMESPACE}/{pod_name}"]
+        pods = self.wait("the pod Running on the real node", lambda: self.all_running(names), 120)
+        self.out(inspect.pod_table([pods[n] for n in names]))
+        self._check_dra_claim(pod_name)
+        uuid = demo_uuid(realnode.REAL_NODE_NUMBER, realnode.DRA_DEVICE)
+        log = self._probe_log(pod_name)
+        self.out(f"    $ kubectl -n {realnode.NAMESPACE} logs {pod_name}\n" + _indent(log.strip()))
+        seen = realnode.printed(log)
+        self.check(
+            seen.get("NVIDIA_VISIBLE_DEVICES") == uuid == seen.get("CUDA_VISIBLE_DEVICES"),
+            f"the container saw only GPU {uuid} (from the DRA driver's CDI edits and the binding)",
+        )
+
+    def _restart_for_dra(self) -> None:
+        assert self.components is not None
         self.components.dra_driver(self.real_nvml_config)
         for name in ("controller", "webhook"):
             self.components.remove(name)
@@ -472,8 +504,9 @@ class Demo:
             "    restarted the controller and the webhook with --enforcement=dra; started "
             f"hack/dra-driver on {REAL_NODE_NAME} (its ResourceSlice: the node's fake NVML GPUs)"
         )
+
+    def _create_dra_map(self) -> None:
         apply = f"placement map {realnode.NAMESPACE}/{realnode.DRA_MAP_NAME}"
-        key = f"{realnode.NAMESPACE}/{realnode.DRA_MAP_NAME}"
         body = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -496,35 +529,27 @@ class Demo:
         self.out(
             f"    kubectl apply: {apply} (index 0: {REAL_NODE_NAME} GPU {realnode.DRA_DEVICE})"
         )
-        self.wait(
-            f"map {key} Valid",
-            lambda: (
-                (st := dict(inspect.map_statuses(self.kube)).get(key)) is not None
-                and st.phase.value == "Valid"
-            ),
+        self._wait_map_valid(f"{realnode.NAMESPACE}/{realnode.DRA_MAP_NAME}")
+
+    def _webhook_adds_claims(self) -> bool:
+        """Whether the webhook, in dra enforcement, gives the DRA pod its claim (a server dry run)."""
+        return (
+            self.cluster is not None
+            and self.cluster.kubectl(
+                "apply",
+                "--dry-run=server",
+                "-o",
+                "json",
+                "-f",
+                "-",
+                input=realnode.DRA_POD_YAML,
+                check=False,
+            ).stdout.count("resourceClaimTemplateName")
+            > 0
         )
-        self.wait(
-            "the webhook in dra enforcement",
-            lambda: (
-                self.cluster is not None
-                and self.cluster.kubectl(
-                    "apply",
-                    "--dry-run=server",
-                    "-o",
-                    "json",
-                    "-f",
-                    "-",
-                    input=realnode.DRA_POD_YAML,
-                    check=False,
-                ).stdout.count("resourceClaimTemplateName")
-                > 0
-            ),
-        )
-        self.cluster.kubectl("apply", "-f", "-", input=realnode.DRA_POD_YAML)
-        pod_name = f"{realnode.DRA_MAP_NAME}-0"
-        names = [f"{realnode.NAMESPACE}/{pod_name}"]
-        pods = self.wait("the pod Running on the real node", lambda: self.all_running(names), 120)
-        self.out(inspect.pod_table([pods[n] for n in names]))
+
+    def _check_dra_claim(self, pod_name: str) -> None:
+        """The pod's ResourceClaim holds exactly the declared GPU and is reserved for the pod."""
         pod = self.kube.get(f"/api/v1/namespaces/{realnode.NAMESPACE}/pods/{pod_name}")
         claim_name = next(
             s["resourceClaimName"]
@@ -541,7 +566,6 @@ class Demo:
             + ", ".join(f"{r['driver']} pool {r['pool']} device {r['device']}" for r in results)
             + f"; reservedFor {', '.join(reserved)}"
         )
-        uuid = demo_uuid(realnode.REAL_NODE_NUMBER, realnode.DRA_DEVICE)
         self.check(
             [(r["pool"], r["device"]) for r in results]
             == [(REAL_NODE_NAME, f"gpu-{realnode.DRA_DEVICE}")]
@@ -549,12 +573,14 @@ class Demo:
             f"the claim holds exactly {REAL_NODE_NAME} gpu-{realnode.DRA_DEVICE}, reserved for "
             f"{pod_name}",
         )
-        log = self._probe_log(pod_name)
-        self.out(f"    $ kubectl -n {realnode.NAMESPACE} logs {pod_name}\n" + _indent(log.strip()))
-        seen = realnode.printed(log)
-        self.check(
-            seen.get("NVIDIA_VISIBLE_DEVICES") == uuid == seen.get("CUDA_VISIBLE_DEVICES"),
-            f"the container saw only GPU {uuid} (from the DRA driver's CDI edits and the binding)",
+
+    def _wait_map_valid(self, key: str) -> None:
+        self.wait(
+            f"map {key} Valid",
+            lambda: (
+                (st := dict(inspect.map_statuses(self.kube)).get(key)) is not None
+                and st.phase.value == "Valid"
+            ),
         )
 
     def _probe_log(self, name: str) -> str:
@@ -566,6 +592,10 @@ class Demo:
             return out if "environment at start" in out else ""
 
         return str(self.wait(f"{name}'s report in its log", report, timeout=30))
+
+    def _inventories(self) -> int:
+        configmaps = self.kube.get("/api/v1/namespaces/gpuplace-inventory/configmaps")["items"]
+        return len([cm for cm in configmaps if "inventory.json" in (cm.get("data") or {})])
 
     def _webhook_registered(self) -> bool:
         items = self.kube.get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
