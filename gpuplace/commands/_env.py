@@ -1,11 +1,21 @@
-"""GPUPLACE_* environment defaults for command-line flags (flags win over the environment)."""
+"""Command-line flags whose defaults come from the environment (a flag given wins).
+
+Every component command declares its flags through `EnvFlags`, so each `GPUPLACE_*` variable is
+read one way: when the parser is built, as the flag's default. The settings objects are then built
+from the parsed flags alone.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from placement.dra import DEFAULT_ATTRIBUTE, DEFAULT_DEVICE_CLASS, DEFAULT_DRIVER, Enforcement
+
+#: The parser, or one of its argument groups (both have add_argument).
+Parser = argparse.ArgumentParser | argparse._ArgumentGroup
 
 
 def env_str(name: str, default: str | None) -> str | None:
@@ -35,29 +45,110 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else default
 
 
-def add_enforcement_flags(parser: argparse.ArgumentParser, dra_details: bool) -> None:
+class _AppendOverDefault(argparse.Action):
+    """`append` whose first use replaces the default (from the environment) instead of adding to
+    it: `--x a --x b` gives [a, b] whatever the variable holds."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest)
+        items = [] if current is self.default else list(current)
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
+class EnvFlags:
+    """Adds flags to `parser` whose default is the environment variable `env`, else `default`."""
+
+    def __init__(self, parser: Parser) -> None:
+        self.parser = parser
+
+    def string(self, flag: str, env: str, default: str | None, **kwargs: Any) -> None:
+        self.parser.add_argument(flag, default=env_str(env, default), **kwargs)
+
+    def integer(self, flag: str, env: str, default: int, **kwargs: Any) -> None:
+        self.parser.add_argument(flag, type=int, default=env_int(env, default), **kwargs)
+
+    def number(self, flag: str, env: str, default: float, **kwargs: Any) -> None:
+        self.parser.add_argument(flag, type=float, default=env_float(env, default), **kwargs)
+
+    def switch(self, *flags: str, env: str, **kwargs: Any) -> None:
+        """A flag that turns something on (`--x`); the variable may turn it on too."""
+        self.parser.add_argument(
+            *flags, action="store_true", default=env_bool(env, False), **kwargs
+        )
+
+    def toggle(self, flag: str, env: str, default: bool, **kwargs: Any) -> None:
+        """`--x` / `--no-x`."""
+        self.parser.add_argument(
+            flag, action=argparse.BooleanOptionalAction, default=env_bool(env, default), **kwargs
+        )
+
+    def repeated(self, flag: str, env: str, default: list[str], **kwargs: Any) -> None:
+        """A repeatable flag; the variable holds a comma-separated list."""
+        self.parser.add_argument(
+            flag, action=_AppendOverDefault, default=env_list(env, default), **kwargs
+        )
+
+
+def add_kubeconfig_flag(flags: EnvFlags) -> None:
+    flags.string("--kubeconfig", "KUBECONFIG", None)
+
+
+def add_log_flags(flags: EnvFlags, level: str | None = "info", **level_kwargs: Any) -> None:
+    flags.string("--log-level", "GPUPLACE_LOG_LEVEL", level, **level_kwargs)
+    flags.switch("--log-json", env="GPUPLACE_LOG_JSON")
+
+
+def add_legacy_flags(flags: EnvFlags, what: str, scheduler_names: list[str]) -> None:
+    """`--legacy` (`what`: what the component does with legacy pods) and their scheduler names."""
+    flags.toggle(
+        "--legacy",
+        "GPUPLACE_LEGACY",
+        True,
+        help=f"also {what} pods carrying the gpu-scheduling-map annotation",
+    )
+    flags.repeated(
+        "--legacy-scheduler-name",
+        "GPUPLACE_LEGACY_SCHEDULER_NAMES",
+        scheduler_names,
+        dest="legacy_names",
+        help="schedulerName of legacy pods (repeatable; default gpu-scheduler)",
+    )
+
+
+def add_enforcement_flags(flags: EnvFlags, dra_details: bool) -> None:
     """`--enforcement` (and, for the binder, how declared devices are found in ResourceSlices)."""
-    parser.add_argument(
+    flags.string(
         "--enforcement",
+        "GPUPLACE_ENFORCEMENT",
+        Enforcement.ENV.value,
         choices=[e.value for e in Enforcement],
-        default=env_str("GPUPLACE_ENFORCEMENT", Enforcement.ENV.value),
         help="env: CUDA_VISIBLE_DEVICES from the binding (selects GPUs, isolates nothing); "
         "dra: each pod's ResourceClaim is allocated to its declared devices (default %(default)s)",
     )
     if not dra_details:
         return
-    parser.add_argument(
+    flags.string(
         "--dra-driver",
-        default=env_str("GPUPLACE_DRA_DRIVER", DEFAULT_DRIVER),
+        "GPUPLACE_DRA_DRIVER",
+        DEFAULT_DRIVER,
         help="DRA driver whose ResourceSlices list the GPUs (default %(default)s)",
     )
-    parser.add_argument(
+    flags.string(
         "--dra-attribute",
-        default=env_str("GPUPLACE_DRA_ATTRIBUTE", DEFAULT_ATTRIBUTE),
+        "GPUPLACE_DRA_ATTRIBUTE",
+        DEFAULT_ATTRIBUTE,
         help="device attribute holding the GPU UUID (default %(default)s)",
     )
-    parser.add_argument(
+    flags.string(
         "--dra-device-class",
-        default=env_str("GPUPLACE_DRA_DEVICE_CLASS", DEFAULT_DEVICE_CLASS),
+        "GPUPLACE_DRA_DEVICE_CLASS",
+        DEFAULT_DEVICE_CLASS,
         help="DeviceClass the claim templates request (default %(default)s)",
     )

@@ -25,7 +25,7 @@ from agent.probe import EmptyProbe, GpuProbe, NvmlUnavailableError, ProbeError
 from agent.report import render_json, render_text
 from agent.runner import Agent
 from agent.settings import AgentSettings
-from gpuplace.commands._env import env_bool, env_float, env_str
+from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag, add_log_flags
 from kubeio import logs
 from kubeio.client import ClientSettings, Kube
 from kubeio.httpserver import OpsServer
@@ -55,49 +55,59 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Report this node's GPUs (NVML) and check the placement entries that name it.",
         epilog=EPILOG,
     )
-    p.add_argument(
+    flags = EnvFlags(p)
+    flags.string(
         "--node",
-        default=env_str("NODE_NAME", None),
+        "NODE_NAME",
+        None,
         help="this node's name (default: $NODE_NAME, else the host name)",
     )
-    p.add_argument(
+    flags.number(
         "--interval",
-        type=float,
-        default=env_float("GPUPLACE_AGENT_INTERVAL", 10.0),
+        "GPUPLACE_AGENT_INTERVAL",
+        10.0,
         metavar="SECONDS",
         help="seconds between heartbeats and NVML polls (default 10)",
     )
-    p.add_argument(
+    flags.number(
         "--xid-recovery-seconds",
-        type=float,
-        default=env_float("GPUPLACE_XID_RECOVERY_SECONDS", 0.0),
+        "GPUPLACE_XID_RECOVERY_SECONDS",
+        0.0,
         metavar="SECONDS",
         help="a GPU marked unhealthy by a critical XID is healthy again after this long without "
         "another one (default 0: until the agent restarts)",
     )
-    p.add_argument(
+    flags.switch(
         "--publish-empty",
-        action="store_true",
-        default=env_bool("GPUPLACE_PUBLISH_EMPTY", False),
+        env="GPUPLACE_PUBLISH_EMPTY",
         help="publish an empty inventory instead of exiting when this node has no NVML",
     )
-    p.add_argument(
+    flags.string(
         "--identity",
-        default=env_str("GPUPLACE_IDENTITY", None),
+        "GPUPLACE_IDENTITY",
+        None,
         help="holderIdentity of the heartbeat Lease (default: the host name, i.e. the pod name)",
     )
-    p.add_argument("--kubeconfig", default=env_str("KUBECONFIG", None))
-    p.add_argument(
+    add_kubeconfig_flag(flags)
+    flags.string(
         "--inventory-namespace",
-        default=env_str("GPUPLACE_INVENTORY_NAMESPACE", INVENTORY_NAMESPACE),
+        "GPUPLACE_INVENTORY_NAMESPACE",
+        INVENTORY_NAMESPACE,
         help="where the inventory ConfigMap and Lease of this node are written",
     )
-    p.add_argument(
+    flags.string(
         "--model-namespace",
-        default=env_str("GPUPLACE_NAMESPACE", MODEL_NAMESPACE),
+        "GPUPLACE_NAMESPACE",
+        MODEL_NAMESPACE,
         help="where the compiled model is read from (read-only)",
     )
-    p.add_argument("--metrics-address", default=env_str("GPUPLACE_METRICS_ADDRESS", "0.0.0.0:8080"))
+    flags.string("--metrics-address", "GPUPLACE_METRICS_ADDRESS", "0.0.0.0:8080")
+    _add_once_flags(p)
+    add_log_flags(flags, None, help="default: info, or warning with --print")
+    p.set_defaults(handler=run)
+
+
+def _add_once_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--once", action="store_true", help="probe and publish once, then exit")
     p.add_argument(
         "--print",
@@ -114,13 +124,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="check the PlacementMaps in FILE against this node (with --print; repeatable)",
     )
-    p.add_argument(
-        "--log-level",
-        default=env_str("GPUPLACE_LOG_LEVEL", None),
-        help="default: info, or warning with --print",
-    )
-    p.add_argument("--log-json", action="store_true", default=env_bool("GPUPLACE_LOG_JSON", False))
-    p.set_defaults(handler=run)
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:

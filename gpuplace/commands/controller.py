@@ -14,12 +14,11 @@ from types import FrameType
 from controller.manager import Controller
 from controller.settings import BinderSettings, ControllerSettings, GitSourceSettings
 from gpuplace.commands._env import (
+    EnvFlags,
     add_enforcement_flags,
-    env_bool,
-    env_float,
-    env_int,
-    env_list,
-    env_str,
+    add_kubeconfig_flag,
+    add_legacy_flags,
+    add_log_flags,
 )
 from kubeio import logs
 from kubeio.client import ClientSettings, Kube
@@ -31,90 +30,72 @@ log = logging.getLogger("gpuplace.controller")
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("controller", help="run the controller and binder")
-    p.add_argument("--kubeconfig", default=env_str("KUBECONFIG", None))
-    p.add_argument("--lease-name", default=env_str("GPUPLACE_LEASE_NAME", "gpuplace-controller"))
-    p.add_argument(
+    flags = EnvFlags(p)
+    add_kubeconfig_flag(flags)
+    flags.string("--lease-name", "GPUPLACE_LEASE_NAME", "gpuplace-controller")
+    flags.string(
         "--identity",
-        default=env_str("GPUPLACE_IDENTITY", ""),
+        "GPUPLACE_IDENTITY",
+        "",
         help="leader-election identity (default: hostname + random suffix)",
     )
-    p.add_argument(
+    flags.string(
         "--namespace",
-        default=env_str("GPUPLACE_NAMESPACE", "gpuplace-system"),
+        "GPUPLACE_NAMESPACE",
+        "gpuplace-system",
         help="namespace of the model and the leader Lease",
     )
-    p.add_argument(
-        "--inventory-namespace",
-        default=env_str("GPUPLACE_INVENTORY_NAMESPACE", "gpuplace-inventory"),
-    )
-    p.add_argument("--scheduler-name", default=env_str("GPUPLACE_SCHEDULER_NAME", "gpuplace"))
-    p.add_argument(
-        "--legacy",
-        action=argparse.BooleanOptionalAction,
-        default=env_bool("GPUPLACE_LEGACY", True),
-        help="also place pods carrying the gpu-scheduling-map annotation",
-    )
-    p.add_argument(
-        "--legacy-scheduler-name",
-        action="append",
-        dest="legacy_names",
-        default=None,
-        help="schedulerName of legacy pods (repeatable; default gpu-scheduler)",
-    )
-    p.add_argument(
-        "--node-alias-label", default=env_str("GPUPLACE_NODE_ALIAS_LABEL", "gpu-node-name")
-    )
-    p.add_argument(
+    flags.string("--inventory-namespace", "GPUPLACE_INVENTORY_NAMESPACE", "gpuplace-inventory")
+    _add_binder_flags(flags)
+    add_enforcement_flags(flags, dra_details=True)
+    flags.number("--lease-seconds", "GPUPLACE_LEASE_SECONDS", 15.0)
+    flags.number("--renew-deadline-seconds", "GPUPLACE_RENEW_DEADLINE_SECONDS", 10.0)
+    flags.number("--retry-seconds", "GPUPLACE_RETRY_SECONDS", 2.0)
+    _add_source_flags(flags)
+    flags.string("--metrics-address", "GPUPLACE_METRICS_ADDRESS", "0.0.0.0:8080")
+    # Test hook (see ControllerSettings.startup_delay_seconds), not for production.
+    p.add_argument("--startup-delay-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    add_log_flags(flags)
+    p.set_defaults(handler=run)
+
+
+def _add_binder_flags(flags: EnvFlags) -> None:
+    flags.string("--scheduler-name", "GPUPLACE_SCHEDULER_NAME", "gpuplace")
+    add_legacy_flags(flags, "place", ["gpu-scheduler"])
+    flags.string("--node-alias-label", "GPUPLACE_NODE_ALIAS_LABEL", "gpu-node-name")
+    flags.string(
         "--grants-default",
+        "GPUPLACE_GRANTS_DEFAULT",
+        "allow",
         choices=("allow", "deny"),
-        default=env_str("GPUPLACE_GRANTS_DEFAULT", "allow"),
         help="what a namespace that no grant of the placement policy (ConfigMap gpuplace-policy) "
         "names may do: place anywhere (allow, the default) or nowhere (deny)",
     )
-    p.add_argument(
+    flags.toggle(
         "--require-inventory",
-        action=argparse.BooleanOptionalAction,
-        default=env_bool("GPUPLACE_REQUIRE_INVENTORY", True),
+        "GPUPLACE_REQUIRE_INVENTORY",
+        True,
         help="bind only to devices an agent has reported present and healthy",
     )
-    p.add_argument(
+    flags.integer(
         "--bind-workers",
-        type=int,
-        default=env_int("GPUPLACE_BIND_WORKERS", BinderSettings().bind_workers),
+        "GPUPLACE_BIND_WORKERS",
+        BinderSettings().bind_workers,
         help="concurrent pods/binding calls (default %(default)s)",
     )
-    add_enforcement_flags(p, dra_details=True)
-    p.add_argument("--lease-seconds", type=float, default=env_float("GPUPLACE_LEASE_SECONDS", 15.0))
-    p.add_argument(
-        "--renew-deadline-seconds",
-        type=float,
-        default=env_float("GPUPLACE_RENEW_DEADLINE_SECONDS", 10.0),
-    )
-    p.add_argument("--retry-seconds", type=float, default=env_float("GPUPLACE_RETRY_SECONDS", 2.0))
-    p.add_argument(
-        "--source", choices=("configmap", "git"), default=env_str("GPUPLACE_SOURCE", "configmap")
-    )
-    p.add_argument("--repo", default=env_str("GPUPLACE_GIT_REPO", ""))
-    p.add_argument("--branch", default=env_str("GPUPLACE_GIT_BRANCH", "main"))
-    p.add_argument("--path", default=env_str("GPUPLACE_GIT_PATH", ""))
-    p.add_argument(
-        "--git-interval-seconds",
-        type=float,
-        default=env_float("GPUPLACE_GIT_INTERVAL_SECONDS", 15.0),
-    )
-    p.add_argument("--metrics-address", default=env_str("GPUPLACE_METRICS_ADDRESS", "0.0.0.0:8080"))
-    # Test hook (see ControllerSettings.startup_delay_seconds), not for production.
-    p.add_argument("--startup-delay-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
-    p.add_argument("--log-level", default=env_str("GPUPLACE_LOG_LEVEL", "info"))
-    p.add_argument("--log-json", action="store_true", default=env_bool("GPUPLACE_LOG_JSON", False))
-    p.set_defaults(handler=run)
+
+
+def _add_source_flags(flags: EnvFlags) -> None:
+    flags.string("--source", "GPUPLACE_SOURCE", "configmap", choices=("configmap", "git"))
+    flags.string("--repo", "GPUPLACE_GIT_REPO", "")
+    flags.string("--branch", "GPUPLACE_GIT_BRANCH", "main")
+    flags.string("--path", "GPUPLACE_GIT_PATH", "")
+    flags.number("--git-interval-seconds", "GPUPLACE_GIT_INTERVAL_SECONDS", 15.0)
 
 
 def settings_from(args: argparse.Namespace) -> ControllerSettings:
     host, _, port = str(args.metrics_address).rpartition(":")
-    legacy_names = tuple(
-        args.legacy_names or env_list("GPUPLACE_LEGACY_SCHEDULER_NAMES", ["gpu-scheduler"])
-    )
+    legacy_names = tuple(args.legacy_names)
     return ControllerSettings(
         kubeconfig=args.kubeconfig,
         identity=args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpuplace import inspect
-from gpuplace.commands._env import env_str
+from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag
 from kubeio.client import ClientSettings, Kube
 
 
@@ -13,7 +13,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("explain", help="why a pod is where it is, or why it is Pending")
     p.add_argument("pod", help="POD or NAMESPACE/POD")
     p.add_argument("-n", "--namespace", default="default")
-    p.add_argument("--kubeconfig", default=env_str("KUBECONFIG", None))
+    add_kubeconfig_flag(EnvFlags(p))
     p.set_defaults(handler=run)
 
 

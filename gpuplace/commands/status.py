@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 from gpuplace import inspect
-from gpuplace.commands._env import env_str
+from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag
 from kubeio.client import ClientSettings, Kube
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("status", help="show maps, slots, bound pods, degraded devices")
-    p.add_argument("--kubeconfig", default=env_str("KUBECONFIG", None))
+    add_kubeconfig_flag(EnvFlags(p))
     p.add_argument(
         "--scheduler-name",
         action="append",

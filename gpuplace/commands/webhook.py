@@ -6,16 +6,17 @@ import argparse
 import logging
 import signal
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from gpuplace.commands._env import (
+    EnvFlags,
     add_enforcement_flags,
-    env_bool,
-    env_float,
-    env_int,
-    env_list,
-    env_str,
+    add_kubeconfig_flag,
+    add_legacy_flags,
+    add_log_flags,
 )
 from kubeio import logs
 from kubeio.client import ClientSettings, Kube
@@ -57,111 +58,100 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "change) or is bootstrapped (--bootstrap-tls): a CA shared through a Secret, a serving "
         "certificate issued from it, and the caBundle written into the webhook configurations.",
     )
-    p.add_argument("--kubeconfig", default=env_str("KUBECONFIG", None))
-    p.add_argument("--context", default=env_str("GPUPLACE_CONTEXT", None))
-    p.add_argument(
+    flags = EnvFlags(p)
+    add_kubeconfig_flag(flags)
+    flags.string("--context", "GPUPLACE_CONTEXT", None)
+    flags.string(
         "--namespace",
-        default=env_str("GPUPLACE_NAMESPACE", "gpuplace-system"),
+        "GPUPLACE_NAMESPACE",
+        "gpuplace-system",
         help="namespace of the model ConfigMaps, the CA Secret and the webhook Service",
     )
-    p.add_argument("--host", default=env_str("GPUPLACE_WEBHOOK_HOST", "0.0.0.0"))  # noqa: S104
-    p.add_argument("--port", type=int, default=env_int("GPUPLACE_WEBHOOK_PORT", 8443))
-    p.add_argument("--threads", type=int, default=env_int("GPUPLACE_WEBHOOK_THREADS", 16))
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=env_int("GPUPLACE_WEBHOOK_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
-    )
-    p.add_argument(
-        "--shutdown-delay-seconds",
-        type=float,
-        default=env_float("GPUPLACE_SHUTDOWN_DELAY_SECONDS", 2.0),
-        help="after SIGTERM, fail /readyz this long before closing the port",
-    )
-    p.add_argument(
-        "--scheduler-name", default=env_str("GPUPLACE_SCHEDULER_NAME", DEFAULT_SCHEDULER_NAME)
-    )
-    p.add_argument(
-        "--legacy",
-        action=argparse.BooleanOptionalAction,
-        default=env_bool("GPUPLACE_LEGACY", True),
-        help="also wire pods carrying the gpu-scheduling-map annotation",
-    )
-    p.add_argument(
-        "--legacy-scheduler-name",
-        action="append",
-        dest="legacy_names",
-        default=None,
-        help="schedulerName of legacy pods (repeatable; default gpu-scheduler)",
-    )
-    add_enforcement_flags(p, dra_details=False)
-    tls = p.add_argument_group("TLS")
-    tls.add_argument("--tls-cert-file", default=env_str("GPUPLACE_TLS_CERT_FILE", None))
-    tls.add_argument("--tls-key-file", default=env_str("GPUPLACE_TLS_KEY_FILE", None))
-    tls.add_argument(
-        "--tls-ca-file",
-        default=env_str("GPUPLACE_TLS_CA_FILE", None),
-        help="CA bundle written by --register with mounted certificates (default: the cert)",
-    )
-    tls.add_argument(
-        "--bootstrap-tls",
-        "--self-signed",
-        action="store_true",
-        default=env_bool("GPUPLACE_BOOTSTRAP_TLS", False),
-        help="generate and share a CA through a Secret, issue the serving certificate, "
-        "write the caBundle into the webhook configurations, rotate before expiry",
-    )
-    tls.add_argument("--ca-secret", default=env_str("GPUPLACE_CA_SECRET", DEFAULT_CA_SECRET) or "")
-    tls.add_argument(
-        "--service-name", default=env_str("GPUPLACE_SERVICE_NAME", DEFAULT_SERVICE_NAME) or ""
-    )
-    tls.add_argument(
-        "--dns-name",
-        action="append",
-        dest="dns_names",
-        default=None,
-        help="extra DNS name for the serving certificate (repeatable)",
-    )
-    tls.add_argument(
-        "--ip-address",
-        action="append",
-        dest="ip_addresses",
-        default=None,
-        help="IP address for the serving certificate (repeatable; default 127.0.0.1)",
-    )
-    reg = p.add_argument_group("webhook configurations")
-    reg.add_argument(
-        "--configuration-name",
-        default=env_str("GPUPLACE_CONFIGURATION_NAME", DEFAULT_CONFIGURATION_NAME),
-        help="name of the Mutating- and ValidatingWebhookConfiguration",
-    )
-    reg.add_argument(
-        "--register",
-        metavar="URL",
-        default=env_str("GPUPLACE_REGISTER_URL", None),
-        help="create/update both configurations pointing at URL (e.g. https://127.0.0.1:8443)",
-    )
-    reg.add_argument(
-        "--patch-ca-bundle",
-        action=argparse.BooleanOptionalAction,
-        default=env_bool("GPUPLACE_PATCH_CA_BUNDLE", True),
-        help="with --bootstrap-tls, keep the caBundle of the configurations current",
-    )
-    p.add_argument("--log-level", default=env_str("GPUPLACE_LOG_LEVEL", "info"))
-    p.add_argument("--log-json", action="store_true", default=env_bool("GPUPLACE_LOG_JSON", False))
+    _add_server_flags(flags)
+    flags.string("--scheduler-name", "GPUPLACE_SCHEDULER_NAME", DEFAULT_SCHEDULER_NAME)
+    add_legacy_flags(flags, "wire", list(DEFAULT_LEGACY_SCHEDULER_NAMES))
+    add_enforcement_flags(flags, dra_details=False)
+    _add_tls_flags(EnvFlags(p.add_argument_group("TLS")))
+    _add_registration_flags(EnvFlags(p.add_argument_group("webhook configurations")))
+    add_log_flags(flags)
     p.set_defaults(handler=run)
 
 
-def settings_from(args: argparse.Namespace) -> WebhookSettings:
-    legacy_names = tuple(
-        args.legacy_names
-        or env_list("GPUPLACE_LEGACY_SCHEDULER_NAMES", list(DEFAULT_LEGACY_SCHEDULER_NAMES))
+def _add_server_flags(flags: EnvFlags) -> None:
+    flags.string("--host", "GPUPLACE_WEBHOOK_HOST", "0.0.0.0")  # noqa: S104
+    flags.integer("--port", "GPUPLACE_WEBHOOK_PORT", 8443)
+    flags.integer("--threads", "GPUPLACE_WEBHOOK_THREADS", 16)
+    flags.integer("--max-body-bytes", "GPUPLACE_WEBHOOK_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)
+    flags.number(
+        "--shutdown-delay-seconds",
+        "GPUPLACE_SHUTDOWN_DELAY_SECONDS",
+        2.0,
+        help="after SIGTERM, fail /readyz this long before closing the port",
     )
+
+
+def _add_tls_flags(flags: EnvFlags) -> None:
+    flags.string("--tls-cert-file", "GPUPLACE_TLS_CERT_FILE", None)
+    flags.string("--tls-key-file", "GPUPLACE_TLS_KEY_FILE", None)
+    flags.string(
+        "--tls-ca-file",
+        "GPUPLACE_TLS_CA_FILE",
+        None,
+        help="CA bundle written by --register with mounted certificates (default: the cert)",
+    )
+    flags.switch(
+        "--bootstrap-tls",
+        "--self-signed",
+        env="GPUPLACE_BOOTSTRAP_TLS",
+        help="generate and share a CA through a Secret, issue the serving certificate, "
+        "write the caBundle into the webhook configurations, rotate before expiry",
+    )
+    flags.string("--ca-secret", "GPUPLACE_CA_SECRET", DEFAULT_CA_SECRET)
+    flags.string("--service-name", "GPUPLACE_SERVICE_NAME", DEFAULT_SERVICE_NAME)
+    flags.repeated(
+        "--dns-name",
+        "GPUPLACE_DNS_NAMES",
+        [],
+        dest="dns_names",
+        help="extra DNS name for the serving certificate (repeatable)",
+    )
+    flags.repeated(
+        "--ip-address",
+        "GPUPLACE_IP_ADDRESSES",
+        ["127.0.0.1"],
+        dest="ip_addresses",
+        help="IP address for the serving certificate (repeatable; default 127.0.0.1)",
+    )
+
+
+def _add_registration_flags(flags: EnvFlags) -> None:
+    flags.string(
+        "--configuration-name",
+        "GPUPLACE_CONFIGURATION_NAME",
+        DEFAULT_CONFIGURATION_NAME,
+        help="name of the Mutating- and ValidatingWebhookConfiguration",
+    )
+    flags.string(
+        "--register",
+        "GPUPLACE_REGISTER_URL",
+        None,
+        metavar="URL",
+        help="create/update both configurations pointing at URL (e.g. https://127.0.0.1:8443)",
+    )
+    flags.toggle(
+        "--patch-ca-bundle",
+        "GPUPLACE_PATCH_CA_BUNDLE",
+        True,
+        help="with --bootstrap-tls, keep the caBundle of the configurations current",
+    )
+
+
+def settings_from(args: argparse.Namespace) -> WebhookSettings:
     return WebhookSettings(
         admission=AdmissionSettings(
             scheduler_name=args.scheduler_name,
             legacy_mode=args.legacy,
-            legacy_scheduler_names=legacy_names,
+            legacy_scheduler_names=tuple(args.legacy_names),
             enforcement=Enforcement(args.enforcement),
         ),
         server=ServerSettings(
@@ -179,10 +169,8 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
             namespace=args.namespace,
             ca_secret=args.ca_secret,
             service_name=args.service_name,
-            extra_dns_names=tuple(args.dns_names or env_list("GPUPLACE_DNS_NAMES", [])),
-            ip_addresses=tuple(
-                args.ip_addresses or env_list("GPUPLACE_IP_ADDRESSES", ["127.0.0.1"])
-            ),
+            extra_dns_names=tuple(args.dns_names),
+            ip_addresses=tuple(args.ip_addresses),
         ),
         registration=RegistrationSettings(
             configuration_name=args.configuration_name,
@@ -220,11 +208,39 @@ def _register(kube: Kube, settings: WebhookSettings, ca_bundle: bytes) -> None:
     log.info("registered webhook configurations %s pointing at %s", name, url)
 
 
+@dataclass(frozen=True, slots=True)
+class _Serving:
+    """The TLS the server serves, the CA bundle to register, and what keeps the pair current."""
+
+    tls: ServingTLS
+    bundle: bytes
+    boot: TLSBootstrap | None = None
+    watcher: MountedFilesWatcher | None = None
+
+
+def _start_tls(
+    kube: Kube, settings: WebhookSettings, stop: threading.Event, served: Callable[[KeyPair], None]
+) -> _Serving | None:
+    """Mounted files (watched) or a bootstrapped pair; None when stopped before the first pair.
+    Raises CertificateError or OSError when the mounted files cannot be served."""
+    tls = settings.tls
+    if tls.cert_file and tls.key_file:
+        serving = ServingTLS(read_pair(tls.cert_file, tls.key_file), on_change=served)
+        watcher = MountedFilesWatcher(
+            serving, tls.cert_file, tls.key_file, tls.reload_interval_seconds
+        ).start()
+        return _Serving(serving, Path(tls.ca_file or tls.cert_file).read_bytes(), watcher=watcher)
+    boot = TLSBootstrap(kube, tls, settings.registration)
+    pair = _bootstrap_pair(boot, stop)
+    if pair is None:
+        return None
+    return _Serving(ServingTLS(pair, on_change=served), boot.bundle, boot=boot)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     logs.configure(settings.log_level, settings.log_json)
-    tls = settings.tls
-    if not tls.mounted and not tls.bootstrap:
+    if not settings.tls.mounted and not settings.tls.bootstrap:
         log.error(
             "the webhook serves TLS only: pass --tls-cert-file and --tls-key-file "
             "(e.g. from cert-manager), or --bootstrap-tls"
@@ -247,40 +263,28 @@ def run(args: argparse.Namespace) -> int:
     def served(pair: KeyPair) -> None:
         metrics.certificate_expiry.set(pair.not_after.timestamp())
 
-    boot: TLSBootstrap | None = None
-    watcher: MountedFilesWatcher | None = None
     try:
-        if tls.cert_file and tls.key_file:
-            serving = ServingTLS(read_pair(tls.cert_file, tls.key_file), on_change=served)
-            watcher = MountedFilesWatcher(
-                serving, tls.cert_file, tls.key_file, tls.reload_interval_seconds
-            ).start()
-            bundle = Path(tls.ca_file or tls.cert_file).read_bytes()
-        else:
-            boot = TLSBootstrap(kube, tls, settings.registration)
-            pair = _bootstrap_pair(boot, stop)
-            if pair is None:
-                return 0
-            serving = ServingTLS(pair, on_change=served)
-            bundle = boot.bundle
+        serving = _start_tls(kube, settings, stop, served)
     except (CertificateError, OSError) as exc:
         log.error("cannot serve TLS: %s", exc)
         return 2
+    if serving is None:
+        return 0
     try:
-        _register(kube, settings, bundle)
-        server = WebhookServer(app, serving, settings.server).start()
+        _register(kube, settings, serving.bundle)
+        server = WebhookServer(app, serving.tls, settings.server).start()
     except (APIError, OSError) as exc:
         log.error("cannot start: %s", exc)
-        serving.close()
+        serving.tls.close()
         return 1
-    if boot is not None:
-        boot.start(serving)
+    if serving.boot is not None:
+        serving.boot.start(serving.tls)
     stop.wait()
     server.drain()
     server.stop()
-    for part in (boot, watcher, models):
+    for part in (serving.boot, serving.watcher, models):
         if part is not None:
             part.stop()
-    serving.close()
+    serving.tls.close()
     log.info("stopped")
     return 0
