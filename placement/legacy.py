@@ -51,99 +51,103 @@ def parse_device(token: str) -> DeviceRef | None:
     return None
 
 
+class _LineError(Exception):
+    """The first problem of one line: its 1-based column within the line, what, what to do."""
+
+    def __init__(self, column: int, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.column = column
+        self.message = message
+        self.hint = hint
+
+
 def parse_legacy(
     text: str, source: str, *, line_offset: int = 0, column_offset: int = 0, path: str = ""
 ) -> tuple[LegacyEntry, ...]:
     """Parses the whole text; raises PlacementError listing every malformed line."""
     entries: list[LegacyEntry] = []
     errors: list[Diagnostic] = []
-
-    def err(line: int, col: int, message: str, hint: str = "") -> None:
-        loc = Location(source, line + line_offset, col + column_offset, path)
-        errors.append(Diagnostic(loc, message, hint=hint))
-
     for lineno, raw in enumerate(text.splitlines(), start=1):
         content = raw.split("#", 1)[0]
-        stripped = content.strip()
-        if not stripped:
+        if not content.strip():
             continue
-        indent = len(content) - len(content.lstrip())
-        col = indent + 1
-        index_text, eq, rest = stripped.partition("=")
-        if not eq:
-            err(lineno, col, f"missing '=' in {stripped!r}", FORMAT_HINT)
-            continue
-        index_str = index_text.strip()
-        if not _is_number(index_str):
-            err(lineno, col, f"index {index_str!r} is not a non-negative integer", FORMAT_HINT)
-            continue
-        if len(index_str) > 9 or int(index_str) > MAX_INDEX:
-            err(lineno, col, f"index {index_str} is larger than {MAX_INDEX}")
-            continue
-        index = int(index_str)
-        rest_col = col + len(index_text) + 1
-        node_text, colon, devices_text = rest.partition(":")
-        node = node_text.strip()
-        node_col = rest_col + (len(node_text) - len(node_text.lstrip()))
-        if not colon:
-            err(
-                lineno,
-                rest_col,
-                f"missing ':' between node and devices in {stripped!r}",
-                FORMAT_HINT,
-            )
-            continue
-        if not node:
-            err(lineno, rest_col, "empty node name", FORMAT_HINT)
-            continue
-        if not is_node_ref(node):
-            err(lineno, node_col, f"node {node!r} is not a valid node name or label value")
-            continue
-        dev_col = rest_col + len(node_text) + 1
-        devices: list[DeviceRef] = []
-        columns: list[int] = []
-        ok = True
-        if not devices_text.strip():
-            err(lineno, dev_col, f"no devices listed for index {index}", FORMAT_HINT)
-            continue
-        offset = dev_col
-        for token in devices_text.split(","):
-            tok = token.strip()
-            tok_col = offset + (len(token) - len(token.lstrip()))
-            offset += len(token) + 1
-            device = parse_device(tok)
-            if device is None:
-                what = (
-                    "empty device"
-                    if not tok
-                    else f"device {tok!r} is neither an index nor a GPU UUID"
-                )
-                err(lineno, tok_col, what, FORMAT_HINT)
-                ok = False
-                break
-            if isinstance(device, int) and device > MAX_DEVICE_INDEX:
-                err(lineno, tok_col, f"device index {tok} is larger than {MAX_DEVICE_INDEX}")
-                ok = False
-                break
-            if device in devices:
-                first = columns[devices.index(device)]
-                err(
-                    lineno,
-                    tok_col,
-                    f"device {tok} listed twice in this entry (first at "
-                    f"line {lineno + line_offset}, column {first + column_offset})",
-                )
-                ok = False
-                break
-            devices.append(device)
-            columns.append(tok_col)
-        if ok:
-            entries.append(
-                LegacyEntry(index, node, tuple(devices), lineno, col, tuple(columns), node_col)
-            )
+        try:
+            entries.append(_parse_line(content, lineno, line_offset, column_offset))
+        except _LineError as exc:
+            loc = Location(source, lineno + line_offset, exc.column + column_offset, path)
+            errors.append(Diagnostic(loc, exc.message, hint=exc.hint))
     if errors:
         raise PlacementError(tuple(errors))
     return tuple(entries)
+
+
+def _parse_line(content: str, lineno: int, line_offset: int, column_offset: int) -> LegacyEntry:
+    """One `<index>=<node>:<devices>` line (comment removed); raises _LineError."""
+    stripped = content.strip()
+    col = len(content) - len(content.lstrip()) + 1
+    index_text, eq, rest = stripped.partition("=")
+    if not eq:
+        raise _LineError(col, f"missing '=' in {stripped!r}", FORMAT_HINT)
+    index = _parse_index(index_text.strip(), col)
+    rest_col = col + len(index_text) + 1
+    node_text, colon, devices_text = rest.partition(":")
+    node = node_text.strip()
+    node_col = rest_col + (len(node_text) - len(node_text.lstrip()))
+    if not colon:
+        raise _LineError(
+            rest_col, f"missing ':' between node and devices in {stripped!r}", FORMAT_HINT
+        )
+    if not node:
+        raise _LineError(rest_col, "empty node name", FORMAT_HINT)
+    if not is_node_ref(node):
+        raise _LineError(node_col, f"node {node!r} is not a valid node name or label value")
+    dev_col = rest_col + len(node_text) + 1
+    if not devices_text.strip():
+        raise _LineError(dev_col, f"no devices listed for index {index}", FORMAT_HINT)
+    devices, columns = _parse_devices(
+        devices_text, dev_col, line=lineno + line_offset, column_offset=column_offset
+    )
+    return LegacyEntry(index, node, devices, lineno, col, columns, node_col)
+
+
+def _parse_index(index_str: str, col: int) -> int:
+    if not _is_number(index_str):
+        raise _LineError(col, f"index {index_str!r} is not a non-negative integer", FORMAT_HINT)
+    if len(index_str) > 9 or int(index_str) > MAX_INDEX:
+        raise _LineError(col, f"index {index_str} is larger than {MAX_INDEX}")
+    return int(index_str)
+
+
+def _parse_devices(
+    text: str, col: int, *, line: int, column_offset: int
+) -> tuple[tuple[DeviceRef, ...], tuple[int, ...]]:
+    """The comma-separated devices starting at column `col`, with the column of each; `line` and
+    `column_offset` place the first mention of a device listed twice in the whole file."""
+    devices: list[DeviceRef] = []
+    columns: list[int] = []
+    offset = col
+    for token in text.split(","):
+        tok = token.strip()
+        tok_col = offset + (len(token) - len(token.lstrip()))
+        offset += len(token) + 1
+        device = parse_device(tok)
+        if device is None:
+            what = (
+                "empty device" if not tok else f"device {tok!r} is neither an index nor a GPU UUID"
+            )
+            raise _LineError(tok_col, what, FORMAT_HINT)
+        if isinstance(device, int) and device > MAX_DEVICE_INDEX:
+            raise _LineError(tok_col, f"device index {tok} is larger than {MAX_DEVICE_INDEX}")
+        if device in devices:
+            first = columns[devices.index(device)]
+            raise _LineError(
+                tok_col,
+                f"device {tok} listed twice in this entry (first at "
+                f"line {line}, column {first + column_offset})",
+            )
+        devices.append(device)
+        columns.append(tok_col)
+    return tuple(devices), tuple(columns)
 
 
 def render_legacy(entries: list[tuple[int, str, tuple[DeviceRef, ...]]]) -> str:
