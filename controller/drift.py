@@ -91,30 +91,37 @@ class DriftTracker:
             if held.slot.map in by_map and not held.assumed:
                 by_map[held.slot.map][held.uid] = held
         for key, current in by_map.items():
-            before = self._by_map.get(key, set())
-            for uid in before - current.keys():  # released: the pod is gone
-                self._drifts.pop(uid, None)
+            if self._recheck_map(key, current, model):
                 changed.add(key)
-            after: set[str] = set()
-            for uid, holding in current.items():
-                drift = drift_of(bound_slot(holding), model)
-                known = self._drifts.get(uid)
-                if drift is not None:
-                    after.add(uid)
-                if (known[1] if known else None) == drift:
-                    continue
-                changed.add(key)
-                if drift is None:
-                    del self._drifts[uid]
-                else:
-                    self._drifts[uid] = (holding, drift)
-                self._executor.submit(self._write, holding, drift, known is not None)
-            if after:
-                self._by_map[key] = after
-            else:
-                self._by_map.pop(key, None)
         if changed:
             self.on_count(len(self._drifts))
+        return changed
+
+    def _recheck_map(self, key: MapKey, current: dict[str, Holding], model: Model) -> bool:
+        """Re-judges the bound pods `current` (by uid) of map `key`, writes what changed; whether
+        any pod's drift changed."""
+        changed = False
+        for uid in self._by_map.get(key, set()) - current.keys():  # released: the pod is gone
+            self._drifts.pop(uid, None)
+            changed = True
+        after: set[str] = set()
+        for uid, holding in current.items():
+            drift = drift_of(bound_slot(holding), model)
+            known = self._drifts.get(uid)
+            if drift is not None:
+                after.add(uid)
+            if (known[1] if known else None) == drift:
+                continue
+            changed = True
+            if drift is None:
+                del self._drifts[uid]
+            else:
+                self._drifts[uid] = (holding, drift)
+            self._executor.submit(self._write, holding, drift, known is not None)
+        if after:
+            self._by_map[key] = after
+        else:
+            self._by_map.pop(key, None)
         return changed
 
     def forget_all(self) -> None:

@@ -100,11 +100,25 @@ class Rollouts:
         if not evicted:
             self._evicted.pop(key, None)
         budget = cmap.rollout.max_unavailable - len(down)
-        waiting = ""
         if budget <= 0:
             return RolloutState(len(down), "")
         if now < self._retry_at.get(key, 0.0):
             return self.states.get(key, RolloutState(len(down), "waiting to retry an eviction"))
+        waiting = self._evict_drifted(key, drift, evicted, down, budget, now)
+        return RolloutState(len(down), waiting)
+
+    def _evict_drifted(
+        self,
+        key: MapKey,
+        drift: DriftTracker,
+        evicted: dict[int, str],
+        down: set[int],
+        budget: int,
+        now: float,
+    ) -> str:
+        """Evicts the movable drifted pods of map `key` while the `budget` of pods down allows,
+        adding each index it evicts to `down`; returns what the rollout waits for ("" if nothing)."""
+        waiting = ""
         for holding, found in drift.drifted(key):
             if budget <= 0:
                 break
@@ -118,18 +132,16 @@ class Rollouts:
             outcome = self._evict(holding.pod, holding.uid, found.message())
             if outcome == "pdb":
                 self._retry_at[key] = now + _PDB_RETRY_SECONDS
-                waiting = "waiting for a PodDisruptionBudget"
-                break
+                return "waiting for a PodDisruptionBudget"
             if outcome == "forbidden":
                 self._retry_at[key] = now + _FORBIDDEN_RETRY_SECONDS
-                waiting = "the controller may not evict pods (Helm value controller.allowEvictions)"
-                break
+                return "the controller may not evict pods (Helm value controller.allowEvictions)"
             if outcome == "evicted":
                 self._evicted.setdefault(key, {})[holding.slot.index] = holding.uid
                 down.add(holding.slot.index)
                 if not was_down:  # evicting a pod that is down already costs no budget
                     budget -= 1
-        return RolloutState(len(down), waiting)
+        return waiting
 
     def _evict(self, pod: str, uid: str, why: str) -> str:
         namespace, _, name = pod.partition("/")
