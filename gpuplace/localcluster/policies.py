@@ -34,59 +34,27 @@ def agent_policy(
     account: str = "gpuplace-agent",
 ) -> list[dict[str, Any]]:
     extra = f"request.userInfo.extra[{NODE_NAME_EXTRA!r}]"
-    policy = {
-        "apiVersion": API_VERSION,
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "namespaceSelector": {
-                    "matchLabels": {"kubernetes.io/metadata.name": inventory_namespace}
-                },
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["configmaps"],
-                        "operations": ["CREATE", "UPDATE", "DELETE"],
-                    },
-                    {
-                        "apiGroups": ["coordination.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "resources": ["leases"],
-                        "operations": ["CREATE", "UPDATE", "DELETE"],
-                    },
-                ],
-            },
-            "matchConditions": [
-                {
-                    "name": "agent",
-                    "expression": (
-                        f"request.userInfo.username == "
-                        f"{service_account(system_namespace, account)!r}"
-                    ),
-                }
-            ],
-            "validations": [
-                {
-                    "expression": (
-                        f"{NODE_NAME_EXTRA!r} in request.userInfo.extra && "
-                        f"size({extra}) == 1 && request.name == {extra}[0]"
-                    ),
-                    "messageExpression": (
-                        f"'an agent writes only the inventory and Lease of its own node: ' + "
-                        f"({NODE_NAME_EXTRA!r} in request.userInfo.extra ? "
-                        f"'this token is bound to node ' + {extra}[0] : "
-                        f"'this token names no node (use the token of a pod on the node)') + "
-                        f"', not ' + request.name"
-                    ),
-                    "reason": "Forbidden",
-                }
-            ],
-        },
-    }
-    return [policy, _binding(name)]
+    writes = ["CREATE", "UPDATE", "DELETE"]
+    return _policy(
+        name,
+        namespace=inventory_namespace,
+        rules=[_rule("", "configmaps", writes), _rule("coordination.k8s.io", "leases", writes)],
+        condition=(
+            "agent",
+            f"request.userInfo.username == {service_account(system_namespace, account)!r}",
+        ),
+        expression=(
+            f"{NODE_NAME_EXTRA!r} in request.userInfo.extra && "
+            f"size({extra}) == 1 && request.name == {extra}[0]"
+        ),
+        message=(
+            f"'an agent writes only the inventory and Lease of its own node: ' + "
+            f"({NODE_NAME_EXTRA!r} in request.userInfo.extra ? "
+            f"'this token is bound to node ' + {extra}[0] : "
+            f"'this token names no node (use the token of a pod on the node)') + "
+            f"', not ' + request.name"
+        ),
+    )
 
 
 def controller_policy(
@@ -95,61 +63,76 @@ def controller_policy(
     system_namespace: str = MODEL_NAMESPACE,
     account: str = "gpuplace-controller",
 ) -> list[dict[str, Any]]:
+    return _policy(
+        name,
+        rules=[_rule("", "configmaps", ["UPDATE"])],
+        condition=(
+            "controller-outside-its-namespace",
+            f"request.userInfo.username == {service_account(system_namespace, account)!r} && "
+            f"request.namespace != {system_namespace!r}",
+        ),
+        variables={"wasMap": _labelled_map("oldObject"), "isMap": _labelled_map("object")},
+        expression="variables.wasMap && variables.isMap",
+        message=(
+            f"'the controller writes only ConfigMaps labelled {PLACEMENT_MAP_LABEL}="
+            f"true outside {system_namespace}, and keeps the label; ' + "
+            f"request.namespace + '/' + request.name + ' is not one'"
+        ),
+    )
+
+
+def _labelled_map(obj: str) -> str:
+    """CEL: `obj` (object or oldObject) carries the placement-map label set to 'true'."""
     label = f"{PLACEMENT_MAP_LABEL!r}"
+    return (
+        f"has({obj}.metadata.labels) && {label} in {obj}.metadata.labels"
+        f" && {obj}.metadata.labels[{label}] == 'true'"
+    )
+
+
+def _rule(group: str, resource: str, operations: list[str]) -> dict[str, Any]:
+    return {
+        "apiGroups": [group],
+        "apiVersions": ["v1"],
+        "resources": [resource],
+        "operations": operations,
+    }
+
+
+def _policy(
+    name: str,
+    *,
+    rules: list[dict[str, Any]],
+    condition: tuple[str, str],
+    expression: str,
+    message: str,
+    namespace: str | None = None,
+    variables: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """A policy that denies, with `message`, the requests matching `rules` (in `namespace`, if
+    given) and the CEL `condition` (name, expression) for which `expression` is false; and its
+    binding."""
+    constraints: dict[str, Any] = {}
+    if namespace is not None:
+        constraints["namespaceSelector"] = {
+            "matchLabels": {"kubernetes.io/metadata.name": namespace}
+        }
+    constraints["resourceRules"] = rules
+    spec: dict[str, Any] = {
+        "failurePolicy": "Fail",
+        "matchConstraints": constraints,
+        "matchConditions": [{"name": condition[0], "expression": condition[1]}],
+    }
+    if variables:
+        spec["variables"] = [{"name": k, "expression": v} for k, v in variables.items()]
+    spec["validations"] = [
+        {"expression": expression, "messageExpression": message, "reason": "Forbidden"}
+    ]
     policy = {
         "apiVersion": API_VERSION,
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["configmaps"],
-                        "operations": ["UPDATE"],
-                    }
-                ],
-            },
-            "matchConditions": [
-                {
-                    "name": "controller-outside-its-namespace",
-                    "expression": (
-                        f"request.userInfo.username == "
-                        f"{service_account(system_namespace, account)!r} && "
-                        f"request.namespace != {system_namespace!r}"
-                    ),
-                }
-            ],
-            "variables": [
-                {
-                    "name": "wasMap",
-                    "expression": (
-                        f"has(oldObject.metadata.labels) && {label} in oldObject.metadata.labels"
-                        f" && oldObject.metadata.labels[{label}] == 'true'"
-                    ),
-                },
-                {
-                    "name": "isMap",
-                    "expression": (
-                        f"has(object.metadata.labels) && {label} in object.metadata.labels"
-                        f" && object.metadata.labels[{label}] == 'true'"
-                    ),
-                },
-            ],
-            "validations": [
-                {
-                    "expression": "variables.wasMap && variables.isMap",
-                    "messageExpression": (
-                        f"'the controller writes only ConfigMaps labelled {PLACEMENT_MAP_LABEL}="
-                        f"true outside {system_namespace}, and keeps the label; ' + "
-                        f"request.namespace + '/' + request.name + ' is not one'"
-                    ),
-                    "reason": "Forbidden",
-                }
-            ],
-        },
+        "spec": spec,
     }
     return [policy, _binding(name)]
 
