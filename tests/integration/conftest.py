@@ -12,6 +12,8 @@
   Tests that need nodes with particular labels create their own, with unique names.
 - ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists (so pods can
   be created at once), deleted after the test without waiting.
+- ``team_and_tenant`` (function): two fresh namespaces, (the owning team's, a tenant's), for tests
+  of what a tenant (``tests.integration.tenantkit.Tenant``) may do to the team; deleted after.
 - ``real_cluster`` (module): a second `LocalCluster` with a real node, ``localhost``
   (containerd and a kubelet: pods bound to it run; ``real_cluster.real_node``), labelled
   ``gpu-node-name=realnode``. Only one real node runs on a machine at a time: starting it waits
@@ -32,7 +34,7 @@ import kubernetes.client
 import pytest
 
 from gpuplace.localcluster import LocalCluster, fake_gpu_nodes
-from tests.integration.controllerkit import create_system_namespaces
+from tests.integration.controllerkit import create_system_namespaces, unique
 
 _HERE = Path(__file__).parent
 
@@ -95,3 +97,13 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
     cluster.delete_namespace(name)
     # A component that died mid-test explains the failure better than the test's own assertion.
     cluster.check_alive()
+
+
+@pytest.fixture
+def team_and_tenant(cluster: LocalCluster) -> Iterator[tuple[str, str]]:
+    names = (unique("team"), unique("tenant"))
+    for name in names:
+        cluster.create_namespace(name)
+    yield names
+    for name in names:
+        cluster.delete_namespace(name)

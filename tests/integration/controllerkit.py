@@ -10,16 +10,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace.localcluster import FakeNode, LocalCluster
 from gpuplace.localcluster.process import die_with_parent
 from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
 from placement.types import GpuUuid, NodeName
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 def create_system_namespaces(cluster: LocalCluster) -> None:
@@ -133,6 +138,49 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(interval)
+
+
+def create(cluster: LocalCluster, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, resp = cluster.request("POST", path, body)
+    assert status == 201, resp
+    return dict(resp)
+
+
+def gpu_nodes(
+    cluster: LocalCluster,
+    prefix: str,
+    count: int,
+    gpus: int = 4,
+    inventories: bool = True,
+    labels: dict[str, str] | None = None,
+) -> list[str]:
+    """kwok nodes `<prefix>-1`... with `gpus` fake GPUs each and, by default, their inventories."""
+    names = [f"{prefix}-{i}" for i in range(1, count + 1)]
+    cluster.create_nodes([FakeNode(n, gpus=gpus, labels=dict(labels or {})) for n in names])
+    if inventories:
+        for n in names:
+            publish_inventory(cluster, inventory_for(n, gpus))
+    return names
+
+
+def bound_pods(cluster: LocalCluster, namespace: str) -> dict[str, dict[str, Any]]:
+    """The pods of `namespace` bound to a node and not being deleted, by name."""
+    return {
+        p["metadata"]["name"]: p
+        for p in list_pods(cluster, namespace)
+        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def gpuplace_status(cluster: LocalCluster) -> str:
+    """What `gpuplace status` prints for the cluster."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuplace", "status", f"--kubeconfig={cluster.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
 
 
 def list_pods(cluster: LocalCluster, namespace: str) -> list[dict[str, Any]]:
@@ -268,3 +316,49 @@ def statefulset(namespace: str, name: str, map_name: str, replicas: int) -> dict
             },
         },
     }
+
+
+@contextmanager
+def leader_killed_during_burst(
+    cluster: LocalCluster,
+    namespace: str,
+    nodes: list[str],
+    *controller_args: str,
+    lease: str,
+    first_timeout: float,
+    all_timeout: float,
+    interval: float,
+) -> Iterator[dict[str, dict[str, Any]]]:
+    """Map `big` declares every GPU of `nodes` (8 each) once; two controllers campaign for
+    `lease`; a StatefulSet with a pod per slot is created and the leader is killed once 20 pods
+    are bound. Yields the bound pods once all are, while the second controller still leads; stops
+    it afterwards."""
+    replicas = len(nodes) * 8
+    entries = [(i, nodes[i // 8], [i % 8]) for i in range(replicas)]
+    apply_map(cluster, namespace, "big", map_yaml(namespace, "big", entries))
+    a = ControllerProcess(cluster, unique("a"), *controller_args, lease=lease)
+    wait_for("a leads", lambda: "became leader" in a.log())
+    b = ControllerProcess(cluster, unique("b"), *controller_args, lease=lease)
+    try:
+        create(
+            cluster,
+            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+            statefulset(namespace, "big", "big", replicas),
+        )
+        wait_for(
+            "some pods bound",
+            lambda: len(bound_pods(cluster, namespace)) >= 20,
+            timeout=first_timeout,
+        )
+        a.kill()
+        wait_for("b takes over", lambda: "became leader" in b.log(), timeout=30)
+        yield wait_for(
+            f"all {replicas} bound",
+            lambda: (p := bound_pods(cluster, namespace)) and len(p) == replicas and p,
+            timeout=all_timeout,
+            interval=interval,
+        )
+    finally:
+        a.kill() if a.alive() else None
+        b.stop()
+        print(b.log()[-4000:])  # shown by pytest when the test failed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import textwrap
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,10 +21,14 @@ from placement.annotations import (
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
+    bound_pods,
+    create,
     describe_pending,
     get_pod,
+    gpu_nodes,
     gpu_uuid,
     inventory_for,
+    leader_killed_during_burst,
     list_pods,
     map_status,
     map_yaml,
@@ -33,6 +36,7 @@ from tests.integration.controllerkit import (
     pending_reason,
     publish_inventory,
     statefulset,
+    unique,
     wait_for,
 )
 
@@ -47,10 +51,6 @@ def model_generation(cluster: LocalCluster) -> int:
     return int(json.loads(body["data"]["manifest.json"])["generation"])
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
 @pytest.fixture
 def namespace(cluster: LocalCluster) -> Iterator[str]:
     name = unique("ctl")
@@ -59,40 +59,11 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
     cluster.delete_namespace(name)
 
 
-def gpu_nodes(
-    cluster: LocalCluster,
-    prefix: str,
-    count: int,
-    gpus: int = 4,
-    inventories: bool = True,
-    labels: dict[str, str] | None = None,
-) -> list[str]:
-    names = [f"{prefix}-{i}" for i in range(1, count + 1)]
-    cluster.create_nodes([FakeNode(n, gpus=gpus, labels=dict(labels or {})) for n in names])
-    if inventories:
-        for n in names:
-            publish_inventory(cluster, inventory_for(n, gpus))
-    return names
-
-
 def deployment(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
     body = statefulset(namespace, name, map_name, replicas)
     body["kind"] = "Deployment"
     del body["spec"]["serviceName"], body["spec"]["podManagementPolicy"]
     return body
-
-
-def create(cluster: LocalCluster, path: str, body: dict[str, Any]) -> None:
-    status, resp = cluster.request("POST", path, body)
-    assert status == 201, resp
-
-
-def bound_pods(cluster: LocalCluster, namespace: str) -> dict[str, dict[str, Any]]:
-    return {
-        p["metadata"]["name"]: p
-        for p in list_pods(cluster, namespace)
-        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
-    }
 
 
 @pytest.fixture
@@ -378,42 +349,27 @@ def test_restart_rebuilds_the_slot_cache_without_rebinding(
 
 def test_leader_failover_while_pods_are_created(cluster: LocalCluster, namespace: str) -> None:
     nodes = gpu_nodes(cluster, unique("fo"), 25, gpus=8)
-    entries = [(i, nodes[i // 8], [i % 8]) for i in range(200)]
-    apply_map(cluster, namespace, "big", map_yaml(namespace, "big", entries))
-    lease = unique("gpuplace-failover")
-    a = ControllerProcess(cluster, unique("a"), lease=lease)
-    wait_for("a leads", lambda: "became leader" in a.log())
-    b = ControllerProcess(cluster, unique("b"), lease=lease)
-    try:
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-            statefulset(namespace, "big", "big", 200),
-        )
-        wait_for("some pods bound", lambda: len(bound_pods(cluster, namespace)) >= 20, timeout=120)
-        a.kill()
-        wait_for("b takes over", lambda: "became leader" in b.log(), timeout=30)
-        pods = wait_for(
-            "all 200 bound",
-            lambda: (p := bound_pods(cluster, namespace)) and len(p) == 200 and p,
-            timeout=240,
-            interval=1.0,
-        )
-    finally:
-        a.kill() if a.alive() else None
-        b.stop()
-    seen_slots: set[str] = set()
-    seen_gpus: set[tuple[str, str]] = set()
-    for name, pod in pods.items():
-        ann = pod["metadata"]["annotations"]
-        index = int(name.rsplit("-", 1)[1])
-        assert ann[INDEX_ANNOTATION] == str(index)
-        assert pod["spec"]["nodeName"] == nodes[index // 8]
-        assert ann[INDEX_ANNOTATION] not in seen_slots
-        seen_slots.add(ann[INDEX_ANNOTATION])
-        for gpu in ann[DEVICES_ANNOTATION].split(","):
-            assert (pod["spec"]["nodeName"], gpu) not in seen_gpus
-            seen_gpus.add((pod["spec"]["nodeName"], gpu))
+    with leader_killed_during_burst(
+        cluster,
+        namespace,
+        nodes,
+        lease=unique("gpuplace-failover"),
+        first_timeout=120,
+        all_timeout=240,
+        interval=1.0,
+    ) as pods:
+        seen_slots: set[str] = set()
+        seen_gpus: set[tuple[str, str]] = set()
+        for name, pod in pods.items():
+            ann = pod["metadata"]["annotations"]
+            index = int(name.rsplit("-", 1)[1])
+            assert ann[INDEX_ANNOTATION] == str(index)
+            assert pod["spec"]["nodeName"] == nodes[index // 8]
+            assert ann[INDEX_ANNOTATION] not in seen_slots
+            seen_slots.add(ann[INDEX_ANNOTATION])
+            for gpu in ann[DEVICES_ANNOTATION].split(","):
+                assert (pod["spec"]["nodeName"], gpu) not in seen_gpus
+                seen_gpus.add((pod["spec"]["nodeName"], gpu))
 
 
 def test_seed_scenario_legacy_annotation(cluster: LocalCluster, namespace: str) -> None:

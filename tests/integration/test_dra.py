@@ -4,7 +4,6 @@ to the declared devices from the driver's ResourceSlices, reserves it for the po
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,14 +32,18 @@ from placement.dra import (
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
+    bound_pods,
+    create,
     create_system_namespaces,
     gpu_uuid,
     inventory_for,
+    leader_killed_during_burst,
     list_pods,
     map_yaml,
     pending_reason,
     publish_inventory,
     statefulset,
+    unique,
     wait_for,
 )
 from tests.integration.test_webhook import RunningWebhook, free_port
@@ -56,10 +59,6 @@ SCOPE_LABEL = "gpuplace.io/dra-it"
 CONFIGURATION = "gpuplace-dra-it"
 SETTINGS = DraSettings()
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass
@@ -130,12 +129,6 @@ def controller(cluster: LocalCluster, dra: Dra) -> Iterator[ControllerProcess]:
     assert alive
 
 
-def create(cluster: LocalCluster, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    status, resp = cluster.request("POST", path, body)
-    assert status == 201, resp
-    return resp
-
-
 def claims(cluster: LocalCluster, namespace: str | None = None) -> list[dict[str, Any]]:
     path = (
         CLAIMS
@@ -160,14 +153,6 @@ def claim_of(cluster: LocalCluster, pod: dict[str, Any]) -> dict[str, Any] | Non
         "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{names[0]}"
     )
     return body if status == 200 else None
-
-
-def bound(cluster: LocalCluster, namespace: str) -> dict[str, dict[str, Any]]:
-    return {
-        p["metadata"]["name"]: p
-        for p in list_pods(cluster, namespace)
-        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
-    }
 
 
 def allocated(claim: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -214,7 +199,7 @@ def test_statefulset_claims_hold_exactly_the_declared_gpus(
     body = statefulset(namespace, "web", "llm", 3)
     body["spec"]["template"]["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
     create(cluster, f"/apis/apps/v1/namespaces/{namespace}/statefulsets", body)
-    pods = wait_for("3 bound", lambda: (p := bound(cluster, namespace)) and len(p) == 3 and p)
+    pods = wait_for("3 bound", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p)
     for index, node, devices in entries:
         pod = pods[f"web-{index}"]
         assert pod["spec"]["nodeName"] == node
@@ -239,7 +224,7 @@ def test_statefulset_claims_hold_exactly_the_declared_gpus(
     cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/web-1")
 
     def replaced() -> dict[str, Any] | None:
-        pod = bound(cluster, namespace).get("web-1")
+        pod = bound_pods(cluster, namespace).get("web-1")
         return pod if pod and pod["metadata"]["uid"] != old["metadata"]["uid"] else None
 
     new = wait_for("web-1 replaced and bound", replaced, timeout=90)
@@ -310,7 +295,7 @@ def test_deployment_and_two_maps_never_share_a_device(
     create(cluster, f"/apis/apps/v1/namespaces/{namespace}/statefulsets", other)
 
     def two_work_bound() -> bool:
-        pods = bound(cluster, namespace)
+        pods = bound_pods(cluster, namespace)
         return len([n for n in pods if n.startswith("work-")]) == 2
 
     wait_for("2 of 3 Deployment pods bound", two_work_bound)
@@ -318,7 +303,7 @@ def test_deployment_and_two_maps_never_share_a_device(
         "other-0 waits for GPU 3",
         lambda: pending_reason(cluster, namespace, "other-0") == "DeviceBusy",
     )
-    pods = bound(cluster, namespace)
+    pods = bound_pods(cluster, namespace)
     for pod in pods.values():
         assert_claim_is_the_binding(cluster, pod)
     assert sorted(p["metadata"]["annotations"][INDEX_ANNOTATION] for p in pods.values()) == [
@@ -328,7 +313,9 @@ def test_deployment_and_two_maps_never_share_a_device(
     no_device_twice(cluster)
     # Freed by its owner, the GPU goes to the map that declares it.
     cluster.request("DELETE", path)
-    pod = wait_for("other-0 bound", lambda: bound(cluster, namespace).get("other-0"), timeout=60)
+    pod = wait_for(
+        "other-0 bound", lambda: bound_pods(cluster, namespace).get("other-0"), timeout=60
+    )
     assert_claim_is_the_binding(cluster, pod)
     no_device_twice(cluster)
 
@@ -343,7 +330,7 @@ def test_a_declared_device_missing_from_the_slices_blocks_the_slot(
         f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
         statefulset(namespace, "m", "m", 2),
     )
-    pod = wait_for("m-0 bound", lambda: bound(cluster, namespace).get("m-0"))
+    pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"))
     assert_claim_is_the_binding(cluster, pod)
     wait_for(
         "m-1 DeviceMissing", lambda: pending_reason(cluster, namespace, "m-1") == "DeviceMissing"
@@ -389,27 +376,16 @@ def test_leader_killed_during_a_burst_leaves_no_device_twice_and_no_orphan_claim
     cluster: LocalCluster, dra: Dra, namespace: str
 ) -> None:
     nodes = dra.nodes("fo", 25, gpus=8)
-    entries = [(i, nodes[i // 8], [i % 8]) for i in range(200)]
-    apply_map(cluster, namespace, "big", map_yaml(namespace, "big", entries))
-    lease = unique("gpuplace-dra-failover")
-    a = ControllerProcess(cluster, unique("a"), "--enforcement=dra", lease=lease)
-    wait_for("a leads", lambda: "became leader" in a.log())
-    b = ControllerProcess(cluster, unique("b"), "--enforcement=dra", lease=lease)
-    try:
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-            statefulset(namespace, "big", "big", 200),
-        )
-        wait_for("some pods bound", lambda: len(bound(cluster, namespace)) >= 20, timeout=180)
-        a.kill()
-        wait_for("b takes over", lambda: "became leader" in b.log(), timeout=30)
-        pods = wait_for(
-            "all 200 bound",
-            lambda: (p := bound(cluster, namespace)) and len(p) == 200 and p,
-            timeout=400,
-            interval=2.0,
-        )
+    with leader_killed_during_burst(
+        cluster,
+        namespace,
+        nodes,
+        "--enforcement=dra",
+        lease=unique("gpuplace-dra-failover"),
+        first_timeout=180,
+        all_timeout=400,
+        interval=2.0,
+    ) as pods:
         for pod in pods.values():
             assert_claim_is_the_binding(cluster, pod)
         no_device_twice(cluster)
@@ -429,10 +405,6 @@ def test_leader_killed_during_a_burst_leaves_no_device_twice_and_no_orphan_claim
         wait_for("100 pods", lambda: len(list_pods(cluster, namespace)) == 100, timeout=180)
         wait_for("no claim allocated for a gone pod", lambda: not orphans(), timeout=120)
         no_device_twice(cluster)
-    finally:
-        a.kill() if a.alive() else None
-        b.stop()
-        print(b.log()[-4000:])
 
 
 def test_a_template_someone_else_made_under_the_maps_name_is_replaced(
@@ -464,5 +436,5 @@ def test_a_template_someone_else_made_under_the_maps_name_is_replaced(
         f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
         statefulset(namespace, "m", "m", 1),
     )
-    pod = wait_for("m-0 bound", lambda: bound(cluster, namespace).get("m-0"))
+    pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"))
     assert_claim_is_the_binding(cluster, pod)

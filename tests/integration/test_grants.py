@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,14 @@ from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, POLICY_CONFIGMAP, POL
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
+    create_system_namespaces,
     get_pod,
     inventory_for,
     map_status,
     map_yaml,
     pending_reason,
     publish_inventory,
+    unique,
     wait_for,
 )
 from tests.integration.tenantkit import Tenant
@@ -33,10 +34,6 @@ from tests.integration.tenantkit import Tenant
 pytestmark = pytest.mark.integration
 SYSTEM = "gpuplace-system"
 CONFIGURATION = "gpuplace-grants-it"
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 def policy(tenant: str, team: str, pool: str, tenant_nodes: list[str]) -> str:
@@ -109,8 +106,7 @@ def pod(name: str, **spec: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerProcess, Components]]:
-    for name in (SYSTEM, "gpuplace-inventory"):
-        cluster.create_namespace(name)
+    create_system_namespaces(cluster)
     controller = ControllerProcess(cluster, unique("grants"), lease=unique("grants"))
     components = Components(cluster, tmp_path)
     components.webhook("env", f"--configuration-name={CONFIGURATION}")
@@ -130,11 +126,12 @@ def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerPro
 
 
 def test_tenant_outside_its_grants_is_refused_at_apply_and_the_granted_team_is_not(
-    cluster: LocalCluster, stack: tuple[ControllerProcess, Components]
+    cluster: LocalCluster,
+    stack: tuple[ControllerProcess, Components],
+    team_and_tenant: tuple[str, str],
 ) -> None:
-    tenant_ns, team_ns, pool = unique("tenant"), unique("team"), unique("pool")
-    for name in (tenant_ns, team_ns):
-        cluster.create_namespace(name)
+    team_ns, tenant_ns = team_and_tenant
+    pool = unique("pool")
     tenant = Tenant(cluster, tenant_ns)
     mine, theirs = unique("grant-a"), unique("grant-b")
     cluster.create_nodes(
@@ -234,8 +231,7 @@ def test_tenant_outside_its_grants_is_refused_at_apply_and_the_granted_team_is_n
 
 
 def test_deny_by_default_places_only_what_a_grant_allows(cluster: LocalCluster) -> None:
-    for name in (SYSTEM, "gpuplace-inventory"):
-        cluster.create_namespace(name)
+    create_system_namespaces(cluster)
     namespace = unique("deny")
     cluster.create_namespace(namespace)
     node = unique("deny")

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
-import sys
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,33 +25,21 @@ from placement.annotations import (
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
+    create,
     get_pod,
     gpu_uuid,
+    gpuplace_status,
     inventory_for,
     map_status,
     map_yaml,
     pending_reason,
     publish_inventory,
+    unique,
     wait_for,
 )
 from tests.integration.tenantkit import Tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-@pytest.fixture
-def namespaces(cluster: LocalCluster) -> Iterator[tuple[str, str]]:
-    """(the owning team's namespace, the tenant's namespace)."""
-    names = (unique("team"), unique("tenant"))
-    for name in names:
-        cluster.create_namespace(name)
-    yield names
-    for name in names:
-        cluster.delete_namespace(name)
 
 
 def node_with_gpus(cluster: LocalCluster, gpus: int = 4) -> str:
@@ -110,9 +94,9 @@ def metric(proc: ControllerProcess, name: str) -> float:
 
 
 def test_forged_bindings_are_refused_or_hold_nothing(
-    cluster: LocalCluster, namespaces: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str]
 ) -> None:
-    team, tenant_ns = namespaces
+    team, tenant_ns = team_and_tenant
     tenant = Tenant(cluster, tenant_ns)
     node = node_with_gpus(cluster)
     # The tenant cannot bind pods itself: only the binder's Bindings write the annotations.
@@ -150,8 +134,7 @@ def test_forged_bindings_are_refused_or_hold_nothing(
         wait_for("the controller leads", lambda: "leading:" in proc.log())
         pending = map_pod("squat-2", "owner")
         del pending["metadata"]["labels"]
-        status, body = cluster.request("POST", f"/api/v1/namespaces/{tenant_ns}/pods", pending)
-        assert status == 201, body
+        create(cluster, f"/api/v1/namespaces/{tenant_ns}/pods", pending)
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -161,10 +144,7 @@ def test_forged_bindings_are_refused_or_hold_nothing(
             },
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        status, body = cluster.request(
-            "POST", f"/api/v1/namespaces/{tenant_ns}/pods/squat-2/binding", binding
-        )
-        assert status == 201, body
+        create(cluster, f"/api/v1/namespaces/{tenant_ns}/pods/squat-2/binding", binding)
         wait_for(
             "the forged pod's BindingUnverified Event",
             lambda: any(
@@ -176,10 +156,7 @@ def test_forged_bindings_are_refused_or_hold_nothing(
         apply_map(
             cluster, team, "owner", map_yaml(team, "owner", [(0, node, [0, 1]), (1, node, [2])])
         )
-        status, body = cluster.request(
-            "POST", f"/api/v1/namespaces/{team}/pods", map_pod("own-0", "owner")
-        )
-        assert status == 201, body
+        create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("own-0", "owner"))
         owner = wait_for("own-0 bound", lambda: bound(cluster, team, "own-0"))
         annotations = owner["metadata"]["annotations"]
         assert annotations[DEVICES_ANNOTATION] == f"{gpu_uuid(node, 0)},{gpu_uuid(node, 1)}"
@@ -189,10 +166,7 @@ def test_forged_bindings_are_refused_or_hold_nothing(
     # After a restart the cache is rebuilt from signed pods only: GPU 2 is free for index 1.
     again = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
     try:
-        status, body = cluster.request(
-            "POST", f"/api/v1/namespaces/{team}/pods", map_pod("own-1", "owner")
-        )
-        assert status == 201, body
+        create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("own-1", "owner"))
         second = wait_for("own-1 bound", lambda: bound(cluster, team, "own-1"))
         assert second["metadata"]["annotations"][DEVICES_ANNOTATION] == gpu_uuid(node, 2)
         assert "bind refused" not in again.log()
@@ -203,9 +177,9 @@ def test_forged_bindings_are_refused_or_hold_nothing(
 
 
 def test_tenant_cannot_rewrite_its_bound_pods_binding(
-    cluster: LocalCluster, namespaces: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str]
 ) -> None:
-    _team, tenant_ns = namespaces
+    _team, tenant_ns = team_and_tenant
     tenant = Tenant(cluster, tenant_ns)
     node = node_with_gpus(cluster)
     proc = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
@@ -243,9 +217,9 @@ def test_tenant_cannot_rewrite_its_bound_pods_binding(
 
 
 def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
-    cluster: LocalCluster, namespaces: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str]
 ) -> None:
-    team, _ = namespaces
+    team, _ = team_and_tenant
     node = node_with_gpus(cluster)
     # Bound before gpuplace came (here: created bound, as a webhook-based scheduler does).
     old = map_pod("old-trainer-0", "unused", schedulerName="gpu-scheduler")
@@ -255,28 +229,18 @@ def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
     }
     old["spec"]["schedulerName"] = "gpu-scheduler"
     old["spec"]["nodeName"] = node
-    status, body = cluster.request("POST", f"/api/v1/namespaces/{team}/pods", old)
-    assert status == 201, body
+    create(cluster, f"/api/v1/namespaces/{team}/pods", old)
     apply_map(cluster, team, "new", map_yaml(team, "new", [(0, node, [1]), (1, node, [2])]))
     proc = ControllerProcess(cluster, unique("cutover"), lease=unique("cutover"))
     try:
         for name in ("new-0", "new-1"):
-            status, body = cluster.request(
-                "POST", f"/api/v1/namespaces/{team}/pods", map_pod(name, "new")
-            )
-            assert status == 201, body
+            create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod(name, "new"))
         wait_for("new-1 bound", lambda: bound(cluster, team, "new-1"))
         wait_for("new-0 waits", lambda: pending_reason(cluster, team, "new-0") == "DeviceBusy")
         pod = get_pod(cluster, team, "new-0")
         assert pod is not None and not pod["spec"].get("nodeName")
         assert metric(proc, "gpuplace_prebound_legacy_pods_total") >= 1
-        shown = subprocess.run(
-            [sys.executable, "-m", "gpuplace", "status", f"--kubeconfig={cluster.kubeconfig}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
+        shown = gpuplace_status(cluster)
         row = next(line for line in shown.splitlines() if line.split()[1:2] == ["old-trainer-0"])
         assert "bound by gpu-scheduler (cut-over): holds GPUs 0,1 of its gpu-scheduling-map" in row
         # The old pod gone, its GPUs are free for the map pod at once.
@@ -290,18 +254,15 @@ def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
 
 
 def test_a_renumbered_node_marks_its_bound_pods_and_maps(
-    cluster: LocalCluster, namespaces: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str]
 ) -> None:
-    team, _ = namespaces
+    team, _ = team_and_tenant
     node = node_with_gpus(cluster)
     apply_map(cluster, team, "r", map_yaml(team, "r", [(0, node, [1]), (1, node, [2])]))
     proc = ControllerProcess(cluster, unique("renumber"), lease=unique("renumber"))
     try:
         for name in ("r-0", "r-1"):
-            status, body = cluster.request(
-                "POST", f"/api/v1/namespaces/{team}/pods", map_pod(name, "r")
-            )
-            assert status == 201, body
+            create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod(name, "r"))
         first = wait_for("r-0 bound", lambda: bound(cluster, team, "r-0"))
         wait_for("r-1 bound", lambda: bound(cluster, team, "r-1"))
         assert first["metadata"]["annotations"][CUDA_ANNOTATION] == "1"
@@ -342,13 +303,7 @@ def test_a_renumbered_node_marks_its_bound_pods_and_maps(
         )
         assert "1 pod(s) on renumbered GPUs" in status["message"]
         assert metric(proc, "gpuplace_renumbered_pods") == 1
-        shown = subprocess.run(
-            [sys.executable, "-m", "gpuplace", "status", f"--kubeconfig={cluster.kubeconfig}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
+        shown = gpuplace_status(cluster)
         row = next(line for line in shown.splitlines() if line.split()[1:2] == ["r-0"])
         assert "DevicesRenumbered: GPUs of node" in row
     finally:
@@ -356,21 +311,19 @@ def test_a_renumbered_node_marks_its_bound_pods_and_maps(
 
 
 def test_pods_bound_before_signing_began_keep_their_gpus(
-    cluster: LocalCluster, namespaces: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str]
 ) -> None:
-    team, _ = namespaces
+    team, _ = team_and_tenant
     node = node_with_gpus(cluster)
     old = map_pod("old-0", "owner")
-    status, body = cluster.request("POST", f"/api/v1/namespaces/{team}/pods", old)
-    assert status == 201, body
+    create(cluster, f"/api/v1/namespaces/{team}/pods", old)
     binding = {
         "apiVersion": "v1",
         "kind": "Binding",
         "metadata": {"name": "old-0", "annotations": forged_annotations(team, node, [0, 1])},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
-    status, body = cluster.request("POST", f"/api/v1/namespaces/{team}/pods/old-0/binding", binding)
-    assert status == 201, body
+    create(cluster, f"/api/v1/namespaces/{team}/pods/old-0/binding", binding)
     # An installation that signed nothing yet: no binding key until the upgraded controller runs.
     time.sleep(1.1)  # creation times have a resolution of one second
     cluster.request("DELETE", "/api/v1/namespaces/gpuplace-system/secrets/gpuplace-binding-key")
@@ -378,10 +331,7 @@ def test_pods_bound_before_signing_began_keep_their_gpus(
     proc = ControllerProcess(cluster, unique("upgrade"), lease=unique("upgrade"))
     try:
         wait_for("the controller leads", lambda: "leading:" in proc.log())
-        status, body = cluster.request(
-            "POST", f"/api/v1/namespaces/{team}/pods", map_pod("owner-0", "owner")
-        )
-        assert status == 201, body
+        create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("owner-0", "owner"))
         wait_for("owner-0 waits", lambda: pending_reason(cluster, team, "owner-0") == "SlotTaken")
         assert not any(e["reason"] == "BindingUnverified" for e in events(cluster, team, "old-0"))
     finally:
