@@ -96,42 +96,17 @@ def _directory(args: argparse.Namespace) -> Path:
 
 def _up(args: argparse.Namespace) -> int:
     directory = _directory(args)
-    layout = ClusterLayout(directory)
     if args.nodes < 0 or args.gpus < 0:
         print("gpuplace cluster up: --nodes and --gpus must not be negative", file=sys.stderr)
         return 2
-    if layout.state_file.is_file():
-        existing = LocalCluster.attach(directory)
-        if existing.running():
-            print(
-                f"a cluster is already running in {directory} ({existing.server})", file=sys.stderr
-            )
-            print(f"export KUBECONFIG={shlex.quote(str(existing.kubeconfig))}")
-            return 0
-        print(f"{directory}: cleaning up a cluster that is no longer running", file=sys.stderr)
-        existing.stop()
-        shutil.rmtree(directory)
-    elif layout.marker.is_file():
-        print(f"{directory}: removing what a failed start left behind", file=sys.stderr)
-        shutil.rmtree(directory)
-    elif directory.exists() and any(directory.iterdir()):
-        print(
-            f"{directory}: exists, is not empty and holds no cluster state; choose another --dir "
-            "or remove it",
-            file=sys.stderr,
-        )
-        return 1
-
-    labels = {}
-    for item in args.real_node_label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(
-                f"gpuplace cluster up: --real-node-label {item!r}: expected KEY=VALUE",
-                file=sys.stderr,
-            )
-            return 2
-        labels[key] = value
+    status = _prepare_directory(directory)
+    if status is not None:
+        return status
+    try:
+        labels = _real_node_labels(args.real_node_label)
+    except ValueError as error:
+        print(f"gpuplace cluster up: {error}", file=sys.stderr)
+        return 2
     cluster = LocalCluster(
         directory,
         detach=True,
@@ -162,6 +137,46 @@ def _up(args: argparse.Namespace) -> int:
     )
     print(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
     return 0
+
+
+def _prepare_directory(directory: Path) -> int | None:
+    """Clears what a stopped or failed cluster left in `directory`. None when a new cluster can
+    start there; else the exit status of `up`: 0 when one already runs there (its KUBECONFIG is
+    printed), 1 when the directory holds something else."""
+    layout = ClusterLayout(directory)
+    if layout.state_file.is_file():
+        existing = LocalCluster.attach(directory)
+        if existing.running():
+            print(
+                f"a cluster is already running in {directory} ({existing.server})", file=sys.stderr
+            )
+            print(f"export KUBECONFIG={shlex.quote(str(existing.kubeconfig))}")
+            return 0
+        print(f"{directory}: cleaning up a cluster that is no longer running", file=sys.stderr)
+        existing.stop()
+        shutil.rmtree(directory)
+    elif layout.marker.is_file():
+        print(f"{directory}: removing what a failed start left behind", file=sys.stderr)
+        shutil.rmtree(directory)
+    elif directory.exists() and any(directory.iterdir()):
+        print(
+            f"{directory}: exists, is not empty and holds no cluster state; choose another --dir "
+            "or remove it",
+            file=sys.stderr,
+        )
+        return 1
+    return None
+
+
+def _real_node_labels(items: list[str]) -> dict[str, str]:
+    """`--real-node-label KEY=VALUE` flags as labels; ValueError names a malformed one."""
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--real-node-label {item!r}: expected KEY=VALUE")
+        labels[key] = value
+    return labels
 
 
 def _down(args: argparse.Namespace) -> int:
