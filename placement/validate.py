@@ -19,6 +19,7 @@ from placement.legacy import LegacyEntry, parse_legacy, shared_gpus
 from placement.maps import DeclaredSlot, PlacementMap, Requirement, Rollout
 from placement.schema import (
     EXPECTED_API_VERSION,
+    MapSpec,
     PlacementMapDocument,
     PlacementSpec,
     is_placement_document,
@@ -209,66 +210,73 @@ def _entry_slots(
     errors: list[Diagnostic] = []
     for i, entry in enumerate(entries):
         base: Path = ("spec", "placements", i)
-        loc = doc.locate(base)
-        if entry.devices is not None and entry.count is not None:
-            errors.append(
-                Diagnostic(
-                    doc.locate((*base, "count"), key=True),
-                    "'devices' and 'count' are mutually exclusive",
-                    hint="list the devices, or let the controller pick 'count' of them",
-                )
-            )
+        problem = _entry_problem(doc, base, entry)
+        if problem is not None:
+            errors.append(problem)
             continue
-        if entry.devices is None and entry.count is None:
-            errors.append(
-                Diagnostic(loc, f"placement index {entry.index} needs 'devices' or 'count'")
-            )
-            continue
-        if not is_node_ref(entry.node):
-            errors.append(
-                Diagnostic(
-                    doc.locate((*base, "node")),
-                    f"node {entry.node!r} is not a valid node name or label value",
-                )
-            )
-            continue
-        devices: list[DeviceRef] = []
-        if entry.devices is not None:
-            if not entry.devices:
-                errors.append(
-                    Diagnostic(
-                        doc.locate((*base, "devices")),
-                        "empty device list",
-                        hint="list at least one device, or use 'count'",
-                    )
-                )
-                continue
-            seen: dict[DeviceRef, int] = {}
-            for j, raw in enumerate(entry.devices):
-                dpath = (*base, "devices", j)
-                checked = _check_device(doc, dpath, raw)
-                if isinstance(checked, Diagnostic):
-                    errors.append(checked)
-                    continue
-                if checked in seen:
-                    first = doc.locate((*base, "devices", seen[checked]))
-                    errors.append(
-                        Diagnostic(
-                            doc.locate(dpath),
-                            f"device {checked} listed twice in this entry (first at "
-                            f"line {first.line}, column {first.column})",
-                        )
-                    )
-                    continue
-                seen[checked] = j
-                devices.append(checked)
+        devices = _entry_devices(doc, base, entry.devices or [], errors)
         require = None
         if entry.require is not None:
             require = Requirement(entry.require.product, entry.require.min_memory_mib)
         slots.append(
-            DeclaredSlot(entry.index, entry.node, tuple(devices), entry.count, require, loc)
+            DeclaredSlot(
+                entry.index, entry.node, tuple(devices), entry.count, require, doc.locate(base)
+            )
         )
     return slots, errors
+
+
+def _entry_problem(doc: Document, base: Path, entry: PlacementSpec) -> Diagnostic | None:
+    """What makes the entry at `base` unusable as a whole: how it names its GPUs, or its node."""
+    if entry.devices is not None and entry.count is not None:
+        return Diagnostic(
+            doc.locate((*base, "count"), key=True),
+            "'devices' and 'count' are mutually exclusive",
+            hint="list the devices, or let the controller pick 'count' of them",
+        )
+    if entry.devices is None and entry.count is None:
+        return Diagnostic(
+            doc.locate(base), f"placement index {entry.index} needs 'devices' or 'count'"
+        )
+    if not is_node_ref(entry.node):
+        return Diagnostic(
+            doc.locate((*base, "node")),
+            f"node {entry.node!r} is not a valid node name or label value",
+        )
+    if entry.devices is not None and not entry.devices:
+        return Diagnostic(
+            doc.locate((*base, "devices")),
+            "empty device list",
+            hint="list at least one device, or use 'count'",
+        )
+    return None
+
+
+def _entry_devices(
+    doc: Document, base: Path, raws: list[int | str], errors: list[Diagnostic]
+) -> list[DeviceRef]:
+    """The entry's well-formed devices, each once; a problem with any other goes to `errors`."""
+    devices: list[DeviceRef] = []
+    seen: dict[DeviceRef, int] = {}
+    for j, raw in enumerate(raws):
+        dpath = (*base, "devices", j)
+        checked = _check_device(doc, dpath, raw)
+        if isinstance(checked, Diagnostic):
+            errors.append(checked)
+            continue
+        if checked in seen:
+            first = doc.locate((*base, "devices", seen[checked]))
+            errors.append(
+                Diagnostic(
+                    doc.locate(dpath),
+                    f"device {checked} listed twice in this entry (first at "
+                    f"line {first.line}, column {first.column})",
+                )
+            )
+            continue
+        seen[checked] = j
+        devices.append(checked)
+    return devices
 
 
 def _legacy_slots(
@@ -355,6 +363,31 @@ def document_to_map(doc: Document) -> PlacementMap:
         parsed = PlacementMapDocument.model_validate(doc.value)
     except ValidationError as exc:
         raise PlacementError(tuple(_pydantic_diagnostics(doc, exc))) from None
+    errors = _header_problems(doc, parsed)
+    spec = parsed.spec
+    # The earlier tools' text keeps their meaning (lines naming one GPU share it) unless the map
+    # asks for exclusive placement in so many words.
+    lines_share = spec.map is not None and "sharing" not in spec.model_fields_set
+    slots, slot_errors, warnings = _spec_slots(doc, spec, lines_share)
+    errors.extend(slot_errors)
+    errors.extend(cross_entry_checks(slots, spec.sharing, lines_share=lines_share))
+    if errors:
+        raise PlacementError(tuple(errors))
+    return PlacementMap(
+        key=MapKey(parsed.metadata.namespace, parsed.metadata.name),
+        slots=tuple(sorted(slots, key=lambda s: s.index)),
+        sharing=spec.sharing,
+        indexing=spec.indexing,
+        env_mode=spec.env_mode,
+        rollout=Rollout(spec.rollout.strategy, spec.rollout.max_unavailable),
+        source=doc.source,
+        legacy_sharing=lines_share,
+        warnings=tuple(warnings),
+    )
+
+
+def _header_problems(doc: Document, parsed: PlacementMapDocument) -> list[Diagnostic]:
+    """apiVersion, kind and the metadata names."""
     errors: list[Diagnostic] = []
     if parsed.api_version != EXPECTED_API_VERSION:
         errors.append(
@@ -376,43 +409,27 @@ def document_to_map(doc: Document) -> PlacementMap:
                     f"metadata.{fname} {value!r} is not a valid DNS label (RFC 1123)",
                 )
             )
-    spec = parsed.spec
-    slots: list[DeclaredSlot] = []
-    warnings: list[Diagnostic] = []
-    # The earlier tools' text keeps their meaning (lines naming one GPU share it) unless the map
-    # asks for exclusive placement in so many words.
-    lines_share = spec.map is not None and "sharing" not in spec.model_fields_set
+    return errors
+
+
+def _spec_slots(
+    doc: Document, spec: MapSpec, lines_share: bool
+) -> tuple[list[DeclaredSlot], list[Diagnostic], list[Diagnostic]]:
+    """The slots of `spec.placements` or of the text `spec.map`, their errors and warnings."""
     if spec.placements is not None and spec.map is not None:
-        errors.append(
-            Diagnostic(
-                doc.locate(("spec", "map"), key=True),
-                "'placements' and 'map' are mutually exclusive",
-            )
+        error = Diagnostic(
+            doc.locate(("spec", "map"), key=True), "'placements' and 'map' are mutually exclusive"
         )
-    elif spec.placements is None and spec.map is None:
-        errors.append(Diagnostic(doc.locate(("spec",)), "spec needs 'placements' or 'map'"))
-    elif spec.placements is not None:
-        slots, entry_errors = _entry_slots(doc, spec.placements)
-        errors.extend(entry_errors)
-    elif spec.map is not None:
-        slots, entry_errors, warnings = _legacy_slots(doc, spec.map, lines_share)
-        errors.extend(entry_errors)
-        if not slots and not entry_errors:
-            errors.append(Diagnostic(doc.locate(("spec", "map")), "the map text has no entries"))
-    errors.extend(cross_entry_checks(slots, spec.sharing, lines_share=lines_share))
-    if errors:
-        raise PlacementError(tuple(errors))
-    return PlacementMap(
-        key=MapKey(parsed.metadata.namespace, parsed.metadata.name),
-        slots=tuple(sorted(slots, key=lambda s: s.index)),
-        sharing=spec.sharing,
-        indexing=spec.indexing,
-        env_mode=spec.env_mode,
-        rollout=Rollout(spec.rollout.strategy, spec.rollout.max_unavailable),
-        source=doc.source,
-        legacy_sharing=lines_share,
-        warnings=tuple(warnings),
-    )
+        return [], [error], []
+    if spec.placements is not None:
+        slots, errors = _entry_slots(doc, spec.placements)
+        return slots, errors, []
+    if spec.map is not None:
+        slots, errors, warnings = _legacy_slots(doc, spec.map, lines_share)
+        if not slots and not errors:
+            errors = [Diagnostic(doc.locate(("spec", "map")), "the map text has no entries")]
+        return slots, errors, warnings
+    return [], [Diagnostic(doc.locate(("spec",)), "spec needs 'placements' or 'map'")], []
 
 
 def load_maps(text: str, source: str) -> LoadResult:
