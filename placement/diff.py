@@ -15,7 +15,7 @@ from typing import Any
 
 from placement.errors import Diagnostic
 from placement.maps import DeclaredSlot, PlacementMap
-from placement.snapshot import InvalidMap, MapId, Snapshot
+from placement.snapshot import InvalidMap, MapId, Snapshot, SourceMap
 
 
 class SlotChangeKind(StrEnum):
@@ -191,24 +191,7 @@ def plan(old: Snapshot, new: Snapshot) -> Plan:
             bad = new_invalid.get(map_id) or broken_files.get(before.source)
             if bad is not None:
                 reported.add(bad)
-                changes.append(
-                    MapChange(
-                        map_id,
-                        MapChangeKind.INVALID,
-                        bad.source,
-                        diagnostics=bad.diagnostics,
-                        serving_slots=len(before.map.slots),
-                    )
-                )
-            else:
-                changes.append(
-                    MapChange(
-                        map_id,
-                        MapChangeKind.REMOVED,
-                        before.source,
-                        tuple(diff_slots(before.map, None)),
-                    )
-                )
+            changes.append(_removed_or_invalid(map_id, before, bad))
         else:
             bad = new_invalid[map_id]
             reported.add(bad)
@@ -225,6 +208,22 @@ def plan(old: Snapshot, new: Snapshot) -> Plan:
         tuple(d for d in errors if d.severity == "error"),
         tuple(d for d in errors if d.severity != "error"),
         _count(changes),
+    )
+
+
+def _removed_or_invalid(map_id: MapId, before: SourceMap, bad: InvalidMap | None) -> MapChange:
+    """A map valid in the old snapshot and not in the new one: invalid there (`bad`; its last
+    valid version keeps serving), or removed."""
+    if bad is not None:
+        return MapChange(
+            map_id,
+            MapChangeKind.INVALID,
+            bad.source,
+            diagnostics=bad.diagnostics,
+            serving_slots=len(before.map.slots),
+        )
+    return MapChange(
+        map_id, MapChangeKind.REMOVED, before.source, tuple(diff_slots(before.map, None))
     )
 
 
