@@ -93,7 +93,12 @@ class LocalArgoCD:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._install(binaries)
         env = self._environment(binaries)
+        self._start_redis(redis, env, timeout)
+        self._start_repo_server(binaries, env, timeout)
+        self._start_controllers(binaries, env, timeout)
+        return self
 
+    def _start_redis(self, redis: str, env: dict[str, str], timeout: float) -> None:
         self.redis_port = _free_port()
         self._spawn(
             "redis",
@@ -109,27 +114,34 @@ class LocalArgoCD:
         )  # fmt: skip
         self._wait_port("redis", self.redis_port, timeout)
 
+    def _start_repo_server(
+        self, binaries: ArgoCDBinaries, env: dict[str, str], timeout: float
+    ) -> None:
         self.repo_server_port = _free_port()
-        redis_address = f"127.0.0.1:{self.redis_port}"
-        repo_server = f"127.0.0.1:{self.repo_server_port}"
         self._spawn(
             "argocd-repo-server",
             [
                 str(binaries.component("argocd-repo-server")),
                 f"--port={self.repo_server_port}",
                 f"--metrics-port={_free_port()}",
-                f"--redis={redis_address}",
+                f"--redis=127.0.0.1:{self.redis_port}",
                 "--disable-tls",
                 "--loglevel=info",
             ],
             env,
         )
         self._wait_port("argocd-repo-server", self.repo_server_port, timeout)
+
+    def _start_controllers(
+        self, binaries: ArgoCDBinaries, env: dict[str, str], timeout: float
+    ) -> None:
+        """The application controller and the applicationset controller, on the repo server."""
+        repo_server = f"127.0.0.1:{self.repo_server_port}"
         self._spawn(
             "argocd-application-controller",
             [
                 str(binaries.component("argocd-application-controller")),
-                f"--redis={redis_address}",
+                f"--redis=127.0.0.1:{self.redis_port}",
                 f"--repo-server={repo_server}",
                 "--repo-server-plaintext",
                 f"--metrics-port={_free_port()}",
@@ -156,7 +168,6 @@ class LocalArgoCD:
             env,
         )
         self._wait_port("argocd-applicationset-controller", probe, timeout)
-        return self
 
     def stop(self) -> None:
         stop_all(self.processes)

@@ -531,6 +531,27 @@ class LocalCluster:
         if not self._detach:
             _registry.add(self)
         env = _component_env(layout)
+        self._start_apiserver(binaries, env, etcd_port, etcd_peer_port, apiserver_port, began)
+        self._start_controllers(binaries, env, began)
+        if node_binaries is not None:
+            self._start_real_node(node_binaries, began)
+        for namespace in self._namespaces:
+            self.create_namespace(namespace)
+        self._phase("namespaces", began)
+        self.install_pod_binding_policy()
+        self._phase("pod binding policy", began)
+
+    def _start_apiserver(
+        self,
+        binaries: ControlPlaneBinaries,
+        env: dict[str, str],
+        etcd_port: int,
+        etcd_peer_port: int,
+        apiserver_port: int,
+        began: float,
+    ) -> None:
+        """etcd and kube-apiserver; returns once the apiserver is ready, its policies installed."""
+        layout = self.layout
         self._spawn("etcd", _etcd_args(binaries, layout, etcd_port, etcd_peer_port), env)
         layout.audit_policy.write_text(_AUDIT_POLICY)
         # The apiserver retries etcd until it answers, so both start at once.
@@ -541,6 +562,12 @@ class LocalCluster:
         self._phase("apiserver ready", began)
         self._install_policies()
 
+    def _start_controllers(
+        self, binaries: ControlPlaneBinaries, env: dict[str, str], began: float
+    ) -> None:
+        """kube-controller-manager, kwok (and kube-scheduler); returns once the controller
+        manager works."""
+        layout = self.layout
         # kube-controller-manager gives up if the apiserver is not healthy within 10 seconds, so
         # the clients start only now.
         self._spawn("kube-controller-manager", _controller_manager_args(binaries, layout), env)
@@ -555,13 +582,6 @@ class LocalCluster:
             lambda: self._status("/api/v1/namespaces/default/serviceaccounts/default") == 200,
         )
         self._phase("controller-manager ready", began)
-        if node_binaries is not None:
-            self._start_real_node(node_binaries, began)
-        for namespace in self._namespaces:
-            self.create_namespace(namespace)
-        self._phase("namespaces", began)
-        self.install_pod_binding_policy()
-        self._phase("pod binding policy", began)
 
     def _start_real_node(self, binaries: NodeBinaries, began: float) -> None:
         """containerd, the images, then the kubelet; returns once the Node is Ready."""
