@@ -68,12 +68,6 @@ def _env_ok() -> str:
 
 
 def policy_spec() -> dict[str, Any]:
-    # Three lists of three types: each is checked on its own (CEL will not concatenate them).
-    env_checks = " && ".join(
-        f"(!has(object.spec.{kind}) || object.spec.{kind}.all(c, "
-        f"!has(c.env) || c.env.all(e, {_env_ok()})))"
-        for kind in ("containers", "initContainers", "ephemeralContainers")
-    )
     return {
         "failurePolicy": "Fail",
         "matchConstraints": {
@@ -86,51 +80,69 @@ def policy_spec() -> dict[str, Any]:
                 }
             ]
         },
-        "variables": [
-            {"name": "anns", "expression": _ANNS},
-            {"name": "oldAnns", "expression": _OLD_ANNS},
-            {
-                "name": "forged",
-                "expression": f"variables.anns.filter(k, k.startsWith({_q(PREFIX)}))",
-            },
-            {
-                "name": "changed",
-                "expression": f"variables.anns.filter(k, ({_OURS}) && "
-                "!(k in variables.oldAnns && variables.oldAnns[k] == variables.anns[k]))"
-                f" + variables.oldAnns.filter(k, ({_OURS}) && !(k in variables.anns))",
-            },
-            {
-                "name": "mapped",
-                "expression": "has(object.metadata.labels) && "
-                f"{_q(MAP_LABEL)} in object.metadata.labels",
-            },
-        ],
-        "validations": [
-            {
-                "expression": "request.operation != 'CREATE' || size(variables.forged) == 0",
-                "messageExpression": "'annotation(s) ' + variables.forged.join(', ') + "
-                "' may not be set: gpuplace.io/* annotations are written only by the gpuplace "
-                "binder, through the pod\\'s Binding; remove them (label the pod "
-                f"{MAP_LABEL}=<map> to have it placed)'",
-                "reason": "Forbidden",
-            },
-            {
-                "expression": "request.operation != 'UPDATE' || size(variables.changed) == 0",
-                "messageExpression": "'annotation(s) ' + variables.changed.join(', ') + "
-                "' may not be changed: they record the pod\\'s GPU binding, which the gpuplace "
-                "binder wrote and signed; delete and recreate the pod to place it again'",
-                "reason": "Forbidden",
-            },
-            {
-                "expression": f"!variables.mapped || ({env_checks})",
-                "message": f"pods labelled {MAP_LABEL} get {ENV_CUDA_VISIBLE_DEVICES}, "
-                f"{ENV_NVIDIA_VISIBLE_DEVICES} and {ENV_CUDA_DEVICE_ORDER} only as the gpuplace "
-                "webhook wires them (from the binding's annotations); remove them from the "
-                "containers",
-                "reason": "Forbidden",
-            },
-        ],
+        "variables": _variables(),
+        "validations": _validations(),
     }
+
+
+def _variables() -> list[dict[str, str]]:
+    """The annotations before and after, ours set at create (forged) or changed, and whether the
+    pod is placed by a map."""
+    return [
+        {"name": "anns", "expression": _ANNS},
+        {"name": "oldAnns", "expression": _OLD_ANNS},
+        {
+            "name": "forged",
+            "expression": f"variables.anns.filter(k, k.startsWith({_q(PREFIX)}))",
+        },
+        {
+            "name": "changed",
+            "expression": f"variables.anns.filter(k, ({_OURS}) && "
+            "!(k in variables.oldAnns && variables.oldAnns[k] == variables.anns[k]))"
+            f" + variables.oldAnns.filter(k, ({_OURS}) && !(k in variables.anns))",
+        },
+        {
+            "name": "mapped",
+            "expression": "has(object.metadata.labels) && "
+            f"{_q(MAP_LABEL)} in object.metadata.labels",
+        },
+    ]
+
+
+def _validations() -> list[dict[str, str]]:
+    """No gpuplace annotation at create, none changed later, and the GPU environment of a map's
+    pod only as the webhook wires it."""
+    # Three lists of three types: each is checked on its own (CEL will not concatenate them).
+    env_checks = " && ".join(
+        f"(!has(object.spec.{kind}) || object.spec.{kind}.all(c, "
+        f"!has(c.env) || c.env.all(e, {_env_ok()})))"
+        for kind in ("containers", "initContainers", "ephemeralContainers")
+    )
+    return [
+        {
+            "expression": "request.operation != 'CREATE' || size(variables.forged) == 0",
+            "messageExpression": "'annotation(s) ' + variables.forged.join(', ') + "
+            "' may not be set: gpuplace.io/* annotations are written only by the gpuplace "
+            "binder, through the pod\\'s Binding; remove them (label the pod "
+            f"{MAP_LABEL}=<map> to have it placed)'",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "request.operation != 'UPDATE' || size(variables.changed) == 0",
+            "messageExpression": "'annotation(s) ' + variables.changed.join(', ') + "
+            "' may not be changed: they record the pod\\'s GPU binding, which the gpuplace "
+            "binder wrote and signed; delete and recreate the pod to place it again'",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": f"!variables.mapped || ({env_checks})",
+            "message": f"pods labelled {MAP_LABEL} get {ENV_CUDA_VISIBLE_DEVICES}, "
+            f"{ENV_NVIDIA_VISIBLE_DEVICES} and {ENV_CUDA_DEVICE_ORDER} only as the gpuplace "
+            "webhook wires them (from the binding's annotations); remove them from the "
+            "containers",
+            "reason": "Forbidden",
+        },
+    ]
 
 
 def policy(name: str = POLICY_NAME, labels: dict[str, str] | None = None) -> dict[str, Any]:
