@@ -64,6 +64,20 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.server.port == 10443
 
 
+def test_a_repeated_flag_replaces_its_environment_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPLACE_LEGACY_SCHEDULER_NAMES", "x, y")
+    monkeypatch.setenv("GPUPLACE_IP_ADDRESSES", "10.0.0.9")
+    monkeypatch.setenv("GPUPLACE_DNS_NAMES", "env.test")
+    settings = parse("--legacy-scheduler-name", "a", "--legacy-scheduler-name", "b")
+    assert settings.admission.legacy_scheduler_names == ("a", "b")
+    assert settings.tls.ip_addresses == ("10.0.0.9",)
+    assert settings.tls.extra_dns_names == ("env.test",)
+    settings = parse("--ip-address", "10.0.0.1", "--dns-name", "flag.test")
+    assert settings.admission.legacy_scheduler_names == ("x", "y")
+    assert settings.tls.ip_addresses == ("10.0.0.1",)
+    assert settings.tls.extra_dns_names == ("flag.test",)
+
+
 @pytest.fixture
 def root_logging() -> Iterator[None]:
     """The command configures the root logger; put it back for the tests that follow."""
