@@ -27,6 +27,7 @@ from kubeio.events import WARNING, EventRecorder, ObjectRef
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
 from placement.types import SlotKey
+from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +168,11 @@ class Binder:
         holding = self.cache.release(uid)
         if holding is not None:
             self.on_bound(holding.slot)  # the map's bound count moved
-            keys = [f"slot:{holding.slot}", f"map:{holding.slot.map}"]
-            keys += [f"gpu:{holding.node}/{gpu}" for gpu in holding.gpus]
+            keys = [WakeKey.slot(holding.slot), WakeKey.map(holding.slot.map)]
+            keys += [WakeKey.gpu(holding.node, gpu) for gpu in holding.gpus]
             self.queue.wake(keys)
 
-    def wake(self, keys: Iterable[str]) -> None:
+    def wake(self, keys: Iterable[WakeKey]) -> None:
         self.queue.wake(keys)
 
     # -- running ------------------------------------------------------------------------------
@@ -228,7 +229,7 @@ class Binder:
         if isinstance(outcome, Status):
             self.metrics.unschedulable.labels(outcome.reason).inc()
             if outcome.code is Code.UNRESOLVABLE and not outcome.waits_for:
-                self.queue.unschedulable(uid, frozenset({f"pod:{uid}"}))
+                self.queue.unschedulable(uid, frozenset({WakeKey.pod(uid)}))
             else:
                 self.queue.unschedulable(uid, outcome.waits_for)
             self._report(pod, outcome)

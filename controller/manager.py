@@ -63,6 +63,7 @@ from placement.model import MODEL_LABEL, Model, Provenance, decode_model
 from placement.restore import declared_map
 from placement.status import MapStatus, Phase
 from placement.types import MapKey, NodeName, RolloutStrategy, Sharing, SlotKey
+from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -95,7 +96,7 @@ class Controller:
         self.aliases: dict[str, frozenset[NodeName]] = {}
         self._aliases_dirty = False
         self._uncompiled = False  # changes applied to the compiler and not compiled yet
-        self._unblocked: set[str] = set()  # binder keys those changes may unblock
+        self._unblocked: set[WakeKey] = set()  # binder keys those changes may unblock
         self.sources: dict[MapKey, SourceState] = {}
         self._policy = PlacementPolicy()
         self.grants = GrantView()
@@ -320,7 +321,7 @@ class Controller:
             self._drift_dirty.add(slot.map)
 
     # -- reconcile loop (one thread) ------------------------------------------------------------
-    def _apply(self, kind: str, payload: Any) -> set[str] | None:
+    def _apply(self, kind: str, payload: Any) -> set[WakeKey] | None:
         """Feeds one change to the compiler; returns the binder keys it may unblock, or None
         when nothing changed (a node heartbeat, our own status patch coming back)."""
         if kind == "source":
@@ -371,10 +372,10 @@ class Controller:
                 self.compiler.set_node(name, payload["metadata"].get("labels") or {})
             if (before and before.alias) or (after and after.alias):
                 self._aliases_dirty = True
-            keys = {f"node:{name}", "nodes"}
+            keys = {WakeKey.node(name), WakeKey.nodes()}
             for seen in (before, after):
                 if seen is not None and seen.alias:
-                    keys.add(f"node:{seen.alias}")
+                    keys.add(WakeKey.node(seen.alias))
             return keys
         if kind == "inventory":
             node, inventory = payload
@@ -383,7 +384,7 @@ class Controller:
             else:
                 self.compiler.set_inventory(inventory)
             self._status_dirty |= self.renumber.check(node, inventory)
-            return {f"inventory:{node}"}
+            return {WakeKey.inventory(node)}
         return None
 
     def _remove_inventory(self, node: NodeName) -> None:
@@ -430,7 +431,7 @@ class Controller:
             self.compiler.set_map(pmap, version, provenance)
         self._status_dirty.add(pmap.key)
 
-    def _apply_policy(self, obj: Obj | None) -> set[str] | None:
+    def _apply_policy(self, obj: Obj | None) -> set[WakeKey] | None:
         if obj is None:
             self._policy = PlacementPolicy()
         else:
@@ -489,7 +490,7 @@ class Controller:
             self._grants_dirty = False
             if self._regrant():
                 self._uncompiled = True
-                self._unblocked.add("model")
+                self._unblocked.add(WakeKey.model())
 
     def _reconcile_loop(self) -> None:
         last_status = last_expiry = 0.0
@@ -517,7 +518,7 @@ class Controller:
                 self.tracker.check_expiry()
                 last_expiry = now
 
-    def _wake_binder(self, keys: Iterable[str]) -> None:
+    def _wake_binder(self, keys: Iterable[WakeKey]) -> None:
         self.binder.wake(keys)
 
     def _on_template(self, event: str, _obj: Obj, _old: Obj | None) -> None:
@@ -545,7 +546,7 @@ class Controller:
             with self._lock:
                 self._status_dirty |= changed
 
-    def _compile_and_publish(self, keys: set[str]) -> None:
+    def _compile_and_publish(self, keys: set[WakeKey]) -> None:
         if not self._holds_lease():
             return  # the model is the leader's to write; what is pending stays pending
         keys |= self._unblocked
@@ -571,8 +572,8 @@ class Controller:
             with self._drift_lock:
                 self._drift_dirty |= changed
             self._templates_dirty = True
-            keys.add("model")
-            keys |= {f"map:{k}" for k in changed}
+            keys.add(WakeKey.model())
+            keys |= {WakeKey.map(k) for k in changed}
         self._status_dirty |= set(reports) & set(self.sources)
         self.ready.set()
         if keys:

@@ -12,6 +12,8 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
+from placement.wake import WakeKey
+
 
 class SchedulingQueue:
     def __init__(self, max_backoff: float = 10.0, initial_backoff: float = 0.1) -> None:
@@ -20,8 +22,8 @@ class SchedulingQueue:
         self._in_active: set[str] = set()
         self._backoff: list[tuple[float, str]] = []
         self._attempts: dict[str, int] = {}
-        self._unschedulable: dict[str, frozenset[str]] = {}
-        self._waiting_on: dict[str, set[str]] = {}
+        self._unschedulable: dict[str, frozenset[WakeKey]] = {}
+        self._waiting_on: dict[WakeKey, set[str]] = {}
         self._closed = False
         self.max_backoff = max_backoff
         self.initial_backoff = initial_backoff
@@ -55,7 +57,7 @@ class SchedulingQueue:
             heapq.heappush(self._backoff, (time.monotonic() + delay, uid))
             self._cond.notify()
 
-    def unschedulable(self, uid: str, waits_for: frozenset[str]) -> None:
+    def unschedulable(self, uid: str, waits_for: frozenset[WakeKey]) -> None:
         with self._cond:
             self._drop_unschedulable(uid)
             self._unschedulable[uid] = waits_for
@@ -71,7 +73,7 @@ class SchedulingQueue:
                 if not waiters:
                     del self._waiting_on[key]
 
-    def wake(self, keys: Iterable[str]) -> int:
+    def wake(self, keys: Iterable[WakeKey]) -> int:
         """Moves the pods waiting on any of `keys` to active; returns how many moved."""
         with self._cond:
             uids: set[str] = set()

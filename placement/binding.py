@@ -19,6 +19,7 @@ from placement.inventory import NodeInventory
 from placement.legacy import parse_legacy, shared_gpus
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName, Sharing, SlotKey
+from placement.wake import WakeKey
 
 
 class Code(StrEnum):
@@ -32,8 +33,8 @@ class Status:
     code: Code
     reason: str
     message: str
-    #: What may unblock it: "model", "slot:<ns>/<map>[i]", "node:<n>", "inventory:<n>", "gpu:<n>/<id>"
-    waits_for: frozenset[str] = field(default_factory=frozenset)
+    #: What may unblock it (see `placement.wake` for every kind of key).
+    waits_for: frozenset[WakeKey] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +116,12 @@ def _who(slots: SlotView, uid: str) -> str:
     return f"pod {held.pod} (uid {uid})" if held is not None else f"pod uid {uid}"
 
 
-def _wait(reason: str, message: str, *keys: str) -> Status:
+def _wait(reason: str, message: str, *keys: WakeKey) -> Status:
     return Status(Code.UNSCHEDULABLE, reason, message, frozenset(keys))
 
 
 def _fail(reason: str, message: str) -> Status:
-    return Status(Code.UNRESOLVABLE, reason, message, frozenset({"model"}))
+    return Status(Code.UNRESOLVABLE, reason, message, frozenset({WakeKey.model()}))
 
 
 def resolve_node(declared: str, cluster: Cluster) -> NodeName | None:
@@ -145,7 +146,7 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     key = MapKey(pod.namespace, pod.map_name)
     cmap = cluster.model.maps.get(key)
     if cmap is None:
-        return _wait("MapNotFound", f"placement map {key} is not in the model", "model")
+        return _wait("MapNotFound", f"placement map {key} is not in the model", WakeKey.model())
     identity = PodIdentity(pod.name, pod.labels, pod.owner_kind, pod.generated_name)
     choice = resolve_index(identity, cmap.indexing)
     if choice.error:
@@ -162,7 +163,9 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     slot = cmap.slots.get(index)
     if slot is None:
         return _wait(
-            "IndexNotInMap", f"map {key} has no index {index} ({choice.source.value})", "model"
+            "IndexNotInMap",
+            f"map {key} has no index {index} ({choice.source.value})",
+            WakeKey.model(),
         )
     slot_key = SlotKey(key, index)
     holder = taken.get(index)
@@ -170,11 +173,11 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
         return _wait(
             "SlotTaken",
             f"map {key} index {index} is held by {_who(slots, holder)}",
-            f"slot:{slot_key}",
-            "model",
+            WakeKey.slot(slot_key),
+            WakeKey.model(),
         )
     if slot.blocked:
-        return _wait(slot.blocked, f"map {key} index {index}: {slot.message}", "model")
+        return _wait(slot.blocked, f"map {key} index {index}: {slot.message}", WakeKey.model())
     return _place_in_map(pod, cmap, index, cluster, slots)
 
 
@@ -212,8 +215,8 @@ def _allocate(
         return _wait(
             "NoFreeSlot",
             f"map {key}: all {len(cmap.slots)} slots are taken or blocked",
-            f"map:{key}",
-            "model",
+            WakeKey.map(key),
+            WakeKey.model(),
         )
     refused: list[Status] = []
     for index in free:
@@ -223,7 +226,7 @@ def _allocate(
         refused.append(outcome)
     if len(refused) == 1:
         return refused[0]
-    waits = frozenset({f"map:{key}", "model"}).union(*(s.waits_for for s in refused))
+    waits = frozenset({WakeKey.map(key), WakeKey.model()}).union(*(s.waits_for for s in refused))
     shown = "; ".join(f"{s.reason}: {s.message}" for s in refused[:3])
     more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
     return Status(
@@ -252,13 +255,17 @@ def _check_and_place(
         return _wait(
             "NodeNotFound",
             f"{where}: node {slot.node} does not exist",
-            f"node:{slot.node}",
-            "model",
+            WakeKey.node(slot.node),
+            WakeKey.model(),
         )
     if not node.ready:
-        return _wait("NodeNotReady", f"{where}: node {slot.node} is not Ready", f"node:{slot.node}")
+        return _wait(
+            "NodeNotReady", f"{where}: node {slot.node} is not Ready", WakeKey.node(slot.node)
+        )
     if not node.schedulable:
-        return _wait("NodeCordoned", f"{where}: node {slot.node} is cordoned", f"node:{slot.node}")
+        return _wait(
+            "NodeCordoned", f"{where}: node {slot.node} is cordoned", WakeKey.node(slot.node)
+        )
     inv = cluster.inventories.get(slot.node)
     if inv is None or not inv.fresh:
         if cluster.require_inventory:
@@ -270,16 +277,16 @@ def _check_and_place(
             return _wait(
                 "InventoryMissing" if inv is None else "InventoryStale",
                 f"{where}: node {slot.node} {why}",
-                f"inventory:{slot.node}",
-                "model",
+                WakeKey.inventory(slot.node),
+                WakeKey.model(),
             )
     else:
         if not slot.resolved:
             return _wait(
                 "DeviceMissing",
                 f"{where}: devices {slot.declared} not found on node {slot.node}",
-                f"inventory:{slot.node}",
-                "model",
+                WakeKey.inventory(slot.node),
+                WakeKey.model(),
             )
         for uuid in slot.devices:
             device = inv.inventory.by_uuid.get(uuid)
@@ -287,16 +294,16 @@ def _check_and_place(
                 return _wait(
                     "DeviceMissing",
                     f"{where}: device {uuid} not found on node {slot.node}",
-                    f"inventory:{slot.node}",
-                    "model",
+                    WakeKey.inventory(slot.node),
+                    WakeKey.model(),
                 )
             if not device.healthy:
                 return _wait(
                     "DeviceUnhealthy",
                     f"{where}: device {device.index} ({uuid}) on node "
                     f"{slot.node} is unhealthy: {device.health_reason or 'unknown'}",
-                    f"inventory:{slot.node}",
-                    "model",
+                    WakeKey.inventory(slot.node),
+                    WakeKey.model(),
                 )
     gpus = slot.gpus
     for gpu in gpus:
@@ -311,7 +318,7 @@ def _check_and_place(
             return _wait(
                 "DeviceBusy",
                 f"{where}: GPU {gpu} on node {slot.node} is still used by {_who(slots, holder)}",
-                f"gpu:{slot.node}/{gpu}",
+                WakeKey.gpu(slot.node, gpu),
             )
     cvd = slot.cuda_visible_devices(env_mode)
     if not cvd:
@@ -319,8 +326,8 @@ def _check_and_place(
             "DeviceMissing",
             f"{where}: {env_mode.value} of devices {slot.declared} unknown "
             f"without an inventory of node {slot.node}",
-            f"inventory:{slot.node}",
-            "model",
+            WakeKey.inventory(slot.node),
+            WakeKey.model(),
         )
     decision = BindingDecision(
         slot_key.map,
@@ -362,19 +369,21 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
         return _wait(
             "SlotTaken",
             f"legacy slot {slot_key} is held by {_who(slots, holder)}",
-            f"slot:{slot_key}",
+            WakeKey.slot(slot_key),
         )
     refusal = cluster.model.grants.refusal(pod.namespace, entry.node, entry.devices)
     if refusal is not None:
         # Waits for the model: a new policy comes with a new model generation.
-        return Status(Code.UNRESOLVABLE, "NotGranted", f"{source}: {refusal}", frozenset({"model"}))
+        return Status(
+            Code.UNRESOLVABLE, "NotGranted", f"{source}: {refusal}", frozenset({WakeKey.model()})
+        )
     node = resolve_node(entry.node, cluster)
     if node is None:
         return _wait(
             "NodeNotFound",
             f"{source}: no node named {entry.node!r} or labelled gpu-node-name={entry.node}",
-            f"node:{entry.node}",
-            "nodes",
+            WakeKey.node(entry.node),
+            WakeKey.nodes(),
         )
     inv = cluster.inventories.get(node)
     uuids: list[GpuUuid] = []
@@ -386,7 +395,7 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
                 return _wait(
                     "DeviceMissing",
                     f"{source}: device {ref} not found on node {node}",
-                    f"inventory:{node}",
+                    WakeKey.inventory(node),
                 )
             uuids.append(device.uuid)
             indices.append(device.index)
@@ -421,7 +430,9 @@ def slot_status(uid: str, slot_key: SlotKey, cluster: Cluster, slots: SlotView) 
     cmap = cluster.model.maps.get(slot_key.map)
     slot = cmap.slots.get(slot_key.index) if cmap is not None else None
     if cmap is None or slot is None:
-        return _wait("IndexNotInMap", f"map {slot_key.map} has no index {slot_key.index}", "model")
+        return _wait(
+            "IndexNotInMap", f"map {slot_key.map} has no index {slot_key.index}", WakeKey.model()
+        )
     if slot.blocked:
         return _wait(slot.blocked, f"map {slot_key.map} index {slot_key.index}: {slot.message}")
     pod = PodFacts(slot_key.map.namespace, "", uid, {})
