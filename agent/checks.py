@@ -15,16 +15,13 @@ from placement.inventory import DeviceCheck, GpuDevice, NodeInventory
 from placement.legacy import parse_device
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.model import CompiledMap, CompiledSlot
+from placement.reasons import Reason
 from placement.types import DeviceRef, MapKey
 
-DEVICE_MISSING = "DeviceMissing"
-DEVICE_UNHEALTHY = "DeviceUnhealthy"
-REQUIREMENT_MISMATCH = "RequirementMismatch"
-
 #: When a slot has several problems, the check names the one that matters most to its pod.
-_SEVERITY = {DEVICE_MISSING: 0, DEVICE_UNHEALTHY: 1, REQUIREMENT_MISMATCH: 2}
+_SEVERITY = {Reason.DEVICE_MISSING: 0, Reason.DEVICE_UNHEALTHY: 1, Reason.REQUIREMENT_MISMATCH: 2}
 
-Problem = tuple[str, str]  # (reason, message)
+Problem = tuple[Reason, str]  # (reason, message)
 
 
 def check_node(
@@ -68,12 +65,15 @@ def check_slot(
     for device in found:
         if not device.healthy:
             problems.append(
-                (DEVICE_UNHEALTHY, f"device {_show(device)} is unhealthy: {device.health_reason}")
+                (
+                    Reason.DEVICE_UNHEALTHY,
+                    f"device {_show(device)} is unhealthy: {device.health_reason}",
+                )
             )
         if requirement is not None and not device.satisfies(requirement):
             problems.append(
                 (
-                    REQUIREMENT_MISMATCH,
+                    Reason.REQUIREMENT_MISMATCH,
                     f"device {_show(device)} ({device.name}, {device.memory_mib} MiB) does not "
                     f"match {requirement.describe()}",
                 )
@@ -118,7 +118,7 @@ def _find_compiled(
             # CUDA_VISIBLE_DEVICES carries the index: a pod started now would get another GPU.
             problems.append(
                 (
-                    DEVICE_MISSING,
+                    Reason.DEVICE_MISSING,
                     f"device {uuid} is index {device.index} on node {inventory.node}, the model "
                     f"says {expected}",
                 )
@@ -137,14 +137,17 @@ def _find(inventory: NodeInventory, ref: DeviceRef, problems: list[Problem]) -> 
         which = ", ".join(str(d.index) for d in unidentified)
         problems.append(
             (
-                DEVICE_UNHEALTHY,
+                Reason.DEVICE_UNHEALTHY,
                 f"device {ref} not found on node {inventory.node}; GPU {which} cannot be "
                 f"identified ({unidentified[0].health_reason}) and may be it",
             )
         )
         return None
     problems.append(
-        (DEVICE_MISSING, f"device {ref} not found on node {inventory.node} ({_count(inventory)})")
+        (
+            Reason.DEVICE_MISSING,
+            f"device {ref} not found on node {inventory.node} ({_count(inventory)})",
+        )
     )
     return None
 
@@ -174,14 +177,14 @@ def _check_count(
     healthy = [d for d in matching if d.healthy]
     node = inventory.node
     if len(inventory.devices) < count:
-        reason = DEVICE_MISSING
+        reason = Reason.DEVICE_MISSING
         message = f"needs {_gpus(count)}, node {node} has {_count(inventory)}"
     elif len(matching) < count:
-        reason = REQUIREMENT_MISMATCH
+        reason = Reason.REQUIREMENT_MISMATCH
         message = f"needs {_gpus(count)} matching {want}, node {node} has {len(matching)}"
     elif len(healthy) < count:
         sick = ", ".join(f"{_show(d)}: {d.health_reason}" for d in matching if not d.healthy)
-        reason = DEVICE_UNHEALTHY
+        reason = Reason.DEVICE_UNHEALTHY
         message = (
             f"needs {_gpus(count)} healthy and matching {want}, node {node} has "
             f"{len(healthy)} ({sick})"

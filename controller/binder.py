@@ -26,6 +26,7 @@ from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedEr
 from kubeio.events import WARNING, EventRecorder, ObjectRef
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
+from placement.reasons import Reason
 from placement.types import SlotKey
 from placement.wake import WakeKey
 
@@ -143,7 +144,7 @@ class Binder:
                 self._unverified.add(uid)
                 meta = pod["metadata"]
                 ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
-                self._executor.submit(self.events.emit, ref, WARNING, "NotGranted", adopted)
+                self._executor.submit(self.events.emit, ref, WARNING, Reason.NOT_GRANTED, adopted)
             return None
         if adopted is not None:
             self.metrics.prebound.inc()

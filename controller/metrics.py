@@ -6,27 +6,29 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from placement.reasons import Reason
+
 #: Why pods wait (placement.binding statuses, compile-time slot blocks): each has a series from
 #: the start.
 UNSCHEDULABLE_REASONS = (
-    "SlotTaken",
-    "NoFreeSlot",
-    "NoServableSlot",
-    "NodeNotReady",
-    "NodeCordoned",
-    "NodeNotFound",
-    "DeviceMissing",
-    "DeviceUnhealthy",
-    "DeviceBusy",
-    "InventoryMissing",
-    "InventoryStale",
-    "SlotConflict",
-    "InsufficientDevices",
-    "MapNotFound",
-    "MapInvalid",
-    "IndexNotInMap",
-    "IndexInvalid",
-    "NoPlacement",
+    Reason.SLOT_TAKEN,
+    Reason.NO_FREE_SLOT,
+    Reason.NO_SERVABLE_SLOT,
+    Reason.NODE_NOT_READY,
+    Reason.NODE_CORDONED,
+    Reason.NODE_NOT_FOUND,
+    Reason.DEVICE_MISSING,
+    Reason.DEVICE_UNHEALTHY,
+    Reason.DEVICE_BUSY,
+    Reason.INVENTORY_MISSING,
+    Reason.INVENTORY_STALE,
+    Reason.SLOT_CONFLICT,
+    Reason.INSUFFICIENT_DEVICES,
+    Reason.MAP_NOT_FOUND,
+    Reason.MAP_INVALID,
+    Reason.INDEX_NOT_IN_MAP,
+    Reason.INDEX_INVALID,
+    Reason.NO_PLACEMENT,
 )
 
 

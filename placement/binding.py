@@ -18,6 +18,7 @@ from placement.indexing import IndexSource, PodIdentity, resolve_index
 from placement.inventory import NodeInventory
 from placement.legacy import parse_legacy, shared_gpus
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
+from placement.reasons import Reason
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName, Sharing, SlotKey
 from placement.wake import WakeKey
 
@@ -31,7 +32,7 @@ class Code(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Status:
     code: Code
-    reason: str
+    reason: Reason
     message: str
     #: What may unblock it (see `placement.wake` for every kind of key).
     waits_for: frozenset[WakeKey] = field(default_factory=frozenset)
@@ -116,11 +117,11 @@ def _who(slots: SlotView, uid: str) -> str:
     return f"pod {held.pod} (uid {uid})" if held is not None else f"pod uid {uid}"
 
 
-def _wait(reason: str, message: str, *keys: WakeKey) -> Status:
+def _wait(reason: Reason, message: str, *keys: WakeKey) -> Status:
     return Status(Code.UNSCHEDULABLE, reason, message, frozenset(keys))
 
 
-def _fail(reason: str, message: str) -> Status:
+def _fail(reason: Reason, message: str) -> Status:
     return Status(Code.UNRESOLVABLE, reason, message, frozenset({WakeKey.model()}))
 
 
@@ -137,7 +138,8 @@ def plan(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status
     if pod.legacy_map is not None:
         return _plan_legacy_pod(pod, cluster, slots)
     return _fail(
-        "NoPlacement", "pod has neither label gpuplace.io/map nor annotation gpu-scheduling-map"
+        Reason.NO_PLACEMENT,
+        "pod has neither label gpuplace.io/map nor annotation gpu-scheduling-map",
     )
 
 
@@ -146,11 +148,13 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     key = MapKey(pod.namespace, pod.map_name)
     cmap = cluster.model.maps.get(key)
     if cmap is None:
-        return _wait("MapNotFound", f"placement map {key} is not in the model", WakeKey.model())
+        return _wait(
+            Reason.MAP_NOT_FOUND, f"placement map {key} is not in the model", WakeKey.model()
+        )
     identity = PodIdentity(pod.name, pod.labels, pod.owner_kind, pod.generated_name)
     choice = resolve_index(identity, cmap.indexing)
     if choice.error:
-        return _fail("IndexInvalid", f"map {key}: {choice.error}")
+        return _fail(Reason.INDEX_INVALID, f"map {key}: {choice.error}")
     taken = slots.taken_indices(key)
     if choice.source is IndexSource.ALLOCATE:
         mine = [i for i, uid in taken.items() if uid == pod.uid]
@@ -163,7 +167,7 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     slot = cmap.slots.get(index)
     if slot is None:
         return _wait(
-            "IndexNotInMap",
+            Reason.INDEX_NOT_IN_MAP,
             f"map {key} has no index {index} ({choice.source.value})",
             WakeKey.model(),
         )
@@ -171,7 +175,7 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     holder = taken.get(index)
     if holder is not None and holder != pod.uid:
         return _wait(
-            "SlotTaken",
+            Reason.SLOT_TAKEN,
             f"map {key} index {index} is held by {_who(slots, holder)}",
             WakeKey.slot(slot_key),
             WakeKey.model(),
@@ -213,7 +217,7 @@ def _allocate(
     free = [i for i in cmap.sorted_indices if i not in taken and not cmap.slots[i].blocked]
     if not free:
         return _wait(
-            "NoFreeSlot",
+            Reason.NO_FREE_SLOT,
             f"map {key}: all {len(cmap.slots)} slots are taken or blocked",
             WakeKey.map(key),
             WakeKey.model(),
@@ -231,7 +235,7 @@ def _allocate(
     more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
     return Status(
         Code.UNSCHEDULABLE,
-        "NoServableSlot",
+        Reason.NO_SERVABLE_SLOT,
         f"map {key}: none of its {len(refused)} free slots can be served now: {shown}{more}",
         waits,
     )
@@ -253,18 +257,20 @@ def _check_and_place(
     node = cluster.nodes.get(slot.node)
     if node is None:
         return _wait(
-            "NodeNotFound",
+            Reason.NODE_NOT_FOUND,
             f"{where}: node {slot.node} does not exist",
             WakeKey.node(slot.node),
             WakeKey.model(),
         )
     if not node.ready:
         return _wait(
-            "NodeNotReady", f"{where}: node {slot.node} is not Ready", WakeKey.node(slot.node)
+            Reason.NODE_NOT_READY,
+            f"{where}: node {slot.node} is not Ready",
+            WakeKey.node(slot.node),
         )
     if not node.schedulable:
         return _wait(
-            "NodeCordoned", f"{where}: node {slot.node} is cordoned", WakeKey.node(slot.node)
+            Reason.NODE_CORDONED, f"{where}: node {slot.node} is cordoned", WakeKey.node(slot.node)
         )
     inv = cluster.inventories.get(slot.node)
     if inv is None or not inv.fresh:
@@ -275,7 +281,7 @@ def _check_and_place(
                 else ("has a stale GPU inventory (agent stopped renewing its lease)")
             )
             return _wait(
-                "InventoryMissing" if inv is None else "InventoryStale",
+                Reason.INVENTORY_MISSING if inv is None else Reason.INVENTORY_STALE,
                 f"{where}: node {slot.node} {why}",
                 WakeKey.inventory(slot.node),
                 WakeKey.model(),
@@ -283,7 +289,7 @@ def _check_and_place(
     else:
         if not slot.resolved:
             return _wait(
-                "DeviceMissing",
+                Reason.DEVICE_MISSING,
                 f"{where}: devices {slot.declared} not found on node {slot.node}",
                 WakeKey.inventory(slot.node),
                 WakeKey.model(),
@@ -292,14 +298,14 @@ def _check_and_place(
             device = inv.inventory.by_uuid.get(uuid)
             if device is None:
                 return _wait(
-                    "DeviceMissing",
+                    Reason.DEVICE_MISSING,
                     f"{where}: device {uuid} not found on node {slot.node}",
                     WakeKey.inventory(slot.node),
                     WakeKey.model(),
                 )
             if not device.healthy:
                 return _wait(
-                    "DeviceUnhealthy",
+                    Reason.DEVICE_UNHEALTHY,
                     f"{where}: device {device.index} ({uuid}) on node "
                     f"{slot.node} is unhealthy: {device.health_reason or 'unknown'}",
                     WakeKey.inventory(slot.node),
@@ -316,14 +322,14 @@ def _check_and_place(
             if held is not None and may_share(held.slot, gpu):
                 continue
             return _wait(
-                "DeviceBusy",
+                Reason.DEVICE_BUSY,
                 f"{where}: GPU {gpu} on node {slot.node} is still used by {_who(slots, holder)}",
                 WakeKey.gpu(slot.node, gpu),
             )
     cvd = slot.cuda_visible_devices(env_mode)
     if not cvd:
         return _wait(
-            "DeviceMissing",
+            Reason.DEVICE_MISSING,
             f"{where}: {env_mode.value} of devices {slot.declared} unknown "
             f"without an inventory of node {slot.node}",
             WakeKey.inventory(slot.node),
@@ -348,26 +354,29 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
     try:
         entries = parse_legacy(pod.legacy_map, source)
     except PlacementError as exc:
-        return Status(Code.UNRESOLVABLE, "MapInvalid", exc.format(), frozenset())
+        return Status(Code.UNRESOLVABLE, Reason.MAP_INVALID, exc.format(), frozenset())
     index = name_ordinal(pod.name)
     if index is None:
         return Status(
             Code.UNRESOLVABLE,
-            "IndexInvalid",
+            Reason.INDEX_INVALID,
             f"{source}: pod name has no '-<n>' suffix to pick a line by",
             frozenset(),
         )
     entry = next((e for e in entries if e.index == index), None)
     if entry is None:
         return Status(
-            Code.UNRESOLVABLE, "IndexNotInMap", f"{source}: no line for index {index}", frozenset()
+            Code.UNRESOLVABLE,
+            Reason.INDEX_NOT_IN_MAP,
+            f"{source}: no line for index {index}",
+            frozenset(),
         )
     key = legacy_map_key(pod.namespace, pod.name)
     slot_key = SlotKey(key, index)
     holder = slots.slot_holder(slot_key)
     if holder is not None and holder != pod.uid:
         return _wait(
-            "SlotTaken",
+            Reason.SLOT_TAKEN,
             f"legacy slot {slot_key} is held by {_who(slots, holder)}",
             WakeKey.slot(slot_key),
         )
@@ -375,12 +384,15 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
     if refusal is not None:
         # Waits for the model: a new policy comes with a new model generation.
         return Status(
-            Code.UNRESOLVABLE, "NotGranted", f"{source}: {refusal}", frozenset({WakeKey.model()})
+            Code.UNRESOLVABLE,
+            Reason.NOT_GRANTED,
+            f"{source}: {refusal}",
+            frozenset({WakeKey.model()}),
         )
     node = resolve_node(entry.node, cluster)
     if node is None:
         return _wait(
-            "NodeNotFound",
+            Reason.NODE_NOT_FOUND,
             f"{source}: no node named {entry.node!r} or labelled gpu-node-name={entry.node}",
             WakeKey.node(entry.node),
             WakeKey.nodes(),
@@ -393,7 +405,7 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
             device = inv.inventory.find(ref)
             if device is None:
                 return _wait(
-                    "DeviceMissing",
+                    Reason.DEVICE_MISSING,
                     f"{source}: device {ref} not found on node {node}",
                     WakeKey.inventory(node),
                 )
@@ -431,7 +443,9 @@ def slot_status(uid: str, slot_key: SlotKey, cluster: Cluster, slots: SlotView) 
     slot = cmap.slots.get(slot_key.index) if cmap is not None else None
     if cmap is None or slot is None:
         return _wait(
-            "IndexNotInMap", f"map {slot_key.map} has no index {slot_key.index}", WakeKey.model()
+            Reason.INDEX_NOT_IN_MAP,
+            f"map {slot_key.map} has no index {slot_key.index}",
+            WakeKey.model(),
         )
     if slot.blocked:
         return _wait(slot.blocked, f"map {slot_key.map} index {slot_key.index}: {slot.message}")

@@ -27,15 +27,12 @@ from placement.grants import GrantView
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
+from placement.reasons import Reason
 from placement.status import Phase
 from placement.types import DeviceRef, MapKey, NodeName, Sharing, SlotKey
 
 #: A claimed GPU: (node, "uuid") when resolved, (node, "#<index>") while the inventory is unknown.
 Claim = tuple[str, str]
-
-CONFLICT = "SlotConflict"
-INSUFFICIENT = "InsufficientDevices"
-DEVICE_MISSING = "DeviceMissing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +382,7 @@ class Compiler:
                     slot.index,
                     node,
                     declared=declared,
-                    blocked=INSUFFICIENT,
+                    blocked=Reason.INSUFFICIENT_DEVICES,
                     message=f"no inventory for node {node} yet",
                 ), [
                     f"index {slot.index} on node {node}: no inventory for node {node} to pick "
@@ -448,7 +445,7 @@ class Compiler:
         if len(found) != len(slot.devices):
             message = "; ".join(p for p in problems if "not found" in p)
             return CompiledSlot(
-                slot.index, node, declared=declared, blocked=DEVICE_MISSING, message=message
+                slot.index, node, declared=declared, blocked=Reason.DEVICE_MISSING, message=message
             ), problems
         return CompiledSlot(
             slot.index, node, tuple(d.uuid for d in found), tuple(d.index for d in found), declared
@@ -486,7 +483,11 @@ class Compiler:
                 f"({want}), {len([d for d in usable if free(d)])} available"
             )
             return CompiledSlot(
-                slot.index, node, declared=declared, blocked=INSUFFICIENT, message=message
+                slot.index,
+                node,
+                declared=declared,
+                blocked=Reason.INSUFFICIENT_DEVICES,
+                message=message,
             ), [message]
         return CompiledSlot(
             slot.index,
@@ -553,7 +554,7 @@ class Compiler:
                 base = slots[index]
                 names = ", ".join(str(r) for r in sorted(rivals[index]))
                 message = f"GPU {base.declared} on node {base.node} is also claimed by {names}"
-                slots[index] = replace(base, blocked=CONFLICT, message=message)
+                slots[index] = replace(base, blocked=Reason.SLOT_CONFLICT, message=message)
         return CompiledMap(
             key,
             slots,

@@ -13,11 +13,12 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from placement.bulk import without_cycle_collection
 from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, GrantView
 from placement.maps import Rollout
+from placement.reasons import Reason
 from placement.types import (
     EnvMode,
     GpuUuid,
@@ -44,7 +45,7 @@ class CompiledSlot:
     devices: tuple[GpuUuid, ...] = ()  # resolved UUIDs; empty while the node's inventory is unknown
     device_indices: tuple[int, ...] = ()  # NVML indices; empty when declared by UUID and unresolved
     declared: str = ""  # as the map wrote it, for messages: "0,1", "GPU-...", "count=2"
-    blocked: str = ""  # reason this slot is not served now (e.g. SlotConflict, InsufficientDevices)
+    blocked: Reason | Literal[""] = ""  # why this slot is not served now (e.g. SlotConflict)
     message: str = ""
 
     def cuda_visible_devices(self, env_mode: EnvMode) -> str:
@@ -181,7 +182,7 @@ def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
             devices=tuple(GpuUuid(d) for d in str(devices).split(",") if d),
             device_indices=tuple(int(i) for i in str(indices).split(",") if i),
             declared=str(declared),
-            blocked=str(blocked),
+            blocked=Reason(blocked) if blocked else "",
             message=str(message),
         )
     return CompiledMap(

@@ -6,17 +6,11 @@ import dataclasses
 
 import pytest
 
-from agent.checks import (
-    DEVICE_MISSING,
-    DEVICE_UNHEALTHY,
-    REQUIREMENT_MISMATCH,
-    check_maps,
-    check_node,
-    check_slot,
-)
+from agent.checks import check_maps, check_node, check_slot
 from placement.inventory import DeviceCheck, GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.model import CompiledMap, CompiledSlot
+from placement.reasons import Reason
 from placement.types import DeviceRef, GpuUuid, MapKey, NodeName
 from placement.validate import parse_map
 
@@ -25,6 +19,12 @@ OTHER = NodeName("gpu-b-01")
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"
 KEY = MapKey("inference", "llm")
+
+DEVICE_MISSING, DEVICE_UNHEALTHY, REQUIREMENT_MISMATCH = (
+    Reason.DEVICE_MISSING,
+    Reason.DEVICE_UNHEALTHY,
+    Reason.REQUIREMENT_MISMATCH,
+)
 
 
 def uuid(index: int) -> GpuUuid:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from placement.compile import CONFLICT, DEVICE_MISSING, INSUFFICIENT, Compiler, select_devices
+from placement.compile import Compiler, select_devices
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.model import (
@@ -20,10 +20,17 @@ from placement.model import (
     decode_model,
     encode_model,
 )
+from placement.reasons import Reason
 from placement.status import Phase
 from placement.types import DeviceRef, GpuUuid, MapKey, NodeName, Sharing
 
 H100 = "NVIDIA H100 80GB HBM3"
+
+CONFLICT, DEVICE_MISSING, INSUFFICIENT = (
+    Reason.SLOT_CONFLICT,
+    Reason.DEVICE_MISSING,
+    Reason.INSUFFICIENT_DEVICES,
+)
 
 
 def uuid(node: int, index: int) -> GpuUuid:

@@ -1,0 +1,42 @@
+"""Why a pod waits or a slot is not served: the one vocabulary of reasons.
+
+The values are what users see (the pod's `PodScheduled` condition reason, its Event reason, the
+`blocked` of a slot in map status, an agent's check result, the `reason` label of
+`gpuplace_unschedulable_total`), so they never change. Compile, the binder's decision, the DRA
+allocation and the agent's device checks all name reasons through this type.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # the map and the pod's index
+    MAP_NOT_FOUND = "MapNotFound"
+    MAP_INVALID = "MapInvalid"
+    NOT_GRANTED = "NotGranted"
+    INDEX_INVALID = "IndexInvalid"
+    INDEX_NOT_IN_MAP = "IndexNotInMap"
+    NO_PLACEMENT = "NoPlacement"
+    # slots
+    SLOT_TAKEN = "SlotTaken"
+    NO_FREE_SLOT = "NoFreeSlot"
+    NO_SERVABLE_SLOT = "NoServableSlot"
+    SLOT_CONFLICT = "SlotConflict"
+    INSUFFICIENT_DEVICES = "InsufficientDevices"
+    # nodes and their inventories
+    NODE_NOT_FOUND = "NodeNotFound"
+    NODE_NOT_READY = "NodeNotReady"
+    NODE_CORDONED = "NodeCordoned"
+    INVENTORY_MISSING = "InventoryMissing"
+    INVENTORY_STALE = "InventoryStale"
+    # devices
+    DEVICE_MISSING = "DeviceMissing"
+    DEVICE_UNHEALTHY = "DeviceUnhealthy"
+    DEVICE_BUSY = "DeviceBusy"
+    REQUIREMENT_MISMATCH = "RequirementMismatch"
+    # dra enforcement
+    CLAIM_PENDING = "ClaimPending"
+    CLAIM_MISSING = "ClaimMissing"
+    CLAIM_CONFLICT = "ClaimConflict"
