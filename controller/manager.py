@@ -246,6 +246,7 @@ class Controller:
             self.aliases,
             self.tracker.states,
             self.settings.binder.require_inventory,
+            self.settings.alias_label,
         )
 
     def _shared_maps(self) -> set[str]:

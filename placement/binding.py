@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from placement.annotations import BindingDecision, legacy_map_key, name_ordinal
+from placement.annotations import LEGACY_NODE_LABEL, BindingDecision, legacy_map_key, name_ordinal
 from placement.errors import PlacementError
 from placement.indexing import IndexSource, PodIdentity, resolve_index
 from placement.inventory import NodeInventory
 from placement.legacy import parse_legacy, shared_gpus
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
+from placement.nodes import resolve_node
 from placement.reasons import Reason
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName, Sharing, SlotKey
 from placement.wake import WakeKey
@@ -101,6 +102,7 @@ class Cluster:
     aliases: Mapping[str, frozenset[NodeName]]
     inventories: Mapping[NodeName, InventoryState]
     require_inventory: bool = True
+    alias_label: str = LEGACY_NODE_LABEL
 
 
 #: Whether the holder of a slot may use a GPU together with the pod being placed.
@@ -123,13 +125,6 @@ def _wait(reason: Reason, message: str, *keys: WakeKey) -> Status:
 
 def _fail(reason: Reason, message: str) -> Status:
     return Status(Code.UNRESOLVABLE, reason, message, frozenset({WakeKey.model()}))
-
-
-def resolve_node(declared: str, cluster: Cluster) -> NodeName | None:
-    if declared in cluster.nodes:
-        return NodeName(declared)
-    matches = cluster.aliases.get(declared, frozenset())
-    return next(iter(matches)) if len(matches) == 1 else None
 
 
 def plan(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status:
@@ -389,11 +384,12 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
             f"{source}: {refusal}",
             frozenset({WakeKey.model()}),
         )
-    node = resolve_node(entry.node, cluster)
+    found = resolve_node(entry.node, cluster.nodes, cluster.aliases, cluster.alias_label)
+    node = found.node
     if node is None:
         return _wait(
             Reason.NODE_NOT_FOUND,
-            f"{source}: no node named {entry.node!r} or labelled gpu-node-name={entry.node}",
+            f"{source}: {found.problem}",
             WakeKey.node(entry.node),
             WakeKey.nodes(),
         )

@@ -27,6 +27,7 @@ from placement.grants import GrantView
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
+from placement.nodes import resolve_node
 from placement.reasons import Reason
 from placement.status import Phase
 from placement.types import DeviceRef, MapKey, NodeName, Sharing, SlotKey
@@ -173,20 +174,9 @@ class Compiler:
 
     # -- compilation --------------------------------------------------------------------------
     def resolve_node(self, declared: str) -> tuple[NodeName | None, str]:
-        """The node a map means by `declared`: a node of that name, else the one whose alias
-        label has that value. Returns (node, problem)."""
-        if declared in self._nodes:
-            return NodeName(declared), ""
-        matches = self._aliases.get(declared, set())
-        if len(matches) == 1:
-            return next(iter(matches)), ""
-        if len(matches) > 1:
-            names = ", ".join(sorted(matches))
-            return (
-                None,
-                f"node {declared!r} is ambiguous: label {self.alias_label}={declared} is on {names}",
-            )
-        return None, f"node {declared!r} not found"
+        """The node a map means by `declared` (see `placement.nodes`). Returns (node, problem)."""
+        found = resolve_node(declared, self._nodes, self._aliases, self.alias_label)
+        return found.node, found.problem
 
     def build(self) -> tuple[Model, Mapping[MapKey, MapReport]]:
         """Recompiles what changed; returns the model (generation bumped if content changed)."""

@@ -24,6 +24,7 @@ from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import Model, Provenance
 from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName, Sharing
+from placement.wake import WakeKey
 
 KEY = MapKey("ml", "llm")
 
@@ -362,3 +363,17 @@ def test_legacy_pod_outside_its_grants_is_not_granted() -> None:
     assert "namespace ml may not place on node gpu-2" in status.message
     first = PodFacts("ml", "old-0", "u0", {}, None, None, "0=gpu-1:0\n1=gpu-2:2\n")
     assert isinstance(plan(first, granted, SlotCache()), Placement)
+
+
+def test_legacy_pod_on_an_ambiguous_logical_node_waits_and_says_where() -> None:
+    """The binder reads an alias as compile does: on two nodes, it is no node, and says why."""
+    twins = frozenset({NodeName("gpu-1"), NodeName("gpu-2")})
+    base = build(TWO_SLOTS)
+    cluster = Cluster(base.model, base.nodes, {"node1": twins}, base.inventories)
+    legacy = PodFacts("ml", "webhook-test-0", "u1", {}, None, None, "0=node1:0\n")
+    status = plan(legacy, cluster, SlotCache())
+    assert isinstance(status, Status) and status.reason == "NodeNotFound"
+    assert (
+        "node 'node1' is ambiguous: label gpu-node-name=node1 is on gpu-1, gpu-2" in status.message
+    )
+    assert WakeKey.node("node1") in status.waits_for
