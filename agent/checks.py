@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from placement.compile import Compiler
 from placement.inventory import DeviceCheck, GpuDevice, NodeInventory
-from placement.legacy import parse_device
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.model import CompiledMap, CompiledSlot
 from placement.reasons import Reason
@@ -157,12 +156,7 @@ def _declared_refs(
 ) -> tuple[tuple[DeviceRef, ...], int | None]:
     if declared is not None:
         return declared.devices, declared.count
-    text = slot.declared.strip()
-    if text.startswith("count="):
-        count = text.removeprefix("count=")
-        return (), int(count) if count.isdecimal() else None
-    refs = (parse_device(token.strip()) for token in text.split(","))
-    return tuple(ref for ref in refs if ref is not None), None
+    return slot.declared.refs, slot.declared.count
 
 
 def _check_count(

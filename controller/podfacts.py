@@ -16,6 +16,7 @@ from placement.annotations import (
     verify_binding,
 )
 from placement.binding import Cluster, PodFacts
+from placement.devices import GpuId
 from placement.errors import PlacementError
 from placement.legacy import parse_legacy
 from placement.types import NodeName, Sharing, SlotKey
@@ -114,7 +115,9 @@ def holding_from_bound(
         key = legacy_map_key(meta["namespace"], meta["name"])
     gpus: tuple[str, ...] = tuple(decision.devices)
     if not gpus:
-        gpus = tuple(f"#{i}" for i in decision.cuda_visible_devices.split(",") if i.isdigit())
+        gpus = tuple(
+            GpuId.of_index(int(i)) for i in decision.cuda_visible_devices.split(",") if i.isdigit()
+        )
     sharing = Sharing.SHARED if str(key) in shared_maps else Sharing.EXCLUSIVE
     return Holding(
         uid_of(pod),
@@ -154,9 +157,7 @@ def prebound_legacy(pod: Obj, cluster: Cluster) -> Holding | str | None:
     for ref in entry.devices:
         # Kept by UUID, as binder holdings are, whenever the node's inventory names the device.
         device = state.inventory.find(ref) if state is not None else None
-        gpus.append(
-            device.uuid if device is not None else f"#{ref}" if isinstance(ref, int) else ref
-        )
+        gpus.append(GpuId.of_uuid(device.uuid) if device is not None else GpuId.of(ref))
     return Holding(
         uid_of(pod),
         name_of(pod),

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from placement.annotations import LEGACY_NODE_LABEL, BindingDecision, legacy_map_key, name_ordinal
+from placement.devices import DeclaredDevices, GpuId
 from placement.errors import PlacementError
 from placement.indexing import IndexSource, PodIdentity, resolve_index
 from placement.inventory import NodeInventory
@@ -92,7 +93,7 @@ class Placement:
     slot: SlotKey
     decision: BindingDecision
     sharing: Sharing
-    gpus: tuple[str, ...]  # the GPU identities this pod will hold (UUIDs, or "#<index>")
+    gpus: tuple[GpuId, ...]  # the GPUs this pod will hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,7 +416,7 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
         node,
         tuple(uuids) if len(uuids) == len(entry.devices) else (),
         tuple(indices) if len(indices) == len(entry.devices) else (),
-        ",".join(str(d) for d in entry.devices),
+        DeclaredDevices(tuple(entry.devices)),
     )
     # The lines of this pod's text that name each of its GPUs too: their pods share it.
     partners: dict[str, set[int]] = {}

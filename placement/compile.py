@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from placement.annotations import LEGACY_NODE_LABEL
 from placement.bulk import without_cycle_collection
+from placement.devices import DeclaredDevices, GpuId, gpu_ids
 from placement.grants import GrantView
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
@@ -32,8 +33,8 @@ from placement.reasons import Reason
 from placement.status import Phase
 from placement.types import DeviceRef, MapKey, NodeName, Sharing, SlotKey
 
-#: A claimed GPU: (node, "uuid") when resolved, (node, "#<index>") while the inventory is unknown.
-Claim = tuple[str, str]
+#: A claimed GPU: (node, its UUID) when resolved, (node, its NVML index) while the inventory is unknown.
+Claim = tuple[str, GpuId]
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +249,7 @@ class Compiler:
     def _is_pick(self, slot_key: SlotKey) -> bool:
         """Whether the slot's devices were chosen for a `count` entry (not named by it)."""
         compiled = self._base.get(slot_key.map, {}).get(slot_key.index)
-        return compiled is not None and compiled.declared.startswith("count=")
+        return compiled is not None and compiled.declared.count is not None
 
     def _named_elsewhere(self, claim: Claim, me: SlotKey) -> bool:
         """Whether an entry other than `me` names this GPU explicitly (index or UUID)."""
@@ -335,7 +336,7 @@ class Compiler:
             or previous is None
             or previous.blocked
             or previous.node != node
-            or previous.declared != f"count={slot.count}"
+            or previous.declared.count != slot.count
             or len(previous.devices) != slot.count
         ):
             return None
@@ -345,8 +346,8 @@ class Compiler:
             device = inventory.by_uuid.get(uuid)
             if device is None or not device.healthy or not device.satisfies(slot.require):
                 return None
-            if self._named_elsewhere((node, uuid), me) or self._named_elsewhere(
-                (node, f"#{device.index}"), me
+            if self._named_elsewhere((node, GpuId.of_uuid(uuid)), me) or self._named_elsewhere(
+                (node, GpuId.of_index(device.index)), me
             ):
                 return None
             kept.append(device)
@@ -355,7 +356,7 @@ class Compiler:
             node,
             tuple(d.uuid for d in kept),
             tuple(d.index for d in kept),
-            f"count={slot.count}",
+            DeclaredDevices(count=slot.count),
         )
 
     def _resolve_devices(
@@ -366,7 +367,7 @@ class Compiler:
         inventory: NodeInventory | None,
     ) -> tuple[CompiledSlot, list[str]]:
         if slot.count is not None:
-            declared = f"count={slot.count}"
+            declared = DeclaredDevices(count=slot.count)
             if inventory is None:
                 return CompiledSlot(
                     slot.index,
@@ -379,7 +380,7 @@ class Compiler:
                     f"{slot.count} devices from"
                 ]
             return self._resolve_count(pmap, slot, node, inventory, declared)
-        declared = ",".join(map(str, slot.devices))
+        declared = DeclaredDevices(slot.devices)
         if inventory is None:
             indices = tuple(d for d in slot.devices if isinstance(d, int))
             uuids = tuple(d for d in slot.devices if not isinstance(d, int))
@@ -409,7 +410,11 @@ class Compiler:
         return self._device_problems(slot, node, inventory, declared)
 
     def _device_problems(
-        self, slot: DeclaredSlot, node: NodeName, inventory: NodeInventory, declared: str
+        self,
+        slot: DeclaredSlot,
+        node: NodeName,
+        inventory: NodeInventory,
+        declared: DeclaredDevices,
     ) -> tuple[CompiledSlot, list[str]]:
         where = f"index {slot.index} on node {node}"
         problems: list[str] = []
@@ -447,13 +452,13 @@ class Compiler:
         slot: DeclaredSlot,
         node: NodeName,
         inventory: NodeInventory,
-        declared: str,
+        declared: DeclaredDevices,
     ) -> tuple[CompiledSlot, list[str]]:
         assert slot.count is not None
         me = SlotKey(pmap.key, slot.index)
 
         def free(device: GpuDevice) -> bool:
-            holders = self._claims.get((node, device.uuid))
+            holders = self._claims.get((node, GpuId.of_uuid(device.uuid)))
             if not holders or (len(holders) == 1 and me in holders):
                 return True
             if pmap.sharing is Sharing.EXCLUSIVE:
@@ -522,8 +527,8 @@ class Compiler:
                 continue
             held = (
                 slot.devices
-                if not device.startswith("#")
-                else tuple(f"#{i}" for i in slot.device_indices)
+                if GpuId(device).nvml_index is None
+                else gpu_ids((), slot.device_indices)
             )
             if device in held:
                 return holder
@@ -594,9 +599,7 @@ class _MapWork:
 
 
 def _claims_of(slot: CompiledSlot, node: NodeName) -> list[Claim]:
-    if slot.devices:
-        return [(node, u) for u in slot.devices]
-    return [(node, f"#{i}") for i in slot.device_indices]
+    return [(node, gpu) for gpu in gpu_ids(slot.devices, slot.device_indices)]
 
 
 def _show(ref: DeviceRef) -> str:

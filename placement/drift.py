@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from placement.devices import GpuId, gpu_ids
 from placement.model import CompiledSlot, Model, Provenance
 from placement.types import NodeName, SlotKey
 
@@ -71,9 +72,9 @@ def _placement(node: NodeName, gpus: tuple[str, ...]) -> str:
 
 def _slot_gpus(slot: CompiledSlot, like: tuple[str, ...]) -> tuple[str, ...] | None:
     """The slot's GPUs in the same terms as a binding's (UUIDs, or #indices); None if unknown."""
-    by_index = bool(like) and all(g.startswith("#") for g in like)
+    by_index = bool(like) and all(GpuId(g).nvml_index is not None for g in like)
     if by_index:
-        return tuple(f"#{i}" for i in slot.device_indices) if slot.device_indices else None
+        return gpu_ids((), slot.device_indices) if slot.device_indices else None
     return tuple(slot.devices) if slot.devices else None
 
 

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from placement.bulk import without_cycle_collection
+from placement.devices import UNDECLARED, DeclaredDevices, GpuId, gpu_ids
 from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, GrantView
 from placement.maps import Rollout
 from placement.reasons import Reason
@@ -44,7 +45,7 @@ class CompiledSlot:
     node: NodeName
     devices: tuple[GpuUuid, ...] = ()  # resolved UUIDs; empty while the node's inventory is unknown
     device_indices: tuple[int, ...] = ()  # NVML indices; empty when declared by UUID and unresolved
-    declared: str = ""  # as the map wrote it, for messages: "0,1", "GPU-...", "count=2"
+    declared: DeclaredDevices = UNDECLARED  # as the map wrote it
     blocked: Reason | Literal[""] = ""  # why this slot is not served now (e.g. SlotConflict)
     message: str = ""
 
@@ -54,12 +55,10 @@ class CompiledSlot:
         return ",".join(str(i) for i in self.device_indices)
 
     @property
-    def gpus(self) -> tuple[str, ...]:
-        """The GPUs this slot holds, as the binder counts them: UUIDs, or "#<index>" until the
+    def gpus(self) -> tuple[GpuId, ...]:
+        """The GPUs this slot holds, as the binder counts them: UUIDs, or NVML indices until the
         node's inventory resolves them."""
-        if self.devices:
-            return tuple(self.devices)
-        return tuple(f"#{i}" for i in self.device_indices)
+        return gpu_ids(self.devices, self.device_indices)
 
     @property
     def resolved(self) -> bool:
@@ -151,7 +150,7 @@ def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[st
                 s.node,
                 ",".join(s.devices),
                 ",".join(map(str, s.device_indices)),
-                s.declared,
+                str(s.declared),
                 s.blocked,
                 s.message,
             ]
@@ -181,7 +180,7 @@ def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
             node=NodeName(str(node)),
             devices=tuple(GpuUuid(d) for d in str(devices).split(",") if d),
             device_indices=tuple(int(i) for i in str(indices).split(",") if i),
-            declared=str(declared),
+            declared=DeclaredDevices.parse(str(declared)),
             blocked=Reason(blocked) if blocked else "",
             message=str(message),
         )

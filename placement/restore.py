@@ -10,19 +10,14 @@ from __future__ import annotations
 
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot
-from placement.types import DeviceRef, GpuUuid
-
-_COUNT = "count="
+from placement.types import DeviceRef
 
 
 def declared_slot(slot: CompiledSlot) -> DeclaredSlot:
-    if slot.declared.startswith(_COUNT):
-        return DeclaredSlot(slot.index, slot.node, count=int(slot.declared[len(_COUNT) :]))
-    devices: tuple[DeviceRef, ...] = tuple(
-        int(token) if token.isdigit() else GpuUuid(token)
-        for token in (t.strip() for t in slot.declared.split(","))
-        if token
-    )
+    declared = slot.declared
+    if declared.count is not None:
+        return DeclaredSlot(slot.index, slot.node, count=declared.count)
+    devices: tuple[DeviceRef, ...] = declared.refs
     if not devices:  # a model written before `declared` was kept: what it resolved
         devices = tuple(slot.devices) or tuple(slot.device_indices)
     return DeclaredSlot(slot.index, slot.node, devices)

@@ -32,6 +32,7 @@ from placement.annotations import (
     BindingDecision,
     encode_binding,
 )
+from placement.devices import DeclaredDevices
 from placement.model import MODEL_LABEL, CompiledMap, CompiledSlot, Model, encode_model
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName
 from webhook.app import create_app
@@ -106,7 +107,7 @@ def compiled(
                 GpuUuid(f"GPU-00000000-0000-0000-0000-{2 * i + 1:012d}"),
             ),
             (0, 1),
-            "0,1",
+            DeclaredDevices((0, 1)),
         )
         for i in indices
     }

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from agent.checks import check_maps, check_node, check_slot
+from placement.devices import DeclaredDevices
 from placement.inventory import DeviceCheck, GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.model import CompiledMap, CompiledSlot
@@ -53,13 +54,13 @@ FOUR = node(gpu(0), gpu(1), gpu(2), gpu(3))
 def by_uuid(index: int, *devices: int, node_name: NodeName = NODE) -> CompiledSlot:
     """A slot the compiler resolved against an inventory: UUIDs and their indices."""
     return CompiledSlot(
-        index, node_name, tuple(uuid(d) for d in devices), devices, ",".join(map(str, devices))
+        index, node_name, tuple(uuid(d) for d in devices), devices, DeclaredDevices(devices)
     )
 
 
 def by_index(index: int, *devices: int, node_name: NodeName = NODE) -> CompiledSlot:
     """A slot compiled before the node had an inventory, declared by NVML index."""
-    return CompiledSlot(index, node_name, (), devices, ",".join(map(str, devices)))
+    return CompiledSlot(index, node_name, (), devices, DeclaredDevices(devices))
 
 
 def compiled(*slots: CompiledSlot, key: MapKey = KEY) -> CompiledMap:
@@ -91,7 +92,9 @@ def test_resolved_slot_with_present_healthy_devices_passes() -> None:
     "slot",
     [
         by_index(3, 2),
-        CompiledSlot(3, NODE, (uuid(2),), (), str(uuid(2))),  # declared by UUID, no inventory yet
+        CompiledSlot(
+            3, NODE, (uuid(2),), (), DeclaredDevices((uuid(2),))
+        ),  # declared by UUID, no inventory yet
     ],
     ids=["by-index", "by-uuid"],
 )
@@ -109,7 +112,7 @@ def test_index_beyond_the_node_is_missing() -> None:
 
 
 def test_uuid_not_on_the_node_is_missing() -> None:
-    slot = CompiledSlot(1, NODE, (uuid(9),), (9,), "9")
+    slot = CompiledSlot(1, NODE, (uuid(9),), (9,), DeclaredDevices((9,)))
     result = check(node(gpu(0)), slot)
     assert (result.ok, result.reason) == (False, DEVICE_MISSING)
     assert result.message == f"device {uuid(9)} not found on node {NODE} (1 GPU, index 0)"
@@ -122,7 +125,7 @@ def test_empty_node_is_named_as_such() -> None:
 
 def test_slot_the_compiler_left_empty_is_checked_by_its_declared_text() -> None:
     # The compiler empties a slot whose devices the inventory lacks; `declared` still says "7".
-    slot = CompiledSlot(2, NODE, declared="0,7")
+    slot = CompiledSlot(2, NODE, declared=DeclaredDevices((0, 7)))
     result = check(FOUR, slot)
     assert (result.ok, result.reason) == (False, DEVICE_MISSING)
     assert result.message == f"device 7 not found on node {NODE} (4 GPUs, indices 0-3)"
@@ -154,7 +157,9 @@ def test_uuid_possibly_held_by_an_unidentifiable_gpu_is_unhealthy_not_missing() 
         healthy=False,
         health_reason="NVML cannot query the device (nvmlDeviceGetHandleByIndex: GPU is lost)",
     )
-    result = check(node(gpu(0), lost), CompiledSlot(0, NODE, (uuid(1),), (), str(uuid(1))))
+    result = check(
+        node(gpu(0), lost), CompiledSlot(0, NODE, (uuid(1),), (), DeclaredDevices((uuid(1),)))
+    )
     assert (result.ok, result.reason) == (False, DEVICE_UNHEALTHY)
     assert result.message == (
         f"device {uuid(1)} not found on node {NODE}; GPU 1 cannot be identified (NVML cannot "
@@ -193,7 +198,7 @@ def test_memory_requirement() -> None:
 def test_the_most_serious_reason_wins_and_every_problem_is_listed() -> None:
     inventory = node(gpu(0, name=A100, reason="XID 48 (double-bit ECC error)"), gpu(1))
     decl = DeclaredSlot(0, NODE, (0, 5), require=Requirement(product=H100))
-    result = check(inventory, CompiledSlot(0, NODE, declared="0,5"), decl)
+    result = check(inventory, CompiledSlot(0, NODE, declared=DeclaredDevices((0, 5))), decl)
     assert result.reason == DEVICE_MISSING
     assert result.message.split("; ") == [
         f"device 5 not found on node {NODE} (2 GPUs, indices 0-1)",
@@ -238,13 +243,17 @@ def test_unresolved_count_entry(
     inventory: NodeInventory, count: int, ok: bool, reason: str, message: str
 ) -> None:
     decl = DeclaredSlot(5, NODE, count=count, require=Requirement(product=H100))
-    slot = CompiledSlot(5, NODE, declared=f"count={count}", blocked="InsufficientDevices")
+    slot = CompiledSlot(
+        5, NODE, declared=DeclaredDevices(count=count), blocked=Reason.INSUFFICIENT_DEVICES
+    )
     result = check(inventory, slot, decl)
     assert (result.ok, result.reason, result.message) == (ok, reason, message)
 
 
 def test_unresolved_count_entry_without_the_declared_map_uses_the_model_text() -> None:
-    slot = CompiledSlot(5, NODE, declared="count=8", blocked="InsufficientDevices")
+    slot = CompiledSlot(
+        5, NODE, declared=DeclaredDevices(count=8), blocked=Reason.INSUFFICIENT_DEVICES
+    )
     result = check(FOUR, slot)
     assert (result.ok, result.reason) == (False, DEVICE_MISSING)
     assert result.message == f"needs 8 GPUs, node {NODE} has 4 GPUs, indices 0-3"

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from placement.compile import Compiler, select_devices
+from placement.devices import DeclaredDevices
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.model import (
@@ -98,7 +99,9 @@ def test_a_logical_name_resolves_through_the_alias_label() -> None:
     compiler = cluster(1, 2, alias={2: "node2"})
     compiler.set_map(pmap("legacy", devices("node2", 2)))
     model, reports = compiler.build()
-    assert slot(model, "legacy") == CompiledSlot(0, NodeName("gpu-2"), (uuid(2, 2),), (2,), "2")
+    assert slot(model, "legacy") == CompiledSlot(
+        0, NodeName("gpu-2"), (uuid(2, 2),), (2,), DeclaredDevices((2,))
+    )
     assert reports[MapKey("ml", "legacy")].phase is Phase.VALID
 
 
@@ -394,7 +397,7 @@ def large_model(maps: int, slots: int) -> Model:
                     NodeName(f"gpu-node-{(m * slots + i) // 8}"),
                     (uuid(m, i),),
                     (i % 8,),
-                    str(i % 8),
+                    DeclaredDevices((i % 8,)),
                 )
                 for i in range(slots)
             },

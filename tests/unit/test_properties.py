@@ -12,11 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from placement.annotations import BindingDecision, decode_binding, encode_binding
+from placement.devices import DeclaredDevices
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.inventory import GpuDevice, NodeInventory
 from placement.legacy import parse_legacy, render_legacy
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.model import CompiledMap, CompiledSlot, Model, decode_model, encode_model
+from placement.reasons import Reason
 from placement.serialize import dump_map
 from placement.status import MapStatus, Phase, SlotCounts
 from placement.types import (
@@ -136,6 +138,13 @@ def placement_maps(draw: st.DrawFn) -> PlacementMap:
     )
 
 
+#: What a slot declares: NVML indices and UUIDs, or a count.
+declarations = st.one_of(
+    st.builds(DeclaredDevices, st.tuples(st.integers(0, 255)) | st.tuples(uuids, uuids)),
+    st.builds(DeclaredDevices, count=st.integers(1, 16)),
+)
+
+
 @st.composite
 def compiled_maps(draw: st.DrawFn, key: MapKey) -> CompiledMap:
     slots = {}
@@ -146,8 +155,8 @@ def compiled_maps(draw: st.DrawFn, key: MapKey) -> CompiledMap:
             node=NodeName(draw(node_names)),
             devices=devices,
             device_indices=tuple(draw(st.lists(st.integers(0, 255), max_size=3))),
-            declared=draw(st.text(max_size=20)),
-            blocked=draw(st.sampled_from(["", "SlotConflict", "InsufficientDevices"])),
+            declared=draw(declarations),
+            blocked=draw(st.sampled_from(["", Reason.SLOT_CONFLICT, Reason.INSUFFICIENT_DEVICES])),
             message=draw(st.text(max_size=40)),
         )
     return CompiledMap(

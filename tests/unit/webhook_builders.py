@@ -11,6 +11,7 @@ from typing import Any
 import jsonpatch
 
 from placement.annotations import MAP_LABEL, PLACEMENT_KEY, PLACEMENT_MAP_LABEL
+from placement.devices import DeclaredDevices
 from placement.model import CompiledMap, CompiledSlot, Model
 from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName
 
@@ -184,7 +185,7 @@ class ModelBuilder:
                 node=NodeName(f"gpu-node-{i // 8:02d}"),
                 devices=(GpuUuid(f"GPU-00000000-0000-0000-0000-{i:012d}"),),
                 device_indices=(i % 8,),
-                declared=str(i % 8),
+                declared=DeclaredDevices((i % 8,)),
                 blocked=reason,
                 message=message,
             )
