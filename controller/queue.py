@@ -16,6 +16,15 @@ from placement.wake import WakeKey
 
 
 class SchedulingQueue:
+    """Pods (by uid) waiting for the binder's decision.
+
+    Contract: any thread may add, remove, back off, park (`unschedulable`) and wake pods; the
+    binder's worker pops. One condition variable guards every field; `pop` waits on it and is
+    woken by an add, a wake, a due backoff or `close`. A pod is in at most one of active, backoff
+    and unschedulable: an add or a wake takes it out of unschedulable (and forgets every key it
+    waited on), a remove takes it out of all three; a stale deque or heap entry is skipped on pop.
+    """
+
     def __init__(self, max_backoff: float = 10.0, initial_backoff: float = 0.1) -> None:
         self._cond = threading.Condition()
         self._active: deque[str] = deque()
