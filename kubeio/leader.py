@@ -41,14 +41,25 @@ def _now_micro() -> str:
 
 
 class LeaderElector:
+    """Campaigns for and renews one Lease.
+
+    Contract: `run` is the only writer of the lease and of `_observed`/`_held_until`, on its own
+    thread; `holds()` and `is_leader` are read by any thread (an Event and one float, no lock
+    needed). `on_started` runs on a thread of its own once leading; `on_stopped` runs on `run`'s
+    thread when leadership ends, after `is_leader` is cleared. `stop()` ends `run` and releases
+    the lease.
+    """
+
     def __init__(
         self,
         kube: Kube,
         settings: LeaderSettings,
         on_started: Callable[[], None],
         on_stopped: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
+        self._clock = clock  # monotonic seconds; tests step it
         self.s = settings
         self.on_started = on_started
         self.on_stopped = on_stopped
@@ -58,7 +69,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._held_until = 0.0  # monotonic; see holds()
         #: monotonic time of the loop's last campaign or renewal attempt (for /healthz)
-        self.last_attempt = time.monotonic()
+        self.last_attempt = clock()
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases"
 
     def stop(self) -> None:
@@ -67,10 +78,10 @@ class LeaderElector:
     def holds(self) -> bool:
         """Whether this process may act as the leader right now: check it immediately before
         each write that only the leader may make."""
-        return self.is_leader.is_set() and time.monotonic() < self._held_until
+        return self.is_leader.is_set() and self._clock() < self._held_until
 
     def _renew(self) -> bool:
-        started = time.monotonic()
+        started = self._clock()
         if not self._try_acquire():
             return False
         self._held_until = started + self.s.renew_deadline_seconds
@@ -100,7 +111,7 @@ class LeaderElector:
                         extra={"lease": self.s.name},
                     )
                     break
-                if time.monotonic() >= self._held_until:
+                if self._clock() >= self._held_until:
                     log.error(
                         "lost leadership: the lease was not renewed within %.1f s",
                         self.s.renew_deadline_seconds,
@@ -124,7 +135,7 @@ class LeaderElector:
         }
 
     def _try_acquire(self) -> bool:
-        self.last_attempt = time.monotonic()
+        self.last_attempt = self._clock()
         try:
             lease = self.kube.get(f"{self._path}/{self.s.name}")
         except APINotFoundError:
@@ -148,9 +159,9 @@ class LeaderElector:
         record = (holder, str(spec.get("renewTime", "")))
         if record != self._observed:
             self._observed = record
-            self._observed_at = time.monotonic()
+            self._observed_at = self._clock()
         duration = float(spec.get("leaseDurationSeconds") or self.s.lease_seconds)
-        expired = time.monotonic() - self._observed_at > duration
+        expired = self._clock() - self._observed_at > duration
         if holder and holder != self.s.identity and not expired:
             return False
         transitions = int(spec.get("leaseTransitions") or 0) + (
