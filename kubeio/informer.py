@@ -23,6 +23,14 @@ ADDED, MODIFIED, DELETED, SYNC = "ADDED", "MODIFIED", "DELETED", "SYNC"
 
 
 class Informer:
+    """A watch-fed cache of one resource.
+
+    Contract: the informer's thread is the only writer of `store`; it holds `lock` while it
+    changes the store and while handlers run, so a reader that takes `lock` sees a store
+    consistent with every event delivered so far. `synced` is set after the first full list.
+    `failing_since` is written by the informer's thread and read by health checks (a float swap).
+    """
+
     def __init__(
         self,
         kube: Kube,
@@ -162,6 +170,7 @@ class Informer:
                 if self.resync_seconds and time.monotonic() - last_resync > self.resync_seconds:
                     self.resync()
                     last_resync = time.monotonic()
+            self.failing_since = None  # the server ended the watch cleanly: not failing
             if self.resync_seconds and time.monotonic() - last_resync > self.resync_seconds:
                 self.resync()
                 last_resync = time.monotonic()
