@@ -50,6 +50,15 @@ def binding_body(pod: Obj, placement: Placement, key: bytes) -> Obj:
 
 
 class Binder:
+    """Decides on one thread, binds on `bind_workers` threads.
+
+    Contract: informer threads feed pods (`on_pod`, `rebuild`) and wake keys (`wake`); the binder
+    thread pops and decides (`_decide`), the only place a slot or GPU is chosen, so decisions never
+    race. `_lock` guards the pending pods and the set in flight; the slot cache and the queue have
+    locks of their own. A decision is assumed in the cache before its Binding is sent and is
+    confirmed when the Binding succeeds or forgotten when it fails (every assume has a forget).
+    """
+
     def __init__(
         self,
         kube: Kube,

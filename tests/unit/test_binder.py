@@ -1,0 +1,203 @@
+"""The Binder against a fake apiserver at gpuplace's own boundary (`Kube`): what it writes for a
+placeable pod, how it undoes an assumption when the Binding fails, and how an unplaceable pod waits."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from controller import podfacts
+from controller.binder import Binder
+from controller.metrics import ControllerMetrics
+from controller.settings import BinderSettings
+from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
+from kubeio.events import EventRecorder
+from placement.annotations import (
+    CUDA_ANNOTATION,
+    MAP_LABEL,
+    NODE_ANNOTATION,
+    SIGNATURE_ANNOTATION,
+    verify_binding,
+)
+from placement.binding import Cluster, Placement, plan
+from placement.maps import DeclaredSlot
+from placement.types import MapKey, SlotKey
+from placement.wake import WakeKey
+from tests.unit.test_binding_plan import TWO_SLOTS, build
+
+KEY = b"k" * 32
+SLOT0 = SlotKey(MapKey("ml", "llm"), 0)
+
+
+class PodBuilder:
+    """`make_pod("web-0").label(MAP_LABEL, "llm").obj()`, as kube-scheduler's tests build pods."""
+
+    def __init__(self, name: str) -> None:
+        self._obj: dict[str, Any] = {
+            "metadata": {
+                "namespace": "ml",
+                "name": name,
+                "uid": f"uid-{name}",
+                "labels": {},
+                "ownerReferences": [{"kind": "StatefulSet", "controller": True, "name": "web"}],
+            },
+            "spec": {"schedulerName": "gpuplace", "containers": [{"name": "c"}]},
+            "status": {"phase": "Pending"},
+        }
+
+    def label(self, key: str, value: str) -> PodBuilder:
+        self._obj["metadata"]["labels"][key] = value
+        return self
+
+    def obj(self) -> dict[str, Any]:
+        return self._obj
+
+
+def make_pod(name: str) -> PodBuilder:
+    return PodBuilder(name)
+
+
+class Apiserver:
+    """Records every write; a Binding answers with the next scripted error, else succeeds."""
+
+    def __init__(self, binding_errors: list[APIError] | None = None) -> None:
+        self.binding_errors = list(binding_errors or [])
+        self.bindings: list[tuple[str, dict[str, Any]]] = []
+        self.patches: list[tuple[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def create(self, path: str, body: dict[str, Any], guard: Any = None) -> dict[str, Any]:
+        with self.lock:
+            if path.endswith("/binding"):
+                if guard is not None and not guard():
+                    raise FencedError(0, "Fenced", "lease not held")
+                if self.binding_errors:
+                    raise self.binding_errors.pop(0)
+                self.bindings.append((path, body))
+            else:
+                self.events.append(body)
+        return body
+
+    def patch(self, path: str, body: Any, content_type: str = "", **_q: Any) -> dict[str, Any]:
+        with self.lock:
+            self.patches.append((path, body))
+        return {}
+
+
+def binder_for(api: Apiserver, cluster: Cluster, fence: list[bool] | None = None) -> Binder:
+    held = fence if fence is not None else [True]
+    binder = Binder(
+        api,  # type: ignore[arg-type]
+        BinderSettings(bind_workers=2),
+        ControllerMetrics(),
+        EventRecorder(api, "gpuplace"),  # type: ignore[arg-type]
+        lambda: cluster,
+        fence=lambda: held[0],
+    )
+    binder.key = KEY
+    return binder
+
+
+def decide(binder: Binder, *pods: dict[str, Any]) -> None:
+    """Feeds the pods, makes each decision the binder's thread would, and waits for the writes."""
+    for pod in pods:
+        binder.on_pod("ADDED", pod)
+    for pod in pods:
+        uid = binder.queue.pop(timeout=0)
+        assert uid == pod["metadata"]["uid"]
+        binder._decide(uid, pod)
+    binder._executor.shutdown(wait=True)
+
+
+WEB0 = make_pod("web-0").label(MAP_LABEL, "llm").obj
+
+
+def test_a_placeable_pod_gets_one_signed_binding_and_holds_its_slot() -> None:
+    api = Apiserver()
+    binder = binder_for(api, build(TWO_SLOTS))
+    decide(binder, WEB0())
+    [(path, body)] = api.bindings
+    assert path == "/api/v1/namespaces/ml/pods/web-0/binding"
+    assert body["metadata"]["uid"] == "uid-web-0"
+    assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1"}
+    annotations = body["metadata"]["annotations"]
+    assert annotations[NODE_ANNOTATION] == "gpu-1" and annotations[CUDA_ANNOTATION] == "0,1"
+    assert SIGNATURE_ANNOTATION in annotations
+    assert verify_binding(KEY, "uid-web-0", "ml", annotations)
+    holding = binder.cache.holding("uid-web-0")
+    assert holding is not None and holding.slot == SLOT0 and not holding.assumed
+    assert len(binder.queue) == 0 and not api.patches
+
+
+@pytest.mark.parametrize(
+    ("error", "requeued"),
+    [
+        (APIConflictError(409, "Conflict", "already bound"), False),
+        (APINotFoundError(404, "NotFound", "pod gone"), False),
+        (APIError(500, "InternalError", "etcd timeout"), True),
+        (APIError(422, "Invalid", "refused"), True),
+    ],
+)
+def test_a_failed_binding_forgets_the_assumption(error: APIError, requeued: bool) -> None:
+    api = Apiserver([error])
+    binder = binder_for(api, build(TWO_SLOTS))
+    decide(binder, WEB0())
+    assert not api.bindings
+    assert binder.cache.holding("uid-web-0") is None  # every assume has a forget on failure
+    assert binder.cache.slot_holder(SLOT0) is None
+    assert len(binder.queue) == (1 if requeued else 0)
+
+
+def test_a_binder_that_lost_its_lease_sends_nothing_and_decides_again_later() -> None:
+    api, fence = Apiserver(), [True]
+    binder = binder_for(api, build(TWO_SLOTS), fence)
+    binder.on_pod("ADDED", WEB0())
+    uid = binder.queue.pop(timeout=0)
+    assert uid is not None
+    fence[0] = False  # the lease is lost between the decision and the write
+    binder.cache.assume(uid, "ml/web-0", _placement_of(binder, WEB0()))
+    binder._bind(uid, WEB0(), _placement_of(binder, WEB0()))
+    assert not api.bindings
+    assert binder.cache.holding(uid) is None
+    assert len(binder.queue) == 1
+
+
+def _placement_of(binder: Binder, pod: dict[str, Any]) -> Placement:
+    outcome = plan(podfacts.facts(pod, True), binder.cluster(), binder.cache)
+    assert isinstance(outcome, Placement)
+    return outcome
+
+
+def test_an_unplaceable_pod_gets_its_condition_and_event_and_waits_for_its_node() -> None:
+    api = Apiserver()
+    cluster = build([DeclaredSlot(0, "gpu-9", (0,))])  # a node that does not exist
+    binder = binder_for(api, cluster)
+    decide(binder, WEB0())
+    assert not api.bindings
+    [(path, body)] = api.patches
+    assert path == "/api/v1/namespaces/ml/pods/web-0/status"
+    [condition] = body["status"]["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "PodScheduled",
+        "False",
+        "NodeNotFound",
+    )
+    assert "gpu-9" in condition["message"]
+    assert [e["reason"] for e in api.events] == ["NodeNotFound"]
+    assert binder.queue.pop(timeout=0) is None
+    assert binder.queue.wake([WakeKey.node("gpu-9")]) == 1
+
+
+def test_two_pods_for_one_slot_get_one_binding_and_the_second_waits_for_the_slot() -> None:
+    api = Apiserver()
+    cluster = build(TWO_SLOTS)
+    binder = binder_for(api, cluster)
+    twin = make_pod("web-0").label(MAP_LABEL, "llm").obj()
+    twin["metadata"]["uid"] = "uid-twin"
+    decide(binder, WEB0(), twin)
+    assert len(api.bindings) == 1
+    assert [e["reason"] for e in api.events] == ["SlotTaken"]
+    assert binder.queue.wake([WakeKey.slot(SLOT0)]) == 1
