@@ -167,3 +167,65 @@ def test_readers_get_copies() -> None:
     assert dict(users) == {"a": Sharing.SHARED}
     assert cache.taken_indices(MAPS[0]) == {}
     assert cache.gpu_holders(NODES[0], GPUS[0]) == {}
+
+
+# -- transitions, one at a time -------------------------------------------------------------------
+def one(index: int, gpus: tuple[GpuUuid, ...], sharing: Sharing = Sharing.EXCLUSIVE) -> Placement:
+    key = MAPS[0]
+    decision = BindingDecision(key, index, NODES[0], gpus, "0", 1)
+    return Placement(SlotKey(key, index), decision, sharing, gpus)
+
+
+def test_assume_confirm_release_moves_a_holding_through_its_states() -> None:
+    cache = SlotCache()
+    cache.assume("a", "team/web-0", one(0, (GPUS[0],)))
+    held = cache.holding("a")
+    assert held is not None and held.assumed
+    assert cache.slot_holder(SlotKey(MAPS[0], 0)) == "a"
+    assert cache.gpu_holders(NODES[0], GPUS[0]) == {"a": Sharing.EXCLUSIVE}
+    assert cache.bound_count(MAPS[0]) == 0  # assumed, not bound yet
+    cache.confirm("a")
+    assert cache.bound_count(MAPS[0]) == 1
+    released = cache.release("a")
+    assert released is not None and not released.assumed
+    assert cache.release("a") is None  # idempotent
+    assert cache.slot_holder(SlotKey(MAPS[0], 0)) is None
+    assert cache.gpu_holders(NODES[0], GPUS[0]) == {}
+    assert cache.taken_indices(MAPS[0]) == {} and len(cache) == 0
+
+
+def test_forget_undoes_an_assumption_completely() -> None:
+    cache = SlotCache()
+    cache.assume("a", "team/web-0", one(0, (GPUS[0], GPUS[1])))
+    cache.forget("a")
+    assert cache.holding("a") is None and len(cache) == 0
+    assert all(cache.gpu_holders(NODES[0], g) == {} for g in GPUS)
+
+
+def test_confirm_of_an_unknown_or_bound_pod_changes_nothing() -> None:
+    cache = SlotCache()
+    cache.confirm("nobody")
+    assert len(cache) == 0
+    cache.assume("a", "team/web-0", one(0, (GPUS[0],)))
+    cache.confirm("a")
+    cache.confirm("a")
+    held = cache.holding("a")
+    assert held is not None and not held.assumed
+
+
+def test_a_new_holding_of_a_pod_replaces_its_old_one() -> None:
+    cache = SlotCache()
+    cache.assume("a", "team/web-0", one(0, (GPUS[0],)))
+    cache.assume("a", "team/web-0", one(1, (GPUS[1],)))
+    assert cache.taken_indices(MAPS[0]) == {1: "a"}
+    assert cache.gpu_holders(NODES[0], GPUS[0]) == {}
+    assert cache.gpu_holders(NODES[0], GPUS[1]) == {"a": Sharing.EXCLUSIVE}
+
+
+def test_shared_gpus_keep_every_user_until_the_last_leaves() -> None:
+    cache = SlotCache()
+    cache.assume("a", "team/web-0", one(0, (GPUS[0],), Sharing.SHARED))
+    cache.assume("b", "team/web-1", one(1, (GPUS[0],), Sharing.SHARED))
+    assert cache.gpu_holders(NODES[0], GPUS[0]) == {"a": Sharing.SHARED, "b": Sharing.SHARED}
+    cache.release("a")
+    assert cache.gpu_holders(NODES[0], GPUS[0]) == {"b": Sharing.SHARED}
