@@ -19,6 +19,7 @@ from typing import Any
 
 import git
 
+from controller.changes import Change, SourceChanged, SourceDeleted
 from controller.settings import GitSourceSettings
 from placement.annotations import PLACEMENT_KEY, REVISION_ANNOTATION, SOURCE_FILE_ANNOTATION
 from placement.errors import PlacementError
@@ -77,9 +78,9 @@ def map_objects(
 
 
 class GitSource:
-    def __init__(self, settings: GitSourceSettings, emit: Callable[[str, Obj], None]) -> None:
+    def __init__(self, settings: GitSourceSettings, emit: Callable[[Change], None]) -> None:
         self.settings = settings
-        self.emit = emit  # ("source" | "source-deleted", object)
+        self.emit = emit  # SourceChanged | SourceDeleted
         self._stop = threading.Event()
         self._head = ""
         self._known: dict[tuple[str, str], Obj] = {}
@@ -116,16 +117,16 @@ class GitSource:
     def _publish(self, root: Path, commit: str, repo_root: Path | None = None) -> None:
         found, broken = map_objects(root, commit, repo_root)
         for obj in found.values():
-            self.emit("source", obj)
+            self.emit(SourceChanged(obj))
         for key in set(self._known) - set(found):
             known = self._known[key]
             file = known["metadata"]["annotations"][SOURCE_FILE_ANNOTATION]
             if file in broken:
                 # Served on as Invalid, with the parser's error, until the file reads again.
                 unreadable = {**known, "data": {PLACEMENT_KEY: broken[file]}}
-                self.emit("source", unreadable)
+                self.emit(SourceChanged(unreadable))
                 found[key] = known
                 continue
-            self.emit("source-deleted", known)
+            self.emit(SourceDeleted(known))
         self._known = found
         log.info("git source at %s: %d maps", commit, len(found))

@@ -11,11 +11,19 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, assert_never
 
 from controller import podfacts
 from controller.binder import Binder
 from controller.bindingkey import SigningKey, load_or_create_key
+from controller.changes import (
+    Change,
+    InventoryChanged,
+    NodeChanged,
+    PolicyChanged,
+    SourceChanged,
+    SourceDeleted,
+)
 from controller.dra import (
     CLAIMS_PATH,
     SLICES_PATH,
@@ -133,7 +141,7 @@ class Controller:
         self._loop_beat = time.monotonic()
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
-        self._pending: list[tuple[str, Any]] = []
+        self._pending: list[Change] = []
         self._status_dirty: set[MapKey] = set()
         self._statuses: dict[MapKey, str] = {}
         self._written: dict[MapKey, tuple[MapStatus, float]] = {}  # last patched, and when
@@ -227,9 +235,7 @@ class Controller:
             field_selector=f"metadata.name={POLICY_CONFIGMAP}",
         )
         inf["policy"].add_handler(
-            lambda event, obj, _old: self._enqueue(
-                "policy-deleted" if event == DELETED else "policy", obj
-            )
+            lambda event, obj, _old: self._enqueue(PolicyChanged(None if event == DELETED else obj))
         )
         inf["nodes"].add_handler(self._on_node)
         inf["inventories"].add_handler(self.tracker.on_configmap)
@@ -254,19 +260,19 @@ class Controller:
         return self._shared
 
     # -- event handlers (informer threads: enqueue only) ----------------------------------------
-    def _enqueue(self, kind: str, payload: Any) -> None:
+    def _enqueue(self, change: Change) -> None:
         with self._wake:
-            self._pending.append((kind, payload))
+            self._pending.append(change)
             self._wake.notify()
 
     def _on_source(self, event: str, obj: Obj, _old: Obj | None) -> None:
-        self._enqueue("source-deleted" if event == DELETED else "source", obj)
+        self._enqueue(SourceDeleted(obj) if event == DELETED else SourceChanged(obj))
 
     def _on_node(self, event: str, obj: Obj, _old: Obj | None) -> None:
-        self._enqueue("node-deleted" if event == DELETED else "node", obj)
+        self._enqueue(NodeChanged(obj, deleted=event == DELETED))
 
     def _on_inventory(self, node: NodeName, inventory: NodeInventory | None) -> None:
-        self._enqueue("inventory", (node, inventory))
+        self._enqueue(InventoryChanged(node, inventory))
 
     def _on_pod(self, event: str, obj: Obj, _old: Obj | None) -> None:
         if self.binder.active.is_set():
@@ -322,71 +328,82 @@ class Controller:
             self._drift_dirty.add(slot.map)
 
     # -- reconcile loop (one thread) ------------------------------------------------------------
-    def _apply(self, kind: str, payload: Any) -> set[WakeKey] | None:
+    def _apply(self, change: Change) -> set[WakeKey] | None:
         """Feeds one change to the compiler; returns the binder keys it may unblock, or None
         when nothing changed (a node heartbeat, our own status patch coming back)."""
-        if kind == "source":
-            prev_key = MapKey(payload["metadata"]["namespace"], payload["metadata"]["name"])
-            known = self.sources.get(prev_key)
-            state = read_source(payload, known)
-            if state is known:
-                return None  # same text: e.g. our own status patch came back
-            self.sources[state.key] = state
-            if state.valid is not None and (
-                known is None or known.valid != state.valid or known.provenance != state.provenance
-            ):
-                self._offer(state.valid, state.valid_version, state.provenance)
-            self._status_dirty.add(state.key)
-            return set()
-        if kind == "source-deleted":
-            key = MapKey(payload["metadata"]["namespace"], payload["metadata"]["name"])
-            self.sources.pop(key, None)
-            self._offered.pop(key, None)
-            self._denied.pop(key, None)
-            self.compiler.remove_map(key)
-            self._statuses.pop(key, None)
-            self._written.pop(key, None)
-            return set()
-        if kind in ("policy", "policy-deleted"):
-            return self._apply_policy(payload if kind == "policy" else None)
-        if kind in ("node", "node-deleted"):
-            name = NodeName(payload["metadata"]["name"])
-            before = self.nodes.get(name)
-            after: NodeState | None = None
-            labels = dict(payload["metadata"].get("labels") or {})
-            if self._node_labels.get(name) != labels or kind == "node-deleted":
-                self._grants_dirty = self._grants_dirty or bool(self._policy.grants)
-            if kind == "node-deleted":
-                self._node_labels.pop(name, None)
-            else:
-                self._node_labels[name] = labels
-            if kind == "node-deleted":
-                self.nodes.pop(name, None)
-                self.compiler.remove_node(name)
-                if self._leading.is_set():
-                    self._remove_inventory(name)
-            else:
-                after = node_state(payload, self.settings.alias_label)
-                if before == after:
-                    return None
-                self.nodes[name] = after
-                self.compiler.set_node(name, payload["metadata"].get("labels") or {})
-            if (before and before.alias) or (after and after.alias):
-                self._aliases_dirty = True
-            keys = {WakeKey.node(name), WakeKey.nodes()}
-            for seen in (before, after):
-                if seen is not None and seen.alias:
-                    keys.add(WakeKey.node(seen.alias))
-            return keys
-        if kind == "inventory":
-            node, inventory = payload
-            if inventory is None:
-                self.compiler.remove_inventory(node)
-            else:
-                self.compiler.set_inventory(inventory)
-            self._status_dirty |= self.renumber.check(node, inventory)
-            return {WakeKey.inventory(node)}
-        return None
+        match change:
+            case SourceChanged(obj):
+                return self._apply_source(obj)
+            case SourceDeleted(obj):
+                return self._apply_source_deleted(obj)
+            case PolicyChanged(obj):
+                return self._apply_policy(obj)
+            case NodeChanged(obj, deleted):
+                return self._apply_node(obj, deleted)
+            case InventoryChanged(node, inventory):
+                return self._apply_inventory(node, inventory)
+            case _:
+                assert_never(change)
+
+    def _apply_source(self, obj: Obj) -> set[WakeKey] | None:
+        prev_key = MapKey(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        known = self.sources.get(prev_key)
+        state = read_source(obj, known)
+        if state is known:
+            return None  # same text: e.g. our own status patch came back
+        self.sources[state.key] = state
+        if state.valid is not None and (
+            known is None or known.valid != state.valid or known.provenance != state.provenance
+        ):
+            self._offer(state.valid, state.valid_version, state.provenance)
+        self._status_dirty.add(state.key)
+        return set()
+
+    def _apply_source_deleted(self, obj: Obj) -> set[WakeKey]:
+        key = MapKey(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        self.sources.pop(key, None)
+        self._offered.pop(key, None)
+        self._denied.pop(key, None)
+        self.compiler.remove_map(key)
+        self._statuses.pop(key, None)
+        self._written.pop(key, None)
+        return set()
+
+    def _apply_node(self, obj: Obj, deleted: bool) -> set[WakeKey] | None:
+        name = NodeName(obj["metadata"]["name"])
+        before = self.nodes.get(name)
+        after: NodeState | None = None
+        labels = dict(obj["metadata"].get("labels") or {})
+        if self._node_labels.get(name) != labels or deleted:
+            self._grants_dirty = self._grants_dirty or bool(self._policy.grants)
+        if deleted:
+            self._node_labels.pop(name, None)
+            self.nodes.pop(name, None)
+            self.compiler.remove_node(name)
+            if self._leading.is_set():
+                self._remove_inventory(name)
+        else:
+            self._node_labels[name] = labels
+            after = node_state(obj, self.settings.alias_label)
+            if before == after:
+                return None
+            self.nodes[name] = after
+            self.compiler.set_node(name, labels)
+        if (before and before.alias) or (after and after.alias):
+            self._aliases_dirty = True
+        keys = {WakeKey.node(name), WakeKey.nodes()}
+        for seen in (before, after):
+            if seen is not None and seen.alias:
+                keys.add(WakeKey.node(seen.alias))
+        return keys
+
+    def _apply_inventory(self, node: NodeName, inventory: NodeInventory | None) -> set[WakeKey]:
+        if inventory is None:
+            self.compiler.remove_inventory(node)
+        else:
+            self.compiler.set_inventory(inventory)
+        self._status_dirty |= self.renumber.check(node, inventory)
+        return {WakeKey.inventory(node)}
 
     def _remove_inventory(self, node: NodeName) -> None:
         """A deleted node's inventory and Lease go with it: no agent renews them any more, and
@@ -479,8 +496,8 @@ class Controller:
     def _apply_pending(self) -> None:
         """Feeds everything queued to the compiler (caller holds the lock)."""
         batch, self._pending = self._pending, []
-        for kind, payload in batch:
-            unblocked = self._apply(kind, payload)
+        for change in batch:
+            unblocked = self._apply(change)
             if unblocked is not None:
                 self._uncompiled = True
                 self._unblocked |= unblocked

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from controller.changes import Change, SourceChanged, SourceDeleted
 from controller.gitsource import GitSource, map_objects
 from controller.settings import GitSourceSettings
 from placement.annotations import (
@@ -62,7 +63,13 @@ def test_git_source_stamps_commit_and_file(tmp_path: Path) -> None:
 
 def test_a_file_that_stops_parsing_keeps_its_maps_invalid_not_deleted(tmp_path: Path) -> None:
     emitted: list[tuple[str, Any]] = []
-    source = GitSource(GitSourceSettings(), lambda kind, obj: emitted.append((kind, obj)))
+
+    def emit(change: Change) -> None:
+        assert isinstance(change, SourceChanged | SourceDeleted)
+        kind = "source-deleted" if isinstance(change, SourceDeleted) else "source"
+        emitted.append((kind, change.obj))
+
+    source = GitSource(GitSourceSettings(), emit)
     (tmp_path / "a.yaml").write_text(MAP.format(name="a"))
     (tmp_path / "b.yaml").write_text(MAP.format(name="b"))
     source._publish(tmp_path, "c1", tmp_path)
