@@ -90,7 +90,7 @@ def node_state(obj: Obj, alias_label: str) -> NodeState:
 
 
 class Controller:
-    def __init__(
+    def __init__(  # noqa: PLR0915 - one line a piece of state, each with why it is there
         self, kube: Kube, settings: ControllerSettings, metrics: ControllerMetrics | None = None
     ) -> None:
         self.kube = kube
@@ -712,6 +712,32 @@ class Controller:
         """Runs on its own thread while the elector keeps renewing; gives up at any step once
         the lease is no longer held (the elector then calls _stop_leading)."""
         self.metrics.leader.set(1)
+        self._wait_for_sync()
+        if not self._holds_lease():
+            log.warning("lease lost during start-up: not leading")
+            return
+        self._compile_from_stored()
+        self._sweep_inventories()
+        # Bound pods count only with a valid signature, so the key comes before the rebuild.
+        signing = self._binding_key()
+        self.binder.key, self.binder.key_since = signing.key, signing.since
+        if not self._holds_lease():
+            log.warning("lease lost during start-up: not leading")
+            return
+        bound = self._rebuild_from_pods()
+        log.info(
+            "leading: model generation %d, %d bound pods in the slot cache",
+            self.model.generation,
+            bound,
+        )
+        with self._term:
+            if self._term_over or not self._holds_lease():
+                log.warning("lease lost during start-up: not leading")
+                return
+            self.binder.start()
+            self._leading.set()
+
+    def _wait_for_sync(self) -> None:
         for informer in self.informers.values():
             informer.wait_synced()
         if self.git is not None:
@@ -720,9 +746,10 @@ class Controller:
             # Test hook: a start-up slower than the lease (a large cluster's first sync).
             log.warning("start-up delayed by %.1f s", self.settings.startup_delay_seconds)
             self._stop.wait(self.settings.startup_delay_seconds)
-        if not self._holds_lease():
-            log.warning("lease lost during start-up: not leading")
-            return
+
+    def _compile_from_stored(self) -> None:
+        """The first compile of this leader, seeded with the stored model (earlier `count`
+        picks stay, sources invalid now keep serving what the stored model served)."""
         stored = {
             name: obj.get("data") or {}
             for (_ns, name), obj in self.informers["model"].store.items()
@@ -742,18 +769,15 @@ class Controller:
             if seeded is not None:
                 self._restore_last_valid(seeded)
             self._compile_and_publish(set())
-        self._sweep_inventories()
+
+    def _rebuild_from_pods(self) -> int:
+        """The slot cache, renumbering and drift trackers from the pods the informers hold;
+        returns how many bound pods hold a slot."""
         pods: list[Obj] = []
         for key, informer in self.informers.items():
             if key.startswith("pods:"):
                 with informer.lock:
                     pods.extend(informer.store.values())
-        # Bound pods count only with a valid signature, so the key comes before the rebuild.
-        signing = self._binding_key()
-        self.binder.key, self.binder.key_since = signing.key, signing.since
-        if not self._holds_lease():
-            log.warning("lease lost during start-up: not leading")
-            return
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self._shared_maps())
         for pod in pods:
@@ -763,17 +787,7 @@ class Controller:
         self._status_dirty |= self.renumber.check_all(inventories)
         with self._drift_lock:
             self._drift_dirty |= {h.slot.map for h in self.binder.cache.holdings()}
-        log.info(
-            "leading: model generation %d, %d bound pods in the slot cache",
-            self.model.generation,
-            bound,
-        )
-        with self._term:
-            if self._term_over or not self._holds_lease():
-                log.warning("lease lost during start-up: not leading")
-                return
-            self.binder.start()
-            self._leading.set()
+        return bound
 
     def _restore_last_valid(self, stored: Model) -> None:
         """Sources that are invalid now and had no valid version in this process keep serving

@@ -237,19 +237,8 @@ def _allocate(
     )
 
 
-def _check_and_place(
-    pod: PodFacts,
-    slot_key: SlotKey,
-    slot: CompiledSlot,
-    env_mode: EnvMode,
-    sharing: Sharing,
-    generation: int,
-    cluster: Cluster,
-    slots: SlotView,
-    may_share: MayShare = _never,
-    provenance: Provenance | None = None,
-) -> Placement | Status:
-    where = f"map {slot_key.map} index {slot_key.index}"
+def _node_refusal(where: str, slot: CompiledSlot, cluster: Cluster) -> Status | None:
+    """Why the slot's node cannot take a pod now: missing, not Ready or cordoned."""
     node = cluster.nodes.get(slot.node)
     if node is None:
         return _wait(
@@ -268,6 +257,12 @@ def _check_and_place(
         return _wait(
             Reason.NODE_CORDONED, f"{where}: node {slot.node} is cordoned", WakeKey.node(slot.node)
         )
+    return None
+
+
+def _device_refusal(where: str, slot: CompiledSlot, cluster: Cluster) -> Status | None:
+    """Why the slot's devices cannot be used now: no fresh inventory (where one is required),
+    or a device missing or unhealthy in it."""
     inv = cluster.inventories.get(slot.node)
     if inv is None or not inv.fresh:
         if cluster.require_inventory:
@@ -307,8 +302,19 @@ def _check_and_place(
                     WakeKey.inventory(slot.node),
                     WakeKey.model(),
                 )
-    gpus = slot.gpus
-    for gpu in gpus:
+    return None
+
+
+def _busy_refusal(
+    pod: PodFacts,
+    where: str,
+    slot: CompiledSlot,
+    sharing: Sharing,
+    slots: SlotView,
+    may_share: MayShare,
+) -> Status | None:
+    """Whether another pod still uses one of the slot's GPUs (and may not share it)."""
+    for gpu in slot.gpus:
         for holder, their_sharing in slots.gpu_holders(slot.node, gpu).items():
             if holder == pod.uid:
                 continue
@@ -322,6 +328,30 @@ def _check_and_place(
                 f"{where}: GPU {gpu} on node {slot.node} is still used by {_who(slots, holder)}",
                 WakeKey.gpu(slot.node, gpu),
             )
+    return None
+
+
+def _check_and_place(
+    pod: PodFacts,
+    slot_key: SlotKey,
+    slot: CompiledSlot,
+    env_mode: EnvMode,
+    sharing: Sharing,
+    generation: int,
+    cluster: Cluster,
+    slots: SlotView,
+    may_share: MayShare = _never,
+    provenance: Provenance | None = None,
+) -> Placement | Status:
+    """The slot's node, devices and GPUs checked in order, then the decision (see `plan`)."""
+    where = f"map {slot_key.map} index {slot_key.index}"
+    refusal = (
+        _node_refusal(where, slot, cluster)
+        or _device_refusal(where, slot, cluster)
+        or _busy_refusal(pod, where, slot, sharing, slots, may_share)
+    )
+    if refusal is not None:
+        return refusal
     cvd = slot.cuda_visible_devices(env_mode)
     if not cvd:
         return _wait(
@@ -341,7 +371,7 @@ def _check_and_place(
         provenance.revision if provenance else "",
         provenance.file if provenance else "",
     )
-    return Placement(slot_key, decision, sharing, gpus)
+    return Placement(slot_key, decision, sharing, slot.gpus)
 
 
 def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status:

@@ -196,14 +196,7 @@ class Compiler:
             dirty |= repick
             self._recompile(repick, touched_claims)
             repick = self._yielding_picks(touched_claims) - dirty
-        for claim in touched_claims:
-            holders = self._claims.get(claim)
-            if holders is not None and len(holders) > 1:
-                self._contested.add(claim)
-            else:
-                self._contested.discard(claim)
-                if holders is not None and not holders:
-                    del self._claims[claim]
+        self._update_contested(touched_claims)
         losers, contenders = self._decide_contests()
         # Per map: index -> rival slots, and the indices that lose their GPU.
         rivals: dict[MapKey, dict[int, set[SlotKey]]] = defaultdict(dict)
@@ -216,6 +209,30 @@ class Compiler:
         affected = set(dirty) | set(rivals) | self._in_conflict
         self._in_conflict = set(rivals)
         generation = self._model.generation + 1
+        changed = self._serve(affected, lost, rivals, generation)
+        if changed or self._grants != self._model.grants:
+            self._model = Model(generation, self._served, self._grants)
+        return self._model, self._reports
+
+    def _update_contested(self, claims: set[Claim]) -> None:
+        """GPUs named by more than one slot are contested; unnamed ones are forgotten."""
+        for claim in claims:
+            holders = self._claims.get(claim)
+            if holders is not None and len(holders) > 1:
+                self._contested.add(claim)
+            else:
+                self._contested.discard(claim)
+                if holders is not None and not holders:
+                    del self._claims[claim]
+
+    def _serve(
+        self,
+        affected: set[MapKey],
+        lost: Mapping[MapKey, set[int]],
+        rivals: Mapping[MapKey, dict[int, set[SlotKey]]],
+        generation: int,
+    ) -> bool:
+        """Reassembles the served version of each affected map; whether any of them changed."""
         maps = self._served
         changed = False
         for key in affected:
@@ -230,11 +247,7 @@ class Compiler:
                 maps[key] = cmap
                 changed = True
             self._reports[key] = self._report(key, maps[key], rivals.get(key, {}))
-        if self._grants != self._model.grants:
-            changed = True
-        if changed:
-            self._model = Model(generation, maps, self._grants)
-        return self._model, self._reports
+        return changed
 
     def _recompile(self, keys: set[MapKey], touched: set[Claim]) -> None:
         """Drops what `keys` resolved before and compiles them again from their source."""
