@@ -1,8 +1,7 @@
 """The compiled model as the controller last wrote it, read through a watch (read-only).
 
-The controller writes the model as a manifest and shards; a reader can see a shard of the next
-generation before its manifest. Such a half-written model fails to decode, and the last complete
-one stays in use until the next event completes it.
+The controller writes the model as a manifest and shards; what a half-written model means is
+`placement.model.read_model`'s to say (the last complete model stays in use).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from collections.abc import Callable
 
 from kubeio.client import Kube
 from kubeio.informer import Informer
-from placement.model import MODEL_LABEL, CompiledMap, CompiledSlot, decode_model
+from placement.model import MODEL_LABEL, CompiledMap, CompiledSlot, model_data, read_model
 from placement.types import MapKey, NodeName
 
 log = logging.getLogger(__name__)
@@ -62,15 +61,9 @@ class ModelWatch:
         if versions == self._versions:
             return self._maps
         self._versions = versions
-        if not objects:
-            # No model yet: the controller has not written one, so nothing targets this node.
-            self.generation = 0
-            self._maps = ()
-            return self._maps
-        configmaps = {str(o["metadata"]["name"]): dict(o.get("data") or {}) for o in objects}
         try:
-            model = decode_model(configmaps)
-        except (ValueError, KeyError, TypeError) as exc:
+            model = read_model(model_data(objects))
+        except ValueError as exc:
             kept = "none yet" if self.generation is None else f"generation {self.generation}"
             log.info("model not readable now (%s); checking against %s", exc, kept)
             return self._maps

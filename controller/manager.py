@@ -67,7 +67,7 @@ from placement.grants import (
 )
 from placement.inventory import NodeInventory
 from placement.maps import PlacementMap
-from placement.model import MODEL_LABEL, Model, Provenance, decode_model
+from placement.model import MODEL_LABEL, Model, Provenance, model_data, read_model
 from placement.restore import declared_map
 from placement.status import MapStatus, Phase
 from placement.types import MapKey, NodeName, RolloutStrategy, Sharing, SlotKey
@@ -750,18 +750,16 @@ class Controller:
     def _compile_from_stored(self) -> None:
         """The first compile of this leader, seeded with the stored model (earlier `count`
         picks stay, sources invalid now keep serving what the stored model served)."""
-        stored = {
-            name: obj.get("data") or {}
-            for (_ns, name), obj in self.informers["model"].store.items()
-        }
+        with self.informers["model"].lock:
+            stored = model_data(self.informers["model"].store.values())
         seeded: Model | None = None
-        if stored:
-            try:
-                seeded = decode_model(stored)
-                with self._lock:
-                    self.compiler.seed(seeded)
-            except (ValueError, KeyError) as exc:
-                log.warning("stored model unreadable, compiling from scratch: %s", exc)
+        try:
+            seeded = read_model(stored) if stored else None
+        except ValueError as exc:
+            log.warning("stored model unreadable, compiling from scratch: %s", exc)
+        if seeded is not None:
+            with self._lock:
+                self.compiler.seed(seeded)
         with self._lock:
             # The informers have queued every object they listed: compile them all at once,
             # not a partial model that the next pass would correct with another generation.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
@@ -256,6 +256,36 @@ def _encode_model(model: Model) -> dict[str, dict[str, str]]:
 def decode_manifest(data: Mapping[str, str]) -> tuple[int, dict[str, str]]:
     manifest = json.loads(data[MANIFEST_KEY])
     return int(manifest["generation"]), dict(manifest["shards"])
+
+
+def model_data(objects: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """ConfigMap name -> data of the model ConfigMaps a watch holds (anything not text dropped)."""
+    out: dict[str, dict[str, str]] = {}
+    for obj in objects:
+        data = obj.get("data")
+        out[str(obj["metadata"]["name"])] = (
+            {str(k): v for k, v in data.items() if isinstance(v, str)}
+            if isinstance(data, Mapping)
+            else {}
+        )
+    return out
+
+
+def read_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
+    """The one reader of the stored model, for the controller, the webhook and the agents.
+
+    No model ConfigMap at all (a fresh install, before the controller wrote one) is the empty
+    model: pods that name a map are refused with a clear message, nothing targets a node. Anything
+    else that does not decode raises ValueError saying what: a write seen half-way (a shard before
+    or after the manifest that names it), shards without a manifest, malformed content. A reader
+    then keeps serving the last model it read completely; the next event completes the write.
+    """
+    if not configmaps:
+        return Model()
+    try:
+        return decode_model(configmaps)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"model ConfigMaps do not decode: {exc!r}") from exc
 
 
 def decode_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:

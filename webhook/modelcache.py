@@ -1,8 +1,7 @@
 """The compiled model as the webhook sees it: fed by a watch on the model ConfigMaps.
 
-The controller writes a manifest and shards; a reader can see a shard before the manifest that
-names it (or the other way round), so a model that does not decode is skipped and the last good one
-keeps serving until the next event completes the write.
+The controller writes a manifest and shards; what a half-written model means is
+`placement.model.read_model`'s to say (the last complete model keeps serving).
 """
 
 from __future__ import annotations
@@ -10,13 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from kubeio.client import Kube, Obj
+from kubeio.client import Kube
 from kubeio.informer import Informer
-from placement.model import MANIFEST_NAME, MODEL_LABEL, Model, decode_model
+from placement.model import MODEL_LABEL, Model, model_data, read_model
 
 log = logging.getLogger(__name__)
 
@@ -42,26 +40,6 @@ class StaticModel:
 
     def loaded(self) -> bool:
         return True
-
-
-def _data(obj: Obj) -> dict[str, str]:
-    data = obj.get("data")
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
-def load_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
-    """The model in ConfigMap name -> data; raises ValueError while a write is incomplete.
-
-    No manifest (a fresh install, before the controller wrote anything) means no maps: pods that
-    name a map are refused with a clear message, instead of every pod failing on a webhook that
-    never turns ready.
-    """
-    if MANIFEST_NAME not in configmaps:
-        return Model()
-    try:
-        return decode_model(configmaps)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"model ConfigMaps do not decode: {exc!r}") from exc
 
 
 class ModelCache:
@@ -115,10 +93,10 @@ class ModelCache:
 
     def rebuild(self) -> None:
         with self._informer.lock:
-            snapshot = {name: _data(obj) for (_ns, name), obj in self._informer.store.items()}
+            snapshot = model_data(self._informer.store.values())
         started = time.perf_counter()
         try:
-            model = load_model(snapshot)
+            model = read_model(snapshot)
         except ValueError as exc:
             log.info("model not complete, keeping generation %d: %s", self._model.generation, exc)
             return

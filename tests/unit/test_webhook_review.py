@@ -15,6 +15,7 @@ from placement.model import (
     Model,
     encode_model,
 )
+from placement.model import read_model as load_model
 from placement.types import MapKey, NodeName
 from tests.unit.webhook_builders import (
     NS,
@@ -25,7 +26,6 @@ from tests.unit.webhook_builders import (
     review,
 )
 from webhook.admission import Endpoint, build_response
-from webhook.modelcache import load_model
 from webhook.review import MalformedReviewError, Verdict, parse_review, render_response
 from webhook.settings import AdmissionSettings
 
