@@ -8,18 +8,13 @@ The controller judges an inventory stale when it has not seen the Lease's renewT
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APINotFoundError
+from kubeio.times import now_micro
 from placement.types import NodeName
 
 log = logging.getLogger(__name__)
-
-
-def now_micro() -> str:
-    """RFC 3339 with microseconds, the MicroTime format of Lease times."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class Heartbeat:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import UTC, datetime
 
 from controller import podfacts
 from controller.dra import ClaimPlan, ClaimWriter, DraTracker
@@ -24,6 +23,7 @@ from controller.slotcache import Holding, SlotCache
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import WARNING, EventRecorder, ObjectRef
+from kubeio.times import now_time
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
 from placement.reasons import Reason
@@ -344,7 +344,7 @@ class Binder:
 
     def _write_condition(self, pod: Obj, status: Status) -> None:
         meta = pod["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = now_time()
         body = {
             "status": {
                 "conditions": [

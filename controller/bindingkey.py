@@ -12,10 +12,10 @@ import base64
 import logging
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APINotFoundError
+from kubeio.times import now_time
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,6 @@ SINCE_ANNOTATION = "gpuplace.io/signing-since"
 class SigningKey:
     key: bytes
     since: str  # RFC 3339, UTC, seconds
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def load_or_create_key(kube: Kube, namespace: str, name: str) -> SigningKey:
@@ -56,7 +52,7 @@ def load_or_create_key(kube: Kube, namespace: str, name: str) -> SigningKey:
             return _decode(found, namespace, name)
         found["data"] = {**data, KEY_FIELD: fresh}  # resourceVersion kept: a racing fill conflicts
         meta = found.setdefault("metadata", {})
-        meta["annotations"] = {**(meta.get("annotations") or {}), SINCE_ANNOTATION: _now()}
+        meta["annotations"] = {**(meta.get("annotations") or {}), SINCE_ANNOTATION: now_time()}
         try:
             filled = kube.put(f"{path}/{name}", found)
             log.info("stored a new binding key in Secret %s/%s", namespace, name)
@@ -74,7 +70,7 @@ def _secret(namespace: str, name: str, value: str) -> dict[str, object]:
             "name": name,
             "namespace": namespace,
             "labels": {"app.kubernetes.io/part-of": "gpuplace"},
-            "annotations": {SINCE_ANNOTATION: _now()},
+            "annotations": {SINCE_ANNOTATION: now_time()},
         },
         "type": "Opaque",
         "data": {KEY_FIELD: value},

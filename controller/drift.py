@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 
 from controller.slotcache import Holding, SlotCache
 from kubeio.client import Kube
 from kubeio.errors import APIError, APINotFoundError
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from kubeio.times import now_time
 from placement.annotations import DRIFTED_CONDITION, LEGACY_MAP_PREFIX
 from placement.drift import BoundSlot, Drift, drift_of
 from placement.model import Model
@@ -28,7 +28,7 @@ def bound_slot(holding: Holding) -> BoundSlot:
 
 
 def condition(drift: Drift | None) -> dict[str, str | None]:
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = now_time()
     if drift is None:
         return {
             "type": DRIFTED_CONDITION,

@@ -17,11 +17,11 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from kubeio.client import Kube
 from kubeio.errors import APIError
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from kubeio.times import now_time
 from placement.annotations import RENUMBERED_CONDITION, BindingDecision
 from placement.inventory import NodeInventory
 from placement.types import GpuUuid, MapKey, NodeName
@@ -145,7 +145,7 @@ class RenumberTracker:
         return changed
 
     def _write(self, bound: BoundIndices, message: str | None) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = now_time()
         condition = {
             "type": RENUMBERED_CONDITION,
             "status": "True" if message else "False",

@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from placement.annotations import PLACEMENT_KEY, source_provenance
+from placement.annotations import PLACEMENT_KEY, source_name, source_provenance
 from placement.compile import MapReport
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.maps import PlacementMap
@@ -34,10 +34,6 @@ class SourceState:
     #: process started, so its text is not at hand).
     restored: bool = False
     provenance: Provenance = field(default_factory=Provenance)  # of the valid version
-
-
-def source_name(key: MapKey) -> str:
-    return f"configmap {key.namespace}/{key.name} {PLACEMENT_KEY}"
 
 
 def digest(text: str) -> str:

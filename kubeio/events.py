@@ -7,10 +7,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIError
+from kubeio.times import now_time
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,6 @@ class ObjectRef:
             str(meta.get("uid", "")),
             str(obj.get("apiVersion", "v1")),
         )
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:
@@ -76,8 +72,8 @@ class EventRecorder:
             "type": event_type,
             "source": {"component": self.component},
             "reportingComponent": self.component,
-            "firstTimestamp": _now(),
-            "lastTimestamp": _now(),
+            "firstTimestamp": now_time(),
+            "lastTimestamp": now_time(),
             "count": 1,
         }
         try:

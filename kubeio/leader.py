@@ -18,10 +18,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
+from kubeio.times import now_micro
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,6 @@ class LeaderSettings:
     lease_seconds: float = 15.0
     renew_deadline_seconds: float = 10.0
     retry_seconds: float = 2.0
-
-
-def _now_micro() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -125,7 +121,7 @@ class LeaderElector:
             self.on_stopped()
 
     def _spec(self, acquire_time: str | None, transitions: int) -> Obj:
-        now = _now_micro()
+        now = now_micro()
         return {
             "holderIdentity": self.s.identity,
             "leaseDurationSeconds": int(self.s.lease_seconds),

@@ -169,3 +169,8 @@ def legacy_map_key(namespace: str, pod_name: str) -> MapKey:
 def spoofed_annotations(annotations: Mapping[str, str]) -> list[str]:
     """User-set gpuplace.io/* annotations that admission removes (only the binder may set them)."""
     return [k for k in annotations if k.startswith(PREFIX)]
+
+
+def source_name(key: MapKey) -> str:
+    """Where a map's text is in the cluster, as located errors name it."""
+    return f"configmap {key} {PLACEMENT_KEY}"

@@ -9,16 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL
+from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL, source_name
 from placement.errors import PlacementError, format_all
 from placement.grants import GrantView, check_map
 from placement.types import MapKey
 from placement.validate import parse_map_for
 from webhook.review import AdmissionRequest, Verdict
-
-
-def source_name(key: MapKey) -> str:
-    return f"configmap {key} {PLACEMENT_KEY}"
 
 
 def _invalid(message: str) -> Verdict:
