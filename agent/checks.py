@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from placement.compile import Compiler
-from placement.inventory import DeviceCheck, GpuDevice, NodeInventory
+from placement.inventory import DeviceCheck, GpuDevice, NodeInventory, device_problems
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
 from placement.model import CompiledMap, CompiledSlot
 from placement.reasons import Reason
@@ -62,21 +62,7 @@ def check_slot(
             return DeviceCheck(str(key), slot.index, True, message="no devices declared")
         found = [d for d in (_find(inventory, ref, problems) for ref in refs) if d is not None]
     for device in found:
-        if not device.healthy:
-            problems.append(
-                (
-                    Reason.DEVICE_UNHEALTHY,
-                    f"device {_show(device)} is unhealthy: {device.health_reason}",
-                )
-            )
-        if requirement is not None and not device.satisfies(requirement):
-            problems.append(
-                (
-                    Reason.REQUIREMENT_MISMATCH,
-                    f"device {_show(device)} ({device.name}, {device.memory_mib} MiB) does not "
-                    f"match {requirement.describe()}",
-                )
-            )
+        problems.extend(device_problems(device, requirement, _show(device)))
     return _verdict(inventory, key, slot, found, problems)
 
 

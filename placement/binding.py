@@ -16,7 +16,7 @@ from placement.annotations import LEGACY_NODE_LABEL, BindingDecision, legacy_map
 from placement.devices import DeclaredDevices, GpuId
 from placement.errors import PlacementError
 from placement.indexing import IndexSource, PodIdentity, resolve_index
-from placement.inventory import NodeInventory
+from placement.inventory import NodeInventory, device_problems
 from placement.legacy import parse_legacy, shared_gpus
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.nodes import resolve_node
@@ -262,46 +262,42 @@ def _node_refusal(where: str, slot: CompiledSlot, cluster: Cluster) -> Status | 
 
 def _device_refusal(where: str, slot: CompiledSlot, cluster: Cluster) -> Status | None:
     """Why the slot's devices cannot be used now: no fresh inventory (where one is required),
-    or a device missing or unhealthy in it."""
+    or a device missing or unhealthy in it. Each waits for the node's inventory or the model."""
     inv = cluster.inventories.get(slot.node)
+    found: tuple[Reason, str] | None = None
     if inv is None or not inv.fresh:
         if cluster.require_inventory:
             why = (
                 "has no GPU inventory (is the agent running?)"
                 if inv is None
-                else ("has a stale GPU inventory (agent stopped renewing its lease)")
+                else "has a stale GPU inventory (agent stopped renewing its lease)"
             )
-            return _wait(
+            found = (
                 Reason.INVENTORY_MISSING if inv is None else Reason.INVENTORY_STALE,
-                f"{where}: node {slot.node} {why}",
-                WakeKey.inventory(slot.node),
-                WakeKey.model(),
+                f"node {slot.node} {why}",
             )
+    elif not slot.resolved:
+        found = (Reason.DEVICE_MISSING, f"devices {slot.declared} not found on node {slot.node}")
     else:
-        if not slot.resolved:
-            return _wait(
-                Reason.DEVICE_MISSING,
-                f"{where}: devices {slot.declared} not found on node {slot.node}",
-                WakeKey.inventory(slot.node),
-                WakeKey.model(),
-            )
-        for uuid in slot.devices:
-            device = inv.inventory.by_uuid.get(uuid)
-            if device is None:
-                return _wait(
-                    Reason.DEVICE_MISSING,
-                    f"{where}: device {uuid} not found on node {slot.node}",
-                    WakeKey.inventory(slot.node),
-                    WakeKey.model(),
-                )
-            if not device.healthy:
-                return _wait(
-                    Reason.DEVICE_UNHEALTHY,
-                    f"{where}: device {device.index} ({uuid}) on node "
-                    f"{slot.node} is unhealthy: {device.health_reason or 'unknown'}",
-                    WakeKey.inventory(slot.node),
-                    WakeKey.model(),
-                )
+        found = _first_device_problem(slot, inv.inventory)
+    if found is None:
+        return None
+    reason, message = found
+    return _wait(reason, f"{where}: {message}", WakeKey.inventory(slot.node), WakeKey.model())
+
+
+def _first_device_problem(
+    slot: CompiledSlot, inventory: NodeInventory
+) -> tuple[Reason, str] | None:
+    for uuid in slot.devices:
+        device = inventory.by_uuid.get(uuid)
+        if device is None:
+            return Reason.DEVICE_MISSING, f"device {uuid} not found on node {slot.node}"
+        # The slot's requirement was checked when its devices were resolved (compile).
+        problems = device_problems(device, None, f"{device.index} ({uuid})")
+        if problems:
+            reason, message = problems[0]
+            return reason, f"{message} (node {slot.node})"
     return None
 
 

@@ -25,7 +25,7 @@ from placement.annotations import LEGACY_NODE_LABEL
 from placement.bulk import without_cycle_collection
 from placement.devices import DeclaredDevices, GpuId, gpu_ids
 from placement.grants import GrantView
-from placement.inventory import GpuDevice, NodeInventory
+from placement.inventory import GpuDevice, NodeInventory, device_problems
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.nodes import resolve_node
@@ -431,27 +431,23 @@ class Compiler:
     ) -> tuple[CompiledSlot, list[str]]:
         where = f"index {slot.index} on node {node}"
         problems: list[str] = []
+        missing: list[str] = []
         found: list[GpuDevice] = []
         for ref in slot.devices:
             device = inventory.find(ref)
             if device is None:
-                problems.append(
+                missing.append(
                     f"{where}: device {_show(ref)} not found (node has "
                     f"{len(inventory.devices)} GPUs)"
                 )
+                problems.append(missing[-1])
                 continue
-            if not device.satisfies(slot.require):
-                problems.append(
-                    f"{where}: device {_show(ref)} ({device.name}, {device.memory_mib} MiB)"
-                    f" does not match {slot.require.describe() if slot.require else ''}"
-                )
-            if not device.healthy:
-                problems.append(
-                    f"{where}: device {_show(ref)} is unhealthy: {device.health_reason}"
-                )
+            problems += (
+                f"{where}: {m}" for _, m in device_problems(device, slot.require, _show(ref))
+            )
             found.append(device)
-        if len(found) != len(slot.devices):
-            message = "; ".join(p for p in problems if "not found" in p)
+        if missing:
+            message = "; ".join(missing)
             return CompiledSlot(
                 slot.index, node, declared=declared, blocked=Reason.DEVICE_MISSING, message=message
             ), problems

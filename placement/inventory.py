@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from placement.maps import Requirement
+from placement.reasons import Reason
 from placement.types import DeviceRef, GpuUuid, NodeName
 
 INVENTORY_KEY = "inventory.json"
@@ -33,6 +34,27 @@ class GpuDevice:
         if requirement.product and requirement.product != self.name:
             return False
         return not (requirement.min_memory_mib and self.memory_mib < requirement.min_memory_mib)
+
+
+def device_problems(
+    device: GpuDevice, require: Requirement | None, shown: str
+) -> list[tuple[Reason, str]]:
+    """What keeps a present device from serving a slot, in order: it is unhealthy, it is not what
+    the slot requires. The one device check of compile, the binder and the agents; `shown` is how
+    the caller names the device (as the map wrote it, or its index and UUID)."""
+    problems: list[tuple[Reason, str]] = []
+    if not device.healthy:
+        why = device.health_reason or "unknown"
+        problems.append((Reason.DEVICE_UNHEALTHY, f"device {shown} is unhealthy: {why}"))
+    if require is not None and not device.satisfies(require):
+        problems.append(
+            (
+                Reason.REQUIREMENT_MISMATCH,
+                f"device {shown} ({device.name}, {device.memory_mib} MiB) does not match "
+                f"{require.describe()}",
+            )
+        )
+    return problems
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from placement.devices import UNDECLARED, DeclaredDevices, GpuId, gpu_ids
+from placement.inventory import GpuDevice, device_problems
+from placement.maps import Requirement
+from placement.reasons import Reason
 from placement.types import GpuUuid
 
 UUID = GpuUuid("GPU-5c1d0c3e-0000-4000-8000-000000000001")
@@ -41,3 +44,34 @@ def test_a_slot_holds_its_uuids_once_known_else_its_indices() -> None:
     assert gpu_ids((UUID,), (0,)) == (UUID,)
     assert gpu_ids((), (0, 2)) == ("#0", "#2")
     assert all(isinstance(g, GpuId) for g in gpu_ids((), (1,)))
+
+
+# -- the one device check ----------------------------------------------------------------------
+H100 = GpuDevice(0, UUID, "NVIDIA H100 80GB HBM3", 81559)
+SICK = GpuDevice(0, UUID, "NVIDIA A100", 40960, healthy=False, health_reason="XID 79")
+WANT_H100 = Requirement(product="NVIDIA H100 80GB HBM3")
+
+
+@pytest.mark.parametrize(
+    ("device", "require", "problems"),
+    [
+        (H100, None, []),
+        (H100, WANT_H100, []),
+        (H100, Requirement(min_memory_mib=90000), [Reason.REQUIREMENT_MISMATCH]),
+        (SICK, None, [Reason.DEVICE_UNHEALTHY]),
+        (SICK, WANT_H100, [Reason.DEVICE_UNHEALTHY, Reason.REQUIREMENT_MISMATCH]),
+    ],
+)
+def test_a_present_device_is_checked_for_health_then_requirement(
+    device: GpuDevice, require: Requirement | None, problems: list[Reason]
+) -> None:
+    found = device_problems(device, require, "0")
+    assert [reason for reason, _ in found] == problems
+    assert all(message.startswith("device 0 ") for _, message in found)
+
+
+def test_an_unhealthy_device_without_a_reason_says_unknown() -> None:
+    device = GpuDevice(1, UUID, healthy=False)
+    assert device_problems(device, None, "1") == [
+        (Reason.DEVICE_UNHEALTHY, "device 1 is unhealthy: unknown")
+    ]
