@@ -11,6 +11,7 @@ import logging
 
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APINotFoundError
+from kubeio.paths import LEASES
 from kubeio.times import now_micro
 from placement.types import NodeName
 
@@ -28,7 +29,7 @@ class Heartbeat:
         self.node = node
         self.identity = identity
         self.duration_seconds = duration_seconds
-        self.collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.collection = LEASES.collection(namespace)
         self.path = f"{self.collection}/{node}"
         self._lease: Obj | None = None  # as the server last returned it (its resourceVersion)
 

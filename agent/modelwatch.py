@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kubeio.client import Kube
 from kubeio.informer import Informer
+from kubeio.paths import CONFIGMAPS
 from placement.model import MODEL_LABEL, CompiledMap, CompiledSlot, model_data, read_model
 from placement.types import MapKey, NodeName
 
@@ -30,7 +31,7 @@ class ModelWatch:
         self.node = node
         self.informer = Informer(
             kube,
-            f"/api/v1/namespaces/{namespace}/configmaps",
+            CONFIGMAPS.collection(namespace),
             label_selector=f"{MODEL_LABEL}=true",
             name="model",
         )

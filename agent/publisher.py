@@ -18,6 +18,7 @@ from typing import Final
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APINotFoundError
 from kubeio.informer import DELETED
+from kubeio.paths import CONFIGMAPS
 from placement.inventory import DeviceCheck
 from placement.types import NodeName
 
@@ -62,7 +63,7 @@ class InventoryPublisher:
         self.kube = kube
         self.namespace = namespace
         self.node = node
-        self.collection = f"/api/v1/namespaces/{namespace}/configmaps"
+        self.collection = CONFIGMAPS.collection(namespace)
         self.path = f"{self.collection}/{node}"
         self._wake = wake
         self._lock = threading.Lock()

@@ -23,6 +23,7 @@ from controller.slotcache import Holding, SlotCache
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import WARNING, EventRecorder, ObjectRef
+from kubeio.paths import PODS
 from kubeio.times import now_time
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
@@ -253,7 +254,7 @@ class Binder:
         self, uid: str, pod: Obj, placement: Placement, claim: ClaimPlan | None = None
     ) -> None:
         meta = pod["metadata"]
-        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding"
+        path = PODS.item(meta["name"], meta["namespace"], "binding")
         try:
             if self._stop.is_set() or not self.fence():
                 raise FencedError(0, "Fenced", "lease not held")
@@ -361,7 +362,7 @@ class Binder:
         }
         try:
             self.kube.patch(
-                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                PODS.item(meta["name"], meta["namespace"], "status"),
                 body,
                 content_type="application/strategic-merge-patch+json",
             )

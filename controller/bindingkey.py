@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APINotFoundError
+from kubeio.paths import SECRETS
 from kubeio.times import now_time
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class SigningKey:
 def load_or_create_key(kube: Kube, namespace: str, name: str) -> SigningKey:
     """The key in Secret `name`; a new random one if the Secret is missing or (as the chart renders
     it, so that RBAC needs no `create`) empty. Races between replicas end with one key."""
-    path = f"/api/v1/namespaces/{namespace}/secrets"
+    path = SECRETS.collection(namespace)
     fresh = base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()
     for _attempt in range(5):
         try:

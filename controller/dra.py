@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.informer import DELETED
+from kubeio.paths import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES
 from placement.binding import Code, Placement, SlotView, Status
 from placement.dra import (
     DELETE_PROTECTION,
@@ -40,9 +41,9 @@ from placement.types import GpuUuid, MapKey, NodeName
 from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
-CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
-TEMPLATES_PATH = "/apis/resource.k8s.io/v1/resourceclaimtemplates"
+CLAIMS_PATH = RESOURCE_CLAIMS.collection()
+SLICES_PATH = RESOURCE_SLICES.collection()
+TEMPLATES_PATH = RESOURCE_CLAIM_TEMPLATES.collection()
 TEMPLATE_SELECTOR = f"{TEMPLATE_LABEL}=true"
 DeviceId = tuple[str, str, str]  # (driver, pool, device)
 
@@ -214,7 +215,7 @@ class ClaimWriter:
         self.settings = settings
 
     def _path(self, claim: ClaimState) -> str:
-        return f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+        return RESOURCE_CLAIMS.item(claim.name, claim.namespace)
 
     def reserve(self, plan: ClaimPlan, pod: Obj) -> None:
         """Allocates the claim to the plan's devices and reserves it for the pod.
@@ -283,7 +284,7 @@ class TemplateKeeper:
         }
         for (namespace, name), body in wanted.items():
             have = current.get((namespace, name))
-            path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+            path = RESOURCE_CLAIM_TEMPLATES.collection(namespace)
             try:
                 if have is None:
                     try:
@@ -300,7 +301,7 @@ class TemplateKeeper:
             except APIError as exc:
                 log.warning("ResourceClaimTemplate %s/%s not written: %s", namespace, name, exc)
         for namespace, name in set(current) - set(wanted):
-            path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/{name}"
+            path = RESOURCE_CLAIM_TEMPLATES.item(name, namespace)
             try:
                 self.kube.delete(path)
             except APINotFoundError:

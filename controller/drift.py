@@ -14,6 +14,7 @@ from controller.slotcache import Holding, SlotCache
 from kubeio.client import Kube
 from kubeio.errors import APIError, APINotFoundError
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from kubeio.paths import PODS
 from kubeio.times import now_time
 from placement.annotations import DRIFTED_CONDITION, LEGACY_MAP_PREFIX
 from placement.drift import BoundSlot, Drift, drift_of
@@ -137,7 +138,7 @@ class DriftTracker:
         body = {"metadata": {"uid": holding.uid}, "status": {"conditions": [condition(drift)]}}
         try:
             self.kube.patch(
-                f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                PODS.item(name, namespace, "status"),
                 body,
                 content_type="application/strategic-merge-patch+json",
             )

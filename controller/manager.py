@@ -46,6 +46,7 @@ from kubeio.errors import APIError, APINotFoundError
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from kubeio.informer import DELETED, Informer
 from kubeio.leader import LeaderElector, LeaderSettings
+from kubeio.paths import CONFIGMAPS, LEASES, NODES, PODS
 from placement.annotations import (
     LEGACY_MAP_PREFIX,
     PLACEMENT_MAP_LABEL,
@@ -178,27 +179,27 @@ class Controller:
         if s.source == "configmap":
             inf["sources"] = Informer(
                 self.kube,
-                "/api/v1/configmaps",
+                CONFIGMAPS.collection(),
                 name="sources",
                 label_selector=f"{PLACEMENT_MAP_LABEL}=true",
                 resync_seconds=resync,
             )
             inf["sources"].add_handler(self._on_source)
         inf |= {
-            "nodes": Informer(self.kube, "/api/v1/nodes", name="nodes"),
+            "nodes": Informer(self.kube, NODES.collection(), name="nodes"),
             "inventories": Informer(
                 self.kube,
-                f"/api/v1/namespaces/{s.inventory_namespace}/configmaps",
+                CONFIGMAPS.collection(s.inventory_namespace),
                 name="inventories",
             ),
             "leases": Informer(
                 self.kube,
-                f"/apis/coordination.k8s.io/v1/namespaces/{s.inventory_namespace}/leases",
+                LEASES.collection(s.inventory_namespace),
                 name="leases",
             ),
             "model": Informer(
                 self.kube,
-                f"/api/v1/namespaces/{s.system_namespace}/configmaps",
+                CONFIGMAPS.collection(s.system_namespace),
                 name="model",
                 label_selector=f"{MODEL_LABEL}=true",
             ),
@@ -209,7 +210,7 @@ class Controller:
         for name in names:
             inf[f"pods:{name}"] = Informer(
                 self.kube,
-                "/api/v1/pods",
+                PODS.collection(),
                 name=f"pods:{name}",
                 field_selector=f"spec.schedulerName={name}",
                 resync_seconds=resync,
@@ -230,7 +231,7 @@ class Controller:
             inf["claimtemplates"].add_handler(self._on_template)
         inf["policy"] = Informer(
             self.kube,
-            f"/api/v1/namespaces/{s.system_namespace}/configmaps",
+            CONFIGMAPS.collection(s.system_namespace),
             name="policy",
             field_selector=f"metadata.name={POLICY_CONFIGMAP}",
         )
@@ -412,8 +413,8 @@ class Controller:
         them), so their GPUs are not handed out twice meanwhile."""
         ns = self.settings.inventory_namespace
         for path in (
-            f"/api/v1/namespaces/{ns}/configmaps/{node}",
-            f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{node}",
+            CONFIGMAPS.item(node, ns),
+            LEASES.item(node, ns),
         ):
             try:
                 self.kube.delete(path)

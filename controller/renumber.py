@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from kubeio.client import Kube
 from kubeio.errors import APIError
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from kubeio.paths import PODS
 from kubeio.times import now_time
 from placement.annotations import RENUMBERED_CONDITION, BindingDecision
 from placement.inventory import NodeInventory
@@ -156,7 +157,7 @@ class RenumberTracker:
         ref = bound.ref
         try:
             self.kube.patch(
-                f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}/status",
+                PODS.item(ref.name, ref.namespace, "status"),
                 {"status": {"conditions": [condition]}},
                 content_type="application/strategic-merge-patch+json",
             )

@@ -27,6 +27,7 @@ from kubeio.errors import (
     APITooManyRequestsError,
 )
 from kubeio.events import NORMAL, EventRecorder, ObjectRef
+from kubeio.paths import PODS
 from placement.binding import Status
 from placement.model import Model
 from placement.types import MapKey, RolloutStrategy, SlotKey
@@ -153,7 +154,7 @@ class Rollouts:
             "deleteOptions": {"preconditions": {"uid": uid}},
         }
         try:
-            self.kube.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+            self.kube.create(PODS.item(name, namespace, "eviction"), body)
         except APITooManyRequestsError:
             return "pdb"
         except APIForbiddenError as exc:

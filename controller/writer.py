@@ -9,6 +9,7 @@ from typing import Any
 
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
+from kubeio.paths import CONFIGMAPS
 from placement.annotations import STATUS_ANNOTATION
 from placement.model import MANIFEST_NAME, MODEL_LABEL, Model, encode_model
 from placement.status import MapStatus
@@ -22,7 +23,7 @@ class ModelWriter:
     def __init__(self, kube: Kube, namespace: str) -> None:
         self.kube = kube
         self.namespace = namespace
-        self._path = f"/api/v1/namespaces/{namespace}/configmaps"
+        self._path = CONFIGMAPS.collection(namespace)
 
     def write(self, model: Model, current: Mapping[str, Mapping[str, str]]) -> int:
         """Writes shards first and the manifest last (readers check shards against it), then drops
@@ -63,7 +64,7 @@ def patch_status(kube: Kube, key: MapKey, status: MapStatus) -> bool:
     """Sets the status annotation on a source map; False if the map is gone."""
     body = {"metadata": {"annotations": {STATUS_ANNOTATION: status.to_json()}}}
     try:
-        kube.patch(f"/api/v1/namespaces/{key.namespace}/configmaps/{key.name}", body)
+        kube.patch(CONFIGMAPS.item(key.name, key.namespace), body)
     except (APINotFoundError, APIConflictError):
         return False
     except APIError as exc:

@@ -10,6 +10,7 @@ from typing import Any
 
 from kubeio.client import Kube
 from kubeio.errors import APINotFoundError
+from kubeio.paths import CONFIGMAPS, EVENTS, PODS
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
@@ -150,7 +151,7 @@ def drift_condition(pod: Obj) -> Obj | None:
 def gpuplace_pods(kube: Kube, scheduler_names: Sequence[str]) -> list[PodRow]:
     rows: list[PodRow] = []
     for name in scheduler_names:
-        items = kube.get("/api/v1/pods", fieldSelector=f"spec.schedulerName={name}")["items"]
+        items = kube.get(PODS.collection(), fieldSelector=f"spec.schedulerName={name}")["items"]
         rows.extend(PodRow.of(p) for p in items)
     return sorted(rows, key=lambda r: (r.namespace, r.name))
 
@@ -186,7 +187,7 @@ def pod_table(rows: Iterable[PodRow]) -> str:
 
 
 def map_statuses(kube: Kube) -> list[tuple[str, MapStatus | None]]:
-    items = kube.get("/api/v1/configmaps", labelSelector=f"{PLACEMENT_MAP_LABEL}=true")["items"]
+    items = kube.get(CONFIGMAPS.collection(), labelSelector=f"{PLACEMENT_MAP_LABEL}=true")["items"]
     out: list[tuple[str, MapStatus | None]] = []
     for cm in items:
         meta = cm["metadata"]
@@ -220,7 +221,7 @@ def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
 
 def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
-    for cm in kube.get(f"/api/v1/namespaces/{namespace}/configmaps")["items"]:
+    for cm in kube.get(CONFIGMAPS.collection(namespace))["items"]:
         text = (cm.get("data") or {}).get(INVENTORY_KEY)
         if text is None:
             continue
@@ -259,8 +260,8 @@ def _provenance(pod: Obj) -> list[str]:
 def explain(kube: Kube, namespace: str, name: str) -> str:
     """Why a pod is where it is, or why it is Pending, in a few lines."""
     try:
-        pod = kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-    except APINotFoundError:
+        pod = kube.get(PODS.item(name, namespace))
+    except (APINotFoundError, ValueError):  # ValueError: no such name can exist (".", "")
         return f"pod {namespace}/{name} not found"
     row = PodRow.of(pod)
     ann = pod["metadata"].get("annotations") or {}
@@ -281,9 +282,9 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
     else:
         lines.append(f"  Pending: {row.reason or 'not examined by the binder yet'}")
     labels = pod["metadata"].get("labels") or {}
-    if MAP_LABEL in labels:
+    if labels.get(MAP_LABEL):  # a label value is a name, or no map at all
         try:
-            cm = kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{labels[MAP_LABEL]}")
+            cm = kube.get(CONFIGMAPS.item(labels[MAP_LABEL], namespace))
             text = (cm["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)
             if text:
                 status = MapStatus.from_json(text)
@@ -292,9 +293,9 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
                 )
         except APINotFoundError:
             lines.append(f"  map {namespace}/{labels[MAP_LABEL]}: no such placement ConfigMap")
-    events = kube.get(
-        f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={name}"
-    )["items"]
+    events = kube.get(EVENTS.collection(namespace), fieldSelector=f"involvedObject.name={name}")[
+        "items"
+    ]
     for event in sorted(events, key=lambda e: e.get("lastTimestamp") or "")[-5:]:
         lines.append(f"  event {event.get('type')} {event.get('reason')}: {event.get('message')}")
     return "\n".join(lines)

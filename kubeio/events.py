@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIError
+from kubeio.paths import EVENTS
 from kubeio.times import now_time
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,6 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            self.kube.create(f"/api/v1/namespaces/{namespace}/events", body)
+            self.kube.create(EVENTS.collection(namespace), body)
         except APIError as exc:
             log.info("event not recorded: %s", exc)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
+from kubeio.paths import LEASES
 from kubeio.times import now_micro
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class LeaderElector:
         self._held_until = 0.0  # monotonic; see holds()
         #: monotonic time of the loop's last campaign or renewal attempt (for /healthz)
         self.last_attempt = clock()
-        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases"
+        self._path = LEASES.collection(settings.namespace)
 
     def stop(self) -> None:
         self._stop.set()

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kubeio.paths import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
 MUTATING_KIND = "MutatingWebhookConfiguration"
 VALIDATING_KIND = "ValidatingWebhookConfiguration"
-MUTATING_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-VALIDATING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+MUTATING_PATH = MUTATING_WEBHOOKS.collection()
+VALIDATING_PATH = VALIDATING_WEBHOOKS.collection()
 POD_WEBHOOK = "pods.gpuplace.io"
 LEGACY_POD_WEBHOOK = "legacy-pods.gpuplace.io"
 MAP_WEBHOOK = "placementmaps.gpuplace.io"

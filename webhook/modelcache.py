@@ -14,6 +14,7 @@ from typing import Protocol
 
 from kubeio.client import Kube
 from kubeio.informer import Informer
+from kubeio.paths import CONFIGMAPS
 from placement.model import MODEL_LABEL, Model, model_data, read_model
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class ModelCache:
     def __init__(self, kube: Kube, namespace: str) -> None:
         self._informer = Informer(
             kube,
-            f"/api/v1/namespaces/{namespace}/configmaps",
+            CONFIGMAPS.collection(namespace),
             label_selector=f"{MODEL_LABEL}=true",
             name="model",
         )

@@ -26,6 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.informer import Informer
+from kubeio.paths import SECRETS
 from webhook.certs import KeyPair, generate_ca, issue_serving, merge_bundle
 from webhook.manifests import MUTATING_PATH, VALIDATING_PATH, with_ca_bundle
 from webhook.register import patch_ca_bundle
@@ -92,7 +93,7 @@ class CASecret:
     def __init__(self, kube: Kube, settings: TLSSettings) -> None:
         self._kube = kube
         self._settings = settings
-        self._collection = f"/api/v1/namespaces/{settings.namespace}/secrets"
+        self._collection = SECRETS.collection(settings.namespace)
         self._path = f"{self._collection}/{settings.ca_secret}"
 
     def _new_ca(self, now: datetime) -> KeyPair:

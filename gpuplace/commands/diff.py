@@ -29,6 +29,7 @@ from gpuplace.commands._env import env_str
 from gpuplace.commands._tree import walk_yaml
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
+from kubeio.paths import PODS
 from placement.annotations import INDEX_ANNOTATION, MAP_LABEL
 from placement.diff import DriftingPod, RunningPod, drifting_pods, format_plan, plan
 from placement.snapshot import is_yaml_path, load_snapshot
@@ -73,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def running_pods(kube: Kube) -> list[RunningPod]:
     """Pods bound through a map, from one LIST of the pods that carry the map label."""
     out: list[RunningPod] = []
-    for pod in kube.get("/api/v1/pods", labelSelector=MAP_LABEL)["items"]:
+    for pod in kube.get(PODS.collection(), labelSelector=MAP_LABEL)["items"]:
         meta = pod["metadata"]
         index = (meta.get("annotations") or {}).get(INDEX_ANNOTATION, "")
         if not pod.get("spec", {}).get("nodeName") or not index.isdecimal():
