@@ -85,6 +85,7 @@ from placement.annotations import (
     LEGACY_NODE_LABEL,
 )
 from placement.maps import DeclaredSlot, PlacementMap
+from placement.serialize import slot_document
 from placement.types import API_VERSION, KIND
 
 WORKFLOW_API_VERSION = "argoproj.io/v1alpha1"
@@ -139,18 +140,7 @@ def step_name(slot: DeclaredSlot) -> str:
 
 def entry_document(pmap: PlacementMap, slot: DeclaredSlot) -> str:
     """A PlacementMap with only `slot`, as JSON (which is YAML): what one step checks."""
-    placement: dict[str, Any] = {"index": slot.index, "node": slot.node}
-    if slot.count is not None:
-        placement["count"] = slot.count
-    else:
-        placement["devices"] = list(slot.devices)
-    if slot.require is not None:
-        require: dict[str, Any] = {}
-        if slot.require.product is not None:
-            require["product"] = slot.require.product
-        if slot.require.min_memory_mib is not None:
-            require["minMemoryMiB"] = slot.require.min_memory_mib
-        placement["require"] = require
+    placement = slot_document(slot)
     document = {
         "apiVersion": API_VERSION,
         "kind": KIND,
