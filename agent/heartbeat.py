@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from kubeio import bodies
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APINotFoundError
 from kubeio.paths import LEASES
@@ -30,7 +31,7 @@ class Heartbeat:
         self.identity = identity
         self.duration_seconds = duration_seconds
         self.collection = LEASES.collection(namespace)
-        self.path = f"{self.collection}/{node}"
+        self.path = LEASES.item(node, namespace)
         self._lease: Obj | None = None  # as the server last returned it (its resourceVersion)
 
     def renew(self) -> None:
@@ -61,18 +62,8 @@ class Heartbeat:
 
     def _create(self) -> Obj:
         now = now_micro()
-        body: Obj = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.node, "namespace": self.namespace},
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": self.duration_seconds,
-                "acquireTime": now,
-                "renewTime": now,
-                "leaseTransitions": 0,
-            },
-        }
+        spec = bodies.lease_spec(self.identity, self.duration_seconds, now, now, 0)
+        body = bodies.lease(self.node, self.namespace, spec)
         log.info("creating heartbeat Lease %s/%s", self.namespace, self.node)
         return self.kube.create(self.collection, body)
 

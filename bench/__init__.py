@@ -54,16 +54,8 @@ def below(
     detail: bool = False,
 ) -> Measurement:
     """The median of `samples`, checked against an upper `limit` when one is given."""
-    value = statistics.median(samples)
-    return Measurement(
-        benchmark,
-        metric,
-        value,
-        unit,
-        target=f"< {limit:g} {unit}" if limit is not None else "",
-        ok=None if limit is None else value < limit,
-        samples=tuple(samples),
-        detail=detail,
+    return _median(
+        benchmark, metric, samples, unit, None if limit is None else ("<", limit), detail
     )
 
 
@@ -77,17 +69,24 @@ def above(
     detail: bool = False,
 ) -> Measurement:
     """The median of `samples`, checked against a lower `limit` (met when at least `limit`)."""
+    return _median(benchmark, metric, samples, unit, (">=", limit), detail)
+
+
+def _median(
+    benchmark: str,
+    metric: str,
+    samples: Sequence[float],
+    unit: str,
+    bound: tuple[str, float] | None,
+    detail: bool,
+) -> Measurement:
     value = statistics.median(samples)
-    return Measurement(
-        benchmark,
-        metric,
-        value,
-        unit,
-        target=f">= {limit:g} {unit}",
-        ok=value >= limit,
-        samples=tuple(samples),
-        detail=detail,
-    )
+    target, ok = "", None
+    if bound is not None:
+        op, limit = bound
+        target = f"{op} {limit:g} {unit}"
+        ok = value < limit if op == "<" else value >= limit
+    return Measurement(benchmark, metric, value, unit, target, ok, tuple(samples), detail)
 
 
 def machine() -> dict[str, Any]:

@@ -1,15 +1,15 @@
-"""What the placement benchmark does to the local cluster: concurrent raw API calls, the pod
-watcher process, and CPU and memory readings of the processes involved."""
+"""What the placement benchmark does to the local cluster: concurrent API calls (through the
+cluster's one client, `kubeio.client.Kube`), the pod watcher process, and CPU and memory readings
+of the processes involved."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import http.client
+import itertools
 import json
 import os
 import signal
-import ssl
 import subprocess
 import sys
 import threading
@@ -20,8 +20,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench._stats import busy_seconds, cpu_seconds, status_kib
-from gpuplace.localcluster import ApiConnection, LocalCluster
+from gpuplace.localcluster import LocalCluster
 from gpuplace.localcluster.process import die_with_parent
+from kubeio import bodies
+from kubeio.client import Kube
+from kubeio.paths import PODS
+from kubeio.requests import prepare
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -33,26 +37,41 @@ class BenchError(RuntimeError):
     """The workload could not run as planned (a request failed, pods did not bind in time)."""
 
 
-def concurrently(
-    cluster: LocalCluster,
-    items: Sequence[T],
-    call: Callable[[ApiConnection, T], R],
-    threads: int,
-) -> list[R]:
-    """`call(connection, item)` for every item from `threads` threads, each with its own keep-alive
-    admin connection; items are dealt round-robin, results come back in the items' order."""
+def concurrently(items: Sequence[T], call: Callable[[T], R], threads: int) -> list[R]:
+    """`call(item)` for every item from `threads` threads (they share the cluster client's
+    keep-alive connections); items are dealt round-robin, results come back in their order."""
     threads = max(1, min(threads, len(items)))
     results: list[Any] = [None] * len(items)
     start = threading.Barrier(threads)
 
     def worker(offset: int) -> None:
-        with cluster.connection() as connection:
-            start.wait()  # every thread has its connection object before the first request
-            for i in range(offset, len(items), threads):
-                results[i] = call(connection, items[i])
+        start.wait()  # every thread is up before the first request
+        for i in range(offset, len(items), threads):
+            results[i] = call(items[i])
 
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="bench") as pool:
         for future in [pool.submit(worker, t) for t in range(threads)]:
+            future.result()
+    return results
+
+
+def paced(items: Sequence[T], call: Callable[[T], R], rate: float, threads: int) -> list[R]:
+    """`call(item)` for every item, item i started no earlier than i / `rate` seconds after the
+    first: a steady arrival rate, as a controller creating pods at that rate would (`threads`
+    bound how many calls are in flight; a call later than its slot is started at once)."""
+    results: list[Any] = [None] * len(items)
+    counter = itertools.count()  # next() on a count is atomic under the GIL
+    began = time.monotonic() + 0.05
+
+    def worker() -> None:
+        while (i := next(counter)) < len(items):
+            delay = began + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            results[i] = call(items[i])
+
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="paced") as pool:
+        for future in [pool.submit(worker) for _ in range(threads)]:
             future.result()
     return results
 
@@ -63,19 +82,42 @@ def expect(status: int, body: Any, wanted: Iterable[int], what: str) -> None:
         raise BenchError(f"{what}: HTTP {status}: {message}")
 
 
-def create_pods(
-    cluster: LocalCluster, namespace: str, pods: Sequence[Obj], threads: int
-) -> dict[str, float]:
-    """Creates the pods concurrently; returns when each create was sent (time.monotonic)."""
-    path = f"/api/v1/namespaces/{namespace}/pods"
+def call(
+    cluster: LocalCluster,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    wanted: Iterable[int] = (200, 201),
+    what: str = "",
+) -> Any:
+    """One admin request that must answer one of `wanted`; returns the decoded body."""
+    status, response = cluster.request(method, path, body)
+    expect(status, response, wanted, what or f"{method} {path}")
+    return response
 
-    def create(connection: ApiConnection, pod: Obj) -> float:
+
+def create_pods(
+    cluster: LocalCluster,
+    namespace: str,
+    pods: Sequence[Obj],
+    threads: int,
+    rate: float | None = None,
+) -> dict[str, float]:
+    """Creates the pods from `threads` threads, as fast as they go or at a steady `rate` per
+    second; returns when each create was sent (time.monotonic)."""
+    path = PODS.collection(namespace)
+
+    def create(pod: Obj) -> float:
         sent = time.monotonic()
-        status, body = connection.request("POST", path, pod)
-        expect(status, body, {201}, f"creating pod {pod['metadata']['name']}")
+        what = f"creating pod {pod['metadata']['name']}"
+        call(cluster, "POST", path, pod, wanted={201}, what=what)
         return sent
 
-    sent = concurrently(cluster, pods, create, threads)
+    if rate is None:
+        sent = concurrently(pods, create, threads)
+    else:
+        sent = paced(pods, create, rate, threads)
     return {pod["metadata"]["name"]: t for pod, t in zip(pods, sent, strict=True)}
 
 
@@ -88,21 +130,19 @@ def delete_pods(
 ) -> None:
     """Deletes the pods at once (gracePeriodSeconds=0: no kubelet waits) and waits until the
     namespace has no pods left."""
-    options = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+    options = bodies.delete_options(0)
 
-    def delete(connection: ApiConnection, name: str) -> None:
-        status, body = connection.request(
-            "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", options
-        )
-        expect(status, body, {200, 202, 404}, f"deleting pod {name}")
+    def delete(name: str) -> None:
+        path = PODS.item(name, namespace)
+        call(cluster, "DELETE", path, options, wanted={200, 202, 404}, what=f"deleting pod {name}")
 
-    concurrently(cluster, names, delete, threads)
+    concurrently(names, delete, threads)
     wait_no_pods(cluster, namespace, timeout)
 
 
 def wait_no_pods(cluster: LocalCluster, namespace: str, timeout: float = 300.0) -> None:
     def empty() -> bool:
-        status, body = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1")
+        status, body = cluster.request("GET", f"{PODS.collection(namespace)}?limit=1")
         return status == 200 and not body["items"]
 
     cluster.wait_for(f"pods in namespace {namespace} to be gone", empty, timeout, interval=0.25)
@@ -110,7 +150,7 @@ def wait_no_pods(cluster: LocalCluster, namespace: str, timeout: float = 300.0) 
 
 def pending_summary(cluster: LocalCluster, namespace: str, limit: int = 5) -> str:
     """Why pods are not bound yet, from their PodScheduled conditions (for error messages)."""
-    status, body = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods")
+    status, body = cluster.request("GET", PODS.collection(namespace))
     if status != 200:
         return f"(cannot list pods: HTTP {status})"
     pending = [p for p in body["items"] if not p["spec"].get("nodeName")]
@@ -135,6 +175,73 @@ class Observed:
     events: int
     restarts: int  # watches the apiserver ended and the watcher resumed
     cpu: float  # the watcher's own CPU seconds
+
+
+def start_ready(argv: Sequence[str], what: str) -> subprocess.Popen[str]:
+    """A helper process that prints ``ready`` when it is; it dies with this process."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - prctl only
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    if first != "ready":
+        proc.kill()
+        proc.wait()
+        raise BenchError(f"{what} did not start: {first!r}")
+    return proc
+
+
+@dataclass(frozen=True)
+class Heartbeats:
+    """What the agents' heartbeats cost over a stretch of time (from `HeartbeatLoad.stop`)."""
+
+    renewals: int
+    failures: int
+    late: int
+    seconds: float
+    cpu: float  # the renewing process's CPU seconds
+
+    @property
+    def per_second(self) -> float:
+        return self.renewals / self.seconds if self.seconds > 0 else 0.0
+
+
+class HeartbeatLoad:
+    """`bench._heartbeats` in a subprocess: every node's agent Lease renewed at the agents'
+    interval, from when this returns until `stop`."""
+
+    def __init__(
+        self, cluster: LocalCluster, namespace: str, nodes: Sequence[str], interval: float
+    ) -> None:
+        listing = cluster.directory / "heartbeat-nodes.txt"
+        listing.write_text("\n".join(nodes) + "\n")
+        argv = [
+            sys.executable,
+            "-m",
+            "bench._heartbeats",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--namespace={namespace}",
+            f"--nodes={listing}",
+            f"--interval={interval}",
+        ]
+        self.pid = 0
+        self._proc = start_ready(argv, "heartbeat load")
+        self.pid = self._proc.pid
+
+    def stop(self) -> Heartbeats:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=60)
+        lines = out.strip().splitlines()
+        if not lines:
+            raise BenchError(f"heartbeat load failed ({self._proc.returncode})")
+        data = json.loads(lines[-1])
+        return Heartbeats(
+            data["renewals"], data["failures"], data["late"], data["seconds"], data["cpu"]
+        )
 
 
 class PodWatch:
@@ -168,18 +275,7 @@ class PodWatch:
             f"--timeout={timeout}",
             *(["--claims"] if claims else []),
         ]
-        self._proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - prctl only
-        )
-        assert self._proc.stdout is not None
-        first = self._proc.stdout.readline().strip()
-        if first != "ready":
-            self._proc.kill()
-            self._proc.wait()
-            raise BenchError(f"pod watcher did not start: {first!r}")
+        self._proc = start_ready(argv, "pod watcher")
 
     def wait(self, *, partial: bool = False) -> Observed:
         """Waits until `count` pods are bound; raises BenchError (saying why pods are pending)
@@ -270,18 +366,12 @@ class CpuMeter:
         return used | {MACHINE: machine, OTHERS: machine - sum(used.values())}
 
 
-def scrape(url_host: str, port: int, path: str, context: ssl.SSLContext) -> str:
-    """GET an HTTPS metrics endpoint; returns the body as text."""
-    connection = http.client.HTTPSConnection(url_host, port, context=context, timeout=30)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        body = response.read().decode()
-        if response.status != 200:
-            raise BenchError(f"GET https://{url_host}:{port}{path}: HTTP {response.status}")
-        return body
-    finally:
-        connection.close()
+def metrics(kube: Kube) -> str:
+    """The /metrics text of the server `kube` talks to (the apiserver, or the webhook)."""
+    response = kube.send(prepare("GET", "/metrics"))
+    if response.status != 200:
+        raise BenchError(f"GET {kube.host}/metrics: HTTP {response.status}")
+    return response.data.decode()
 
 
 class Profiler:

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import signal
-import ssl
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from kubeio.client import Kube
+from kubeio.errors import APIGoneError, APITransportError, status_error
+from kubeio.paths import PODS, RESOURCE_CLAIMS
 
 
 @dataclass
@@ -67,74 +70,61 @@ def _on_term(_signum: int, _frame: FrameType | None) -> None:
     raise _Stopped
 
 
-def _connect(args: argparse.Namespace) -> http.client.HTTPSConnection:
-    context = ssl.create_default_context(cafile=args.ca)
-    context.load_cert_chain(args.cert, args.key)
-    host, port = args.server.removeprefix("https://").rsplit(":", 1)
-    return http.client.HTTPSConnection(host, int(port), context=context, timeout=args.timeout)
-
-
-def _list(connection: http.client.HTTPSConnection, path: str, seen: Seen) -> str:
-    """Observes every pod listed; returns the list's resourceVersion."""
-    connection.request("GET", path, headers={"Accept": "application/json"})
-    response = connection.getresponse()
-    listing = json.loads(response.read())
-    if response.status != 200:
-        raise SystemExit(f"listing pods: HTTP {response.status}: {listing}")
+def _list(kube: Kube, path: str, seen: Seen) -> str:
+    """Observes every object listed; returns the list's resourceVersion."""
+    listing = kube.get(path)
     now = time.monotonic()
-    for pod in listing["items"]:
-        seen.observe(pod, now)
+    for obj in listing["items"]:
+        seen.observe(obj, now)
     seen.listed += len(listing["items"])
     return str(listing["metadata"]["resourceVersion"])
 
 
 def watch(args: argparse.Namespace, seen: Seen) -> None:
-    base = (
-        f"/apis/resource.k8s.io/v1/namespaces/{args.namespace}/resourceclaims"
-        if args.claims
-        else f"/api/v1/namespaces/{args.namespace}/pods"
-    )
-    connection = _connect(args)
-    rv = _list(connection, base, seen)
+    kube = Kube.with_client_certificate(args.server, Path(args.ca), Path(args.cert), Path(args.key))
+    path = (RESOURCE_CLAIMS if args.claims else PODS).collection(args.namespace)
+    rv = _list(kube, path, seen)
     deadline = time.monotonic() + args.timeout
     ready = False
     while len(seen.bound) < args.count and time.monotonic() < deadline:
-        query = f"watch=true&resourceVersion={rv}&timeoutSeconds={int(args.timeout) + 60}"
-        connection.request("GET", f"{base}?{query}", headers={"Accept": "application/json"})
-        stream = connection.getresponse()
-        if stream.status == 410:  # expired: list again (these pods are seen late, not lost)
-            stream.read()
-            rv = _list(connection, base, seen)
+        query = {"resourceVersion": rv, "timeoutSeconds": int(args.timeout) + 60}
+        try:
+            events = kube.stream(path, query, timeout=args.timeout + 90)
+        except APIGoneError:  # expired: list again (these are seen late, not lost)
+            rv = _list(kube, path, seen)
             continue
-        if stream.status != 200:
-            raise SystemExit(f"watching pods: HTTP {stream.status}: {stream.read()!r}")
         if not ready:
             print("ready", flush=True)
             ready = True
-        while len(seen.bound) < args.count and time.monotonic() < deadline:
-            line = stream.readline()
-            if not line:
-                # The apiserver ends watches (timeouts, a watcher that fell behind under load):
-                # resume from the last event seen, as an informer does.
-                seen.restarts += 1
-                connection.close()
-                connection = _connect(args)
-                break
-            now = time.monotonic()
-            event = json.loads(line)
-            seen.events += 1
-            kind = event.get("type")
-            obj = event.get("object", {})
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    connection.close()
-                    connection = _connect(args)
-                    rv = _list(connection, base, seen)
-                    break
-                raise SystemExit(f"watch error: {obj}")
-            rv = obj.get("metadata", {}).get("resourceVersion", rv)
-            if kind in ("ADDED", "MODIFIED"):
-                seen.observe(obj, now)
+        try:
+            rv = _follow(events, rv, args.count, deadline, seen)
+        except APIGoneError:
+            rv = _list(kube, path, seen)
+        except APITransportError:
+            pass  # cut under load: resume from the last event, as an informer does
+        if len(seen.bound) < args.count:
+            # The apiserver ends watches (timeouts, a watcher that fell behind under load).
+            seen.restarts += 1
+
+
+def _follow(
+    events: Iterator[dict[str, Any]], rv: str, count: int, deadline: float, seen: Seen
+) -> str:
+    """Observes the events until `count` are bound, the deadline or the stream's end; returns
+    the last resourceVersion seen."""
+    for event in events:
+        now = time.monotonic()
+        seen.events += 1
+        kind = event.get("type")
+        obj = event.get("object", {})
+        if kind == "ERROR":
+            raise status_error(obj)
+        rv = obj.get("metadata", {}).get("resourceVersion", rv)
+        if kind in ("ADDED", "MODIFIED"):
+            seen.observe(obj, now)
+        if len(seen.bound) >= count or now >= deadline:
+            break
+    return rv
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,7 @@ real `gpuplace webhook` and `gpuplace controller` with `--enforcement=dra`, and 
    In a burst kube-controller-manager (client QPS 200) generates gpuplace's claims from the
    map's template; kube-scheduler's claims come from the bench itself.
 4. The minimal client: pods with a schedulerName nobody serves and their claims exist
-   beforehand; threads (one keep-alive connection each) write only each claim's status (the
+   beforehand; threads write only each claim's status (the
    allocation and reservedFor that gpuplace writes) and then the pod's Binding. The better of
    `MINIMAL_CONCURRENCY` threads counts, found once before the repeats; rate as in (2).
 
@@ -44,24 +44,21 @@ runs every pod and claim is deleted and the apiserver left to quiesce.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench import Measurement, above, below, describe, machine
+from bench import Measurement, above, below
 from bench._kube import (
     BenchError,
     Obj,
     PodWatch,
+    call,
     concurrently,
     create_pods,
-    expect,
     process_cpu,
     profiling,
 )
@@ -69,6 +66,7 @@ from bench._stats import counter_delta, counter_totals, percentile
 from bench.placement import (
     CREATE_THREADS,
     NAMESPACE,
+    PROBE,
     SETUP_THREADS,
     UNSERVED_SCHEDULER,
     PlacementBench,
@@ -77,20 +75,26 @@ from bench.placement import (
     Usage,
     _pod,
     burst_result,
+    cli,
     drain_result,
     gpu_uuid,
     gpuplace_pod,
     inventory,
     pod_name,
+    rates,
+    ratio,
+    run_details,
+    running,
 )
-from gpuplace.localcluster import ApiConnection
+from kubeio import bodies
+from kubeio.paths import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 from placement.dra import (
-    REQUEST_NAME,
     RESOURCE_API,
     DraDevice,
     DraSettings,
     Enforcement,
     allocation_status,
+    claim_spec,
     device_name,
     slice_for,
 )
@@ -111,7 +115,7 @@ WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
 PLACEMENT_RESOURCES = frozenset(
     {("resourceclaims", ""), ("resourceclaims", "status"), ("pods", "binding")}
 )
-CLAIMS = f"/apis/{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims"
+CLAIMS = RESOURCE_CLAIMS.collection(NAMESPACE)
 
 
 # --------------------------------------------------------------------------- the workload
@@ -137,23 +141,12 @@ def uuid_selector(uuid: str, settings: DraSettings) -> str:
 def cel_claim(scale: Scale, pod: int, run: int, settings: DraSettings = SETTINGS) -> Obj:
     """The claim a kube-scheduler user writes for the slot: exactly its GPU, by UUID."""
     uuid = gpu_uuid(pod % scale.nodes, scale.device(pod))
+    selector = uuid_selector(uuid, settings)
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceClaim",
         "metadata": {"name": pod_name(scale, pod, run)},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": REQUEST_NAME,
-                        "exactly": {
-                            "deviceClassName": settings.device_class,
-                            "selectors": [{"cel": {"expression": uuid_selector(uuid, settings)}}],
-                        },
-                    }
-                ]
-            }
-        },
+        "spec": claim_spec(settings, {"selectors": [{"cel": {"expression": selector}}]}),
     }
 
 
@@ -276,31 +269,24 @@ class DraBench(PlacementBench):
 
     def setup(self) -> None:
         super().setup()
-        status, body = self.cluster.request(
-            "POST", f"/apis/{RESOURCE_API}/deviceclasses", device_class(SETTINGS)
+        call(
+            self.cluster, "POST", DEVICE_CLASSES.collection(), device_class(SETTINGS), wanted={201}
         )
-        expect(status, body, {201}, "DeviceClass")
 
-        def publish(connection: ApiConnection, n: int) -> None:
+        def publish(n: int) -> None:
             body = slice_for(inventory(n, self.scale.gpus), SETTINGS)
-            status, response = connection.request(
-                "POST", f"/apis/{RESOURCE_API}/resourceslices", body
-            )
-            expect(status, response, {201}, f"ResourceSlice of node {n}")
+            call(self.cluster, "POST", RESOURCE_SLICES.collection(), body, wanted={201})
 
-        concurrently(self.cluster, list(range(self.scale.nodes)), publish, SETUP_THREADS)
+        concurrently(list(range(self.scale.nodes)), publish, SETUP_THREADS)
         self.log(f"{self.scale.nodes} ResourceSlices published")
 
     # -- helpers ---------------------------------------------------------------------------------
     def _count(self, path: str) -> int:
-        status, body = self.cluster.request("GET", path)
-        expect(status, body, {200}, f"listing {path}")
-        return len(body["items"])
+        return len(call(self.cluster, "GET", path)["items"])
 
     def _claims_made(self) -> int:
         """Pods whose claim kube-controller-manager has generated."""
-        status, body = self.cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
-        expect(status, body, {200}, "listing pods")
+        body = call(self.cluster, "GET", PODS.collection(NAMESPACE))
         return sum(1 for p in body["items"] if (p.get("status") or {}).get("resourceClaimStatuses"))
 
     def _clear_claims(self, pods: Sequence[Obj], delete: bool) -> None:
@@ -310,11 +296,10 @@ class DraBench(PlacementBench):
         if delete:
             names = [pod["metadata"]["name"] for pod in pods]
 
-            def remove(connection: ApiConnection, name: str) -> None:
-                status, body = connection.request("DELETE", f"{CLAIMS}/{name}")
-                expect(status, body, {200, 202, 404}, f"deleting claim {name}")
+            def remove(name: str) -> None:
+                call(self.cluster, "DELETE", f"{CLAIMS}/{name}", wanted={200, 202, 404})
 
-            concurrently(self.cluster, names, remove, CREATE_THREADS)
+            concurrently(names, remove, CREATE_THREADS)
         self.cluster.wait_for(
             "every claim of the run to be gone",
             lambda: self._count(f"{CLAIMS}?limit=1") == 0,
@@ -331,8 +316,7 @@ class DraBench(PlacementBench):
 
     def _check(self, run: int, bound: Iterable[str]) -> None:
         """Every bound pod of the run got its slot's device: the contenders placed the same."""
-        status, body = self.cluster.request("GET", CLAIMS)
-        expect(status, body, {200}, "listing claims")
+        body = call(self.cluster, "GET", CLAIMS)
         slots = {pod_name(self.scale, p, run): p for p in range(self.scale.pods)}
         expected = {name: slot_device(self.scale, slots[name]) for name in bound}
         errors = allocation_errors(body["items"], expected)
@@ -354,18 +338,14 @@ class DraBench(PlacementBench):
         and each pod's uid."""
         order = self.scale.creation_order()
 
-        def create(connection: ApiConnection, pod: int) -> tuple[float, str]:
+        def create(pod: int) -> tuple[float, str]:
             claim, body = cel_claim(self.scale, pod, run), build(self.scale, pod, run)
             sent = time.monotonic()
-            status, response = connection.request("POST", CLAIMS, claim)
-            expect(status, response, {201}, f"creating claim {claim['metadata']['name']}")
-            status, response = connection.request(
-                "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body
-            )
-            expect(status, response, {201}, f"creating pod {body['metadata']['name']}")
+            call(self.cluster, "POST", CLAIMS, claim, wanted={201})
+            response = call(self.cluster, "POST", PODS.collection(NAMESPACE), body, wanted={201})
             return sent, str(response["metadata"]["uid"])
 
-        results = concurrently(self.cluster, order, create, CREATE_THREADS)
+        results = concurrently(order, create, CREATE_THREADS)
         names = [pod_name(self.scale, p, run) for p in order]
         return (
             {n: sent for n, (sent, _) in zip(names, results, strict=True)},
@@ -435,18 +415,10 @@ class DraBench(PlacementBench):
         probe = cel_pod(self.scale, 0, 0)
         claim = cel_claim(self.scale, 0, 0)
         for item in (probe, claim):
-            item["metadata"]["name"] = "bench-probe"
-        probe["spec"]["resourceClaims"][0]["resourceClaimName"] = "bench-probe"
-        status, body = self.cluster.request("POST", CLAIMS, claim)
-        expect(status, body, {201}, "creating the kube-scheduler probe claim")
-        status, body = self.cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", probe)
-        expect(status, body, {201}, "creating the kube-scheduler probe pod")
-
-        def bound() -> bool:
-            _, pod = self.cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/bench-probe")
-            return bool(pod.get("spec", {}).get("nodeName"))
-
-        self.cluster.wait_for("kube-scheduler to bind a probe pod", bound, 120, interval=0.1)
+            item["metadata"]["name"] = PROBE
+        probe["spec"]["resourceClaims"][0]["resourceClaimName"] = PROBE
+        call(self.cluster, "POST", CLAIMS, claim, wanted={201}, what="the probe's claim")
+        self.wait_probe_bound("kube-scheduler", probe)
         self._clear_claims([probe], delete=True)
 
     def scheduler_dra_burst(self) -> DraRun:
@@ -507,29 +479,17 @@ class DraBench(PlacementBench):
         self._quiesce()
         order = self.scale.creation_order()
 
-        def place(connection: ApiConnection, pod: int) -> tuple[float, float]:
+        def place(pod: int) -> tuple[float, float]:
             name = pod_name(self.scale, pod, run)
             device = slot_device(self.scale, pod)
             status_body = allocation_status(
                 [device], device.node, name, uids[name], SETTINGS.driver
             )
-            binding = {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": name},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": device.node},
-            }
+            binding = bodies.binding(name, NAMESPACE, uids[name], device.node, {})
             sent = time.monotonic()
-            status, response = connection.request(
-                "PATCH", f"{CLAIMS}/{name}/status", {"status": status_body}
-            )
-            expect(status, response, {200}, f"allocating claim {name}")
-            status, response = connection.request(
-                "POST", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/binding", binding
-            )
-            done = time.monotonic()
-            expect(status, response, {201}, f"binding {name}")
-            return sent, done
+            call(self.cluster, "PATCH", f"{CLAIMS}/{name}/status", {"status": status_body})
+            call(self.cluster, "POST", PODS.item(name, NAMESPACE, "binding"), binding)
+            return sent, time.monotonic()
 
         usage: list[Usage] = []
         metrics: list[str] = []
@@ -537,7 +497,7 @@ class DraBench(PlacementBench):
         try:
             with self._measuring(usage, metrics):
                 started = time.monotonic()
-                times = concurrently(self.cluster, order, place, concurrency)
+                times = concurrently(order, place, concurrency)
                 seen = watch.wait()
                 allocated = claims.wait()
         finally:
@@ -581,92 +541,59 @@ def measurements(scale: Scale, r: DraResults) -> list[Measurement]:
         "kube-scheduler dra drain, no node affinity": r.scheduler_cel_only,
         "minimal claim status + Binding": r.minimal,
     }
-
-    def rates(xs: Sequence[DraRun]) -> list[float]:
-        return [x.result.rate for x in xs]
-
-    def ratio(a: Sequence[DraRun], b: Sequence[DraRun]) -> list[float]:
-        return [x.result.rate / y.result.rate for x, y in zip(a, b, strict=True)]
-
-    def p99(xs: Sequence[DraRun]) -> list[float]:
-        return [x.result.p99 if x.result.p99 is not None else float("nan") for x in xs]
-
     best = int(r.minimal[0].result.extra["concurrency"]) if r.minimal else 0
     result: list[Measurement] = []
     for name, xs in runs.items():
-        if not xs:
-            continue
-        what = f"{name} ({best} threads)" if name.startswith("minimal") else name
-        result.append(below(label, f"{what}: pods/s", rates(xs), "pods/s"))
-        if name.endswith("burst"):
-            result.append(below(label, f"{name}: create -> bound p99", p99(xs), "s"))
-        if name.startswith("minimal"):
-            result.append(below(label, f"{name}: status + Binding p99", p99(xs), "s"))
-        placement = [x.placement_writes for x in xs]
-        result.append(below(label, f"{name}: writes per pod, claims + Bindings", placement, ""))
-        result.append(below(label, f"{name}: writes per pod, all", [x.all_writes for x in xs], ""))
-        shares = [
-            100 * x.result.extra["bound share"] for x in xs if "bound share" in x.result.extra
-        ]
-        if shares:
-            result.append(below(label, f"{name}: bound within {SCHEDULER_CAP:.0f} s", shares, "%"))
-    if r.gpuplace_drain and r.scheduler_drain:
-        result.append(
-            above(
-                label,
-                "gpuplace / kube-scheduler, dra drain",
-                ratio(r.gpuplace_drain, r.scheduler_drain),
-                "x",
-                TARGET_VS_SCHEDULER,
+        if xs:
+            result += _contender(label, name, xs, best)
+    comparisons = (
+        ("gpuplace / kube-scheduler, dra drain", r.gpuplace_drain, r.scheduler_drain),
+        (
+            "gpuplace / kube-scheduler, dra drain, no node affinity",
+            r.gpuplace_drain,
+            r.scheduler_cel_only,
+        ),
+        ("gpuplace / kube-scheduler, dra burst", r.gpuplace_burst, r.scheduler_burst),
+        ("gpuplace dra drain / minimal", r.gpuplace_drain, r.minimal),
+    )
+    targets = {
+        "gpuplace / kube-scheduler, dra drain": TARGET_VS_SCHEDULER,
+        "gpuplace dra drain / minimal": TARGET_VS_MINIMAL,
+    }
+    for what, a, b in comparisons:
+        if a and b:
+            ratios = ratio([x.result for x in a], [x.result for x in b])
+            limit = targets.get(what)
+            result.append(
+                above(label, what, ratios, "x", limit) if limit else below(label, what, ratios, "x")
             )
-        )
-    if r.gpuplace_drain and r.scheduler_cel_only:
-        result.append(
-            below(
-                label,
-                "gpuplace / kube-scheduler, dra drain, no node affinity",
-                ratio(r.gpuplace_drain, r.scheduler_cel_only),
-                "x",
-            )
-        )
-    if r.gpuplace_burst and r.scheduler_burst:
-        result.append(
-            below(
-                label,
-                "gpuplace / kube-scheduler, dra burst",
-                ratio(r.gpuplace_burst, r.scheduler_burst),
-                "x",
-            )
-        )
-    if r.gpuplace_drain and r.minimal:
-        result.append(
-            above(
-                label,
-                "gpuplace dra drain / minimal",
-                ratio(r.gpuplace_drain, r.minimal),
-                "x",
-                TARGET_VS_MINIMAL,
-            )
-        )
     for concurrency, rate in sorted(r.minimal_search.items()):
         result.append(
             below(label, f"minimal search: {concurrency} threads", [rate], "pods/s", detail=True)
         )
     for name, xs in runs.items():
-        for key in ("p50",):
-            values = [x.result.p50 for x in xs if x.result.p50 is not None]
-            if values:
-                result.append(below(label, f"{name}: {key}", values, "s", detail=True))
-        for process in sorted({p for x in xs for p in x.result.cpu}):
-            values = [x.result.cpu.get(process, float("nan")) for x in xs]
-            result.append(below(label, f"{name}: CPU of {process}", values, "s", detail=True))
-        for key in sorted({k for x in xs for k in x.result.extra}):
-            values = [x.result.extra[key] for x in xs if key in x.result.extra]
-            result.append(below(label, f"{name}: {key}", values, "", detail=True))
-        for key in sorted({k for x in xs for k in x.result.requests}):
-            values = [x.result.requests.get(key, 0.0) for x in xs]
-            unit = "s" if key.startswith("APF") else ""
-            result.append(below(label, f"{name}: {key}", values, unit, detail=True))
+        p50 = [x.result.p50 for x in xs if x.result.p50 is not None]
+        if p50:
+            result.append(below(label, f"{name}: p50", p50, "s", detail=True))
+        result += run_details(label, name, [x.result for x in xs])
+    return result
+
+
+def _contender(label: str, name: str, xs: Sequence[DraRun], best: int) -> list[Measurement]:
+    """One contender's headline figures: rate, p99, writes per pod, the share bound in time."""
+    p99 = [x.result.p99 if x.result.p99 is not None else float("nan") for x in xs]
+    what = f"{name} ({best} threads)" if name.startswith("minimal") else name
+    result = [below(label, f"{what}: pods/s", rates([x.result for x in xs]), "pods/s")]
+    if name.endswith("burst"):
+        result.append(below(label, f"{name}: create -> bound p99", p99, "s"))
+    if name.startswith("minimal"):
+        result.append(below(label, f"{name}: status + Binding p99", p99, "s"))
+    placement = [x.placement_writes for x in xs]
+    result.append(below(label, f"{name}: writes per pod, claims + Bindings", placement, ""))
+    result.append(below(label, f"{name}: writes per pod, all", [x.all_writes for x in xs], ""))
+    shares = [100 * x.result.extra["bound share"] for x in xs if "bound share" in x.result.extra]
+    if shares:
+        result.append(below(label, f"{name}: bound within {SCHEDULER_CAP:.0f} s", shares, "%"))
     return result
 
 
@@ -681,39 +608,29 @@ def bench(
     profile_dir: Path | None = None,
 ) -> DraResults:
     results = DraResults()
-    with contextlib.ExitStack() as stack:
-        if workdir is None:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuplace-dra-")))
-        b = DraBench(scale, workdir, log, profile_dir)
-        try:
-            b.setup()
-            for concurrency in MINIMAL_CONCURRENCY:
-                run = b.minimal(concurrency)
-                results.minimal_search[concurrency] = run.result.rate
-                log(f"minimal search: {concurrency} threads: {run.result.rate:,.0f} pods/s")
-            best = max(results.minimal_search, key=lambda c: results.minimal_search[c])
-            for repeat in range(1, repeats + 1):
-                log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
-                run = b.gpuplace_dra_burst()
-                results.gpuplace_burst.append(run)
-                log(f"  gpuplace dra burst: {_line(run)}")
-                run = b.gpuplace_dra_drain()
-                results.gpuplace_drain.append(run)
-                log(f"  gpuplace dra drain: {_line(run)}")
-                run = b.scheduler_dra_burst()
-                results.scheduler_burst.append(run)
-                log(f"  kube-scheduler dra burst: {_line(run)}")
-                run = b.scheduler_dra_drain()
-                results.scheduler_drain.append(run)
-                log(f"  kube-scheduler dra drain: {_line(run)}")
-                run = b.scheduler_dra_drain(cel_only_pod)
-                results.scheduler_cel_only.append(run)
-                log(f"  kube-scheduler dra drain, no node affinity: {_line(run)}")
-                run = b.minimal(best)
-                results.minimal.append(run)
-                log(f"  minimal ({best} threads): {_line(run)}")
-        finally:
-            b.stop()
+    with running(lambda w: DraBench(scale, w, log, profile_dir), workdir, "gpuplace-dra") as b:
+        for concurrency in MINIMAL_CONCURRENCY:
+            run = b.minimal(concurrency)
+            results.minimal_search[concurrency] = run.result.rate
+            log(f"minimal search: {concurrency} threads: {run.result.rate:,.0f} pods/s")
+        best = max(results.minimal_search, key=lambda c: results.minimal_search[c])
+        contenders: tuple[tuple[str, list[DraRun], Callable[[], DraRun]], ...] = (
+            ("gpuplace dra burst", results.gpuplace_burst, b.gpuplace_dra_burst),
+            ("gpuplace dra drain", results.gpuplace_drain, b.gpuplace_dra_drain),
+            ("kube-scheduler dra burst", results.scheduler_burst, b.scheduler_dra_burst),
+            ("kube-scheduler dra drain", results.scheduler_drain, b.scheduler_dra_drain),
+            (
+                "kube-scheduler dra drain, no node affinity",
+                results.scheduler_cel_only,
+                lambda: b.scheduler_dra_drain(cel_only_pod),
+            ),
+            (f"minimal ({best} threads)", results.minimal, lambda: b.minimal(best)),
+        )
+        for repeat in range(1, repeats + 1):
+            log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
+            for name, runs, contender in contenders:
+                runs.append(contender())
+                log(f"  {name}: {_line(runs[-1])}")
     return results
 
 
@@ -742,28 +659,7 @@ def run(repeats: int, small: bool = False) -> list[Measurement]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.dra", description=__doc__)
-    parser.add_argument("--nodes", type=int, default=DEFAULT.nodes)
-    parser.add_argument("--pods", type=int, default=DEFAULT.pods)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument(
-        "--profile",
-        type=Path,
-        metavar="DIR",
-        help="sample the controller with py-spy during gpuplace's runs (collapsed stacks in DIR)",
-    )
-    parser.add_argument(
-        "--workdir", type=Path, help="keep the cluster's files and logs here (default: temporary)"
-    )
-    args = parser.parse_args(argv)
-    scale = Scale(nodes=args.nodes, pods=args.pods)
-    _stderr(f"machine: {describe(machine())}")
-    results = bench(scale, args.repeats, _stderr, args.workdir, args.profile)
-    _stderr(f"machine at the end: {describe(machine())}")
-    for m in measurements(scale, results):
-        flag = "" if m.ok is None else (" ok" if m.ok else " MISSED")
-        print(f"{m.metric}: {m.value:.4g} {m.unit} {m.target}{flag}")
-    return 0
+    return cli("python -m bench.dra", __doc__, DEFAULT, 1, bench, measurements, _stderr, argv)
 
 
 if __name__ == "__main__":

@@ -43,13 +43,13 @@ import argparse
 import contextlib
 import json
 import os
-import ssl
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from bench import Measurement, above, below, describe, machine
 from bench._kube import (
@@ -60,14 +60,14 @@ from bench._kube import (
     Obj,
     Observed,
     PodWatch,
+    call,
     concurrently,
     create_pods,
     delete_pods,
-    expect,
+    metrics,
     peak_rss_mib,
     process_cpu,
     profiling,
-    scrape,
 )
 from bench._stats import (
     Buckets,
@@ -81,8 +81,13 @@ from bench._stats import (
     share_at_most,
 )
 from gpuplace.demo.components import Component, Components
-from gpuplace.localcluster import GPU_RESOURCE, ApiConnection, FakeNode, LocalCluster
+from gpuplace.localcluster import GPU_RESOURCE, FakeNode, LocalCluster
 from gpuplace.localcluster.layout import ClusterState
+from kubeio import bodies
+from kubeio.client import Kube
+from kubeio.errors import APIError
+from kubeio.paths import CONFIGMAPS, FLOW_SCHEMAS, LEASES, MUTATING_WEBHOOKS, PODS
+from kubeio.times import now_micro
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
@@ -100,12 +105,20 @@ from placement.model import MODEL_NAMESPACE
 from placement.types import GpuUuid, NodeName
 from webhook.manifests import POD_WEBHOOK
 
+R = TypeVar("R")
+
 NAME = "placement"
 NAMESPACE = "bench"
 SCHEDULER_NAME = "gpuplace"
 UNSERVED_SCHEDULER = "bench-unserved"
+PROBE = "bench-probe"
 PRODUCT = "NVIDIA H100 80GB HBM3"
 CREATE_THREADS = 16
+#: Threads that keep a steady create rate (each create takes a few ms to tens of ms).
+STEADY_THREADS = 8
+#: Steady create rates for the webhook's latency as the apiserver sees it, and how long each runs.
+STEADY_RATES = (25, 50, 100)
+STEADY_SECONDS = 20.0
 SETUP_THREADS = 16
 CEILING_CONCURRENCY = (32, 64, 128, 256)
 SCHEDULER_QPS = 5000.0
@@ -116,6 +129,8 @@ TARGET_VS_SCHEDULER = 2.0
 TARGET_VS_CEILING = 0.7
 TARGET_P99_S = 1.0
 TARGET_WEBHOOK_P99_MS = 10.0
+#: The steady create rate at which the webhook's p99 is held to its target.
+TARGET_STEADY_RATE = 50
 
 APISERVER_WEBHOOK_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 WEBHOOK_METRIC = "gpuplace_webhook_admission_duration_seconds"
@@ -281,12 +296,7 @@ def binding(scale: Scale, pod: int, run: int) -> Obj:
         CUDA_ANNOTATION: str(device),
         GENERATION_ANNOTATION: "1",
     }
-    return {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": pod_name(scale, pod, run), "annotations": annotations},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-    }
+    return bodies.binding(pod_name(scale, pod, run), NAMESPACE, "", node, annotations)
 
 
 # --------------------------------------------------------------------------- one run's figures
@@ -305,6 +315,11 @@ class RunResult:
     #: Per pod placed: API requests by verb and resource (apiserver_request_total), seconds
     #: waited in API Priority and Fairness queues by priority level.
     requests: dict[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """The run in one log line."""
+        latency = f", p50 {self.p50:.3f} s, p99 {self.p99:.3f} s" if self.p50 is not None else ""
+        return f"{self.rate:,.0f} pods/s{latency}"
 
 
 @dataclass(frozen=True)
@@ -375,6 +390,8 @@ class Admission:
 
     apiserver: Buckets
     webhook: Buckets
+    #: Creates per second as sent (a burst: as fast as the threads went).
+    rate: float = float("nan")
 
 
 # --------------------------------------------------------------------------- the bench
@@ -403,6 +420,9 @@ class PlacementBench:
         self.controller: Component | None = None
         self.webhook: Component | None = None
         self.controller_peak_mib = 0.0
+        #: The inventories' Leases: nothing renews them here, so they last the bench.
+        self.lease_seconds = 24 * 3600
+        self._webhook_kube: Kube | None = None
         self._runs = 0
         self._phases: dict[str, int] = {}
 
@@ -467,17 +487,14 @@ class PlacementBench:
                 ],
             },
         }
-        status, response = self.cluster.request(
-            "POST", "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas", body
-        )
-        expect(status, response, {201}, "FlowSchema bench-kube-scheduler-exempt")
+        call(self.cluster, "POST", FLOW_SCHEMAS.collection(), body, wanted={201}, what="FlowSchema")
 
     def publish_inventories(self) -> None:
         """What every node's agent writes: its inventory ConfigMap and its liveness Lease."""
         ns = INVENTORY_NAMESPACE
-        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        now = now_micro()
 
-        def publish(connection: ApiConnection, n: int) -> None:
+        def publish(n: int) -> None:
             inv = inventory(n, self.scale.gpus)
             configmap = {
                 "apiVersion": "v1",
@@ -485,30 +502,16 @@ class PlacementBench:
                 "metadata": {"name": inv.node, "namespace": ns},
                 "data": {INVENTORY_KEY: inv.to_json()},
             }
-            status, body = connection.request(
-                "POST", f"/api/v1/namespaces/{ns}/configmaps", configmap
-            )
-            expect(status, body, {201}, f"inventory of {inv.node}")
-            lease = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": inv.node, "namespace": ns},
-                # Agents renew every interval; here nothing renews, so the lease lasts the bench.
-                "spec": {
-                    "holderIdentity": f"agent-{inv.node}",
-                    "leaseDurationSeconds": 24 * 3600,
-                    "renewTime": now,
-                },
-            }
-            status, body = connection.request(
-                "POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", lease
-            )
-            expect(status, body, {201}, f"lease of {inv.node}")
+            call(self.cluster, "POST", CONFIGMAPS.collection(ns), configmap, wanted={201})
+            # Agents renew every interval; here nothing renews, so the lease lasts the bench.
+            spec = bodies.lease_spec(f"agent-{inv.node}", self.lease_seconds, now, now, 0)
+            lease = bodies.lease(inv.node, ns, spec)
+            call(self.cluster, "POST", LEASES.collection(ns), lease, wanted={201})
 
-        concurrently(self.cluster, list(range(self.scale.nodes)), publish, SETUP_THREADS)
+        concurrently(list(range(self.scale.nodes)), publish, SETUP_THREADS)
 
     def apply_maps(self) -> None:
-        def apply(connection: ApiConnection, m: int) -> None:
+        def apply(m: int) -> None:
             body = {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
@@ -519,24 +522,18 @@ class PlacementBench:
                 },
                 "data": {PLACEMENT_KEY: map_yaml(self.scale, m)},
             }
-            status, response = connection.request(
-                "POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", body
-            )
-            expect(status, response, {201}, f"placement map {map_name(m)}")
+            call(self.cluster, "POST", CONFIGMAPS.collection(NAMESPACE), body, wanted={201})
 
-        concurrently(self.cluster, list(range(self.scale.maps)), apply, SETUP_THREADS)
+        concurrently(list(range(self.scale.maps)), apply, SETUP_THREADS)
 
     def _webhook_registered(self) -> bool:
-        path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations?limit=10"
-        status, body = self.cluster.request("GET", path)
+        status, body = self.cluster.request("GET", f"{MUTATING_WEBHOOKS.collection()}?limit=10")
         return status == 200 and any(
             w.get("name") == POD_WEBHOOK for c in body["items"] for w in c.get("webhooks") or []
         )
 
     def _maps_valid(self) -> bool:
-        path = (
-            f"/api/v1/namespaces/{NAMESPACE}/configmaps?labelSelector={PLACEMENT_MAP_LABEL}%3Dtrue"
-        )
+        path = f"{CONFIGMAPS.collection(NAMESPACE)}?labelSelector={PLACEMENT_MAP_LABEL}%3Dtrue"
         status, body = self.cluster.request("GET", path)
         if status != 200:
             return False
@@ -549,14 +546,16 @@ class PlacementBench:
         return len(phases) == self.scale.maps and all(p == "Valid" for p in phases)
 
     def _webhook_metrics(self) -> str:
-        context = ssl.create_default_context(cafile=str(self.cluster.ca_file))
-        assert self.components is not None
-        return scrape("127.0.0.1", self.components.webhook_port, "/metrics", context)
+        if self._webhook_kube is None:
+            assert self.components is not None
+            server = f"https://127.0.0.1:{self.components.webhook_port}"
+            self._webhook_kube = self.cluster.admin_client(server)
+        return metrics(self._webhook_kube)
 
     def _webhook_maps(self) -> float:
         try:
             text = self._webhook_metrics()
-        except (OSError, BenchError):
+        except (APIError, BenchError):  # not serving yet
             return 0.0
         for line in text.splitlines():
             if line.startswith("gpuplace_webhook_model_maps "):
@@ -564,8 +563,7 @@ class PlacementBench:
         return 0.0
 
     def _apiserver_metrics(self) -> str:
-        host, port = self.cluster.server.removeprefix("https://").rsplit(":", 1)
-        return scrape(host, int(port), "/metrics", self.cluster.ssl_context())
+        return metrics(self.cluster.kube)
 
     def _webhook_buckets(self) -> Buckets:
         return histogram_buckets(self._webhook_metrics(), WEBHOOK_METRIC)
@@ -705,18 +703,27 @@ class PlacementBench:
 
     def gpuplace_drain(self) -> RunResult:
         self.stop_controller()
-        _, pods = self._pods(gpuplace_pod)
+        self.cluster.stop_scheduler()
+        return self._drain(gpuplace_pod, "gpuplace controller", self.start_controller)
+
+    def _drain(
+        self, build: Callable[[Scale, int, int], Obj], binder: str, start: Callable[[], object]
+    ) -> RunResult:
+        """A backlog: the run's pods exist, then `start` starts the `binder` process; its CPU
+        counts from its start (a new process: start-up included)."""
+        _, pods = self._pods(build)
         create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
         usage: list[Usage] = []
         watch = self._watch()
         try:
             with self._measuring(usage, []):
                 started = time.monotonic()
-                self.start_controller()
-                with profiling(self._controller_pid(), self._profile("drain")):
+                start()
+                pid = self.pids()[binder]
+                profile = self._profile("drain") if binder == "gpuplace controller" else None
+                with profiling(pid, profile):
                     seen = watch.wait()
-            # A new process: all of its CPU time belongs to this run, start-up included.
-            usage[0].add("gpuplace controller", process_cpu(self._controller_pid()))
+            usage[0].add(binder, process_cpu(pid))
         finally:
             watch.stop()
         self.note_controller_peak()
@@ -727,15 +734,24 @@ class PlacementBench:
         """The webhook's latency with one pod create at a time: in a burst the apiserver's own
         CPU is saturated and its figure for the webhook call holds the apiserver's wait for a
         CPU as well; here it is close to the webhook's own cost plus a TLS round trip."""
+        return self.admission_at(None, count)
+
+    def admission_at(self, rate: float | None, count: int) -> Admission:
+        """The webhook's latency with `count` pods created at a steady `rate` per second (below
+        saturation, as pods arrive when controllers scale up), or one at a time (None); the
+        pods are bound meanwhile, as in production."""
         if self.controller is None:
             self.start_controller()
             self.ready("gpuplace controller", gpuplace_pod)
         _, pods = self._pods(gpuplace_pod)
-        pods = pods[:count]
+        pods = pods[: min(count, len(pods))]
+        threads = 1 if rate is None else STEADY_THREADS
         metrics = [self._apiserver_metrics()]
         webhook_before = self._webhook_buckets()
-        create_pods(self.cluster, NAMESPACE, pods, 1)
+        sent = create_pods(self.cluster, NAMESPACE, pods, threads, rate)
         webhook_after = self._webhook_buckets()
+        seconds = max(sent.values()) - min(sent.values())
+        achieved = (len(sent) - 1) / seconds if seconds > 0 else float("inf")
         metrics.append(self._apiserver_metrics())
         apiserver_before, apiserver_after = (
             histogram_buckets(text, APISERVER_WEBHOOK_METRIC, {"name": POD_WEBHOOK})
@@ -745,22 +761,26 @@ class PlacementBench:
         return Admission(
             bucket_delta(apiserver_before, apiserver_after),
             bucket_delta(webhook_before, webhook_after),
+            achieved,
         )
 
     def ready(self, who: str, build: Callable[[Scale, int, int], Obj]) -> None:
         """A binder that was just started has synced its caches once it binds a probe pod: a
         burst must not time its start-up."""
         probe = build(self.scale, 0, 0)
-        probe["metadata"]["name"] = "bench-probe"
-        status, body = self.cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", probe)
-        expect(status, body, {201}, f"creating the {who} probe pod")
+        probe["metadata"]["name"] = PROBE
+        self.wait_probe_bound(who, probe)
+        delete_pods(self.cluster, NAMESPACE, [PROBE], 1)
+
+    def wait_probe_bound(self, who: str, probe: Obj) -> None:
+        """Creates the probe pod and waits until `who` has bound it."""
+        call(self.cluster, "POST", PODS.collection(NAMESPACE), probe, wanted={201}, what="probe")
 
         def bound() -> bool:
-            _, pod = self.cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/bench-probe")
+            _, pod = self.cluster.request("GET", PODS.item(PROBE, NAMESPACE))
             return bool(pod.get("spec", {}).get("nodeName"))
 
         self.cluster.wait_for(f"{who} to bind a probe pod", bound, 120, interval=0.1)
-        delete_pods(self.cluster, NAMESPACE, ["bench-probe"], 1)
 
     def scheduler_burst(self) -> RunResult:
         self.stop_controller()
@@ -781,21 +801,10 @@ class PlacementBench:
     def scheduler_drain(self) -> RunResult:
         self.stop_controller()
         self.cluster.stop_scheduler()
-        _, pods = self._pods(pinned_pod)
-        create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
-        usage: list[Usage] = []
-        watch = self._watch()
         try:
-            with self._measuring(usage, []):
-                started = time.monotonic()
-                self.cluster.start_scheduler()
-                seen = watch.wait()
-            usage[0].add("kube-scheduler", process_cpu(self.pids()["kube-scheduler"]))
+            return self._drain(pinned_pod, "kube-scheduler", self.cluster.start_scheduler)
         finally:
-            watch.stop()
-        self.cluster.stop_scheduler()
-        self._clear(pods)
-        return drain_result(seen, started, usage[0])
+            self.cluster.stop_scheduler()
 
     def ceiling(self, concurrency: int) -> RunResult:
         """Only Bindings, from `concurrency` threads, for pods created beforehand."""
@@ -805,17 +814,12 @@ class PlacementBench:
         order = self.scale.creation_order()
         create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
 
-        def bind(connection: ApiConnection, pod: int) -> tuple[float, float]:
+        def bind(pod: int) -> tuple[float, float]:
             body = binding(self.scale, pod, run)
+            path = PODS.item(body["metadata"]["name"], NAMESPACE, "binding")
             sent = time.monotonic()
-            status, response = connection.request(
-                "POST",
-                f"/api/v1/namespaces/{NAMESPACE}/pods/{body['metadata']['name']}/binding",
-                body,
-            )
-            done = time.monotonic()
-            expect(status, response, {201}, f"binding {body['metadata']['name']}")
-            return sent, done
+            call(self.cluster, "POST", path, body, wanted={201})
+            return sent, time.monotonic()
 
         usage: list[Usage] = []
         # The same pod watch as in the drains: it loads the apiserver as much here as there, and
@@ -824,7 +828,7 @@ class PlacementBench:
         try:
             with self._measuring(usage, []):
                 started = time.monotonic()
-                times = concurrently(self.cluster, order, bind, concurrency)
+                times = concurrently(order, bind, concurrency)
                 seen = watch.wait()
         finally:
             watch.stop()
@@ -870,6 +874,7 @@ class Results:
     idle_cpu: dict[str, float] = field(default_factory=dict)
     admission: list[Admission] = field(default_factory=list)
     admission_sequential: list[Admission] = field(default_factory=list)
+    admission_steady: dict[int, list[Admission]] = field(default_factory=dict)
     controller_peak_mib: float = 0.0
 
 
@@ -877,8 +882,28 @@ def _ms(seconds: float | None) -> float:
     return float("nan") if seconds is None else seconds * 1000
 
 
+def rates(runs: Sequence[RunResult]) -> list[float]:
+    return [x.rate for x in runs]
+
+
+def ratio(a: Sequence[RunResult], b: Sequence[RunResult]) -> list[float]:
+    return [x.rate / y.rate for x, y in zip(a, b, strict=True)]
+
+
+def _p(runs: Sequence[RunResult], which: str) -> list[float]:
+    return [getattr(x, which) for x in runs]
+
+
+def _cpu(runs: Sequence[RunResult], process: str) -> list[float]:
+    return [x.cpu.get(process, float("nan")) for x in runs]
+
+
 def measurements(scale: Scale, r: Results) -> list[Measurement]:
     label = f"{NAME} {scale.label}"
+    return [*_throughput(label, r), *_admission(label, r), *_details(label, r)]
+
+
+def _throughput(label: str, r: Results) -> list[Measurement]:
     gp_b, gp_d, ks_b, ks_d, ceil = (
         r.gpuplace_burst,
         r.gpuplace_drain,
@@ -886,39 +911,21 @@ def measurements(scale: Scale, r: Results) -> list[Measurement]:
         r.scheduler_drain,
         r.ceiling,
     )
-
-    def rates(runs: Sequence[RunResult]) -> list[float]:
-        return [x.rate for x in runs]
-
-    def ratio(a: Sequence[RunResult], b: Sequence[RunResult]) -> list[float]:
-        return [x.rate / y.rate for x, y in zip(a, b, strict=True)]
-
-    def p(runs: Sequence[RunResult], which: str) -> list[float]:
-        return [getattr(x, which) for x in runs]
-
-    def cpu(runs: Sequence[RunResult], process: str) -> list[float]:
-        return [x.cpu.get(process, float("nan")) for x in runs]
-
-    api_p50 = [_ms(histogram_quantile(0.5, a.apiserver)) for a in r.admission]
-    api_p99 = [_ms(histogram_quantile(0.99, a.apiserver)) for a in r.admission]
-    api_fast = [100 * (share_at_most(0.005, a.apiserver) or 0.0) for a in r.admission]
-    hook_p50 = [_ms(histogram_quantile(0.5, a.webhook)) for a in r.admission]
-    hook_p99 = [_ms(histogram_quantile(0.99, a.webhook)) for a in r.admission]
-    admitted = [histogram_count(a.apiserver) for a in r.admission]
     best = int(ceil[0].extra["concurrency"]) if ceil else 0
-    result = [
+    controller = "gpuplace controller"
+    return [
         below(label, "gpuplace burst: pods/s (create -> bound)", rates(gp_b), "pods/s"),
-        below(label, "gpuplace burst: create -> bound p50", p(gp_b, "p50"), "s"),
-        below(label, "gpuplace burst: create -> bound p99", p(gp_b, "p99"), "s", TARGET_P99_S),
-        below(label, "gpuplace burst: controller CPU", cpu(gp_b, "gpuplace controller"), "s"),
+        below(label, "gpuplace burst: create -> bound p50", _p(gp_b, "p50"), "s"),
+        below(label, "gpuplace burst: create -> bound p99", _p(gp_b, "p99"), "s", TARGET_P99_S),
+        below(label, "gpuplace burst: controller CPU", _cpu(gp_b, controller), "s"),
         below(label, "gpuplace controller peak RSS (all runs)", [r.controller_peak_mib], "MiB"),
         below(label, "gpuplace drain: pods/s (binds only)", rates(gp_d), "pods/s"),
-        below(label, "gpuplace drain: controller CPU", cpu(gp_d, "gpuplace controller"), "s"),
+        below(label, "gpuplace drain: controller CPU", _cpu(gp_d, controller), "s"),
         below(label, "kube-scheduler burst: pods/s", rates(ks_b), "pods/s"),
-        below(label, "kube-scheduler burst: create -> bound p50", p(ks_b, "p50"), "s"),
-        below(label, "kube-scheduler burst: create -> bound p99", p(ks_b, "p99"), "s"),
+        below(label, "kube-scheduler burst: create -> bound p50", _p(ks_b, "p50"), "s"),
+        below(label, "kube-scheduler burst: create -> bound p99", _p(ks_b, "p99"), "s"),
         below(label, "kube-scheduler drain: pods/s", rates(ks_d), "pods/s"),
-        below(label, "kube-scheduler drain: CPU", cpu(ks_d, "kube-scheduler"), "s"),
+        below(label, "kube-scheduler drain: CPU", _cpu(ks_d, "kube-scheduler"), "s"),
         below(label, "gpuplace / kube-scheduler, burst", ratio(gp_b, ks_b), "x"),
         above(
             label, "gpuplace / kube-scheduler, drain", ratio(gp_d, ks_d), "x", TARGET_VS_SCHEDULER
@@ -931,35 +938,67 @@ def measurements(scale: Scale, r: Results) -> list[Measurement]:
         ),
         above(label, "gpuplace drain / ceiling", ratio(gp_d, ceil), "x", TARGET_VS_CEILING),
         below(label, "gpuplace burst / ceiling", ratio(gp_b, ceil), "x"),
-        below(label, "webhook p50 (apiserver's histogram)", api_p50, "ms"),
-        below(label, "webhook p99 (apiserver's histogram)", api_p99, "ms", TARGET_WEBHOOK_P99_MS),
-        below(label, "webhook calls <= 5 ms (apiserver's histogram)", api_fast, "%"),
-        below(label, "webhook p50 (webhook's histogram)", hook_p50, "ms"),
-        below(label, "webhook p99 (webhook's histogram)", hook_p99, "ms"),
-        below(label, "admissions counted by the apiserver", admitted, "calls"),
+    ]
+
+
+def _admission(label: str, r: Results) -> list[Measurement]:
+    def ms(q: float, admissions: Sequence[Admission], side: str) -> list[float]:
+        return [_ms(histogram_quantile(q, getattr(a, side))) for a in admissions]
+
+    burst, one = r.admission, r.admission_sequential
+    fast = [100 * (share_at_most(0.005, a.apiserver) or 0.0) for a in burst]
+    result = [
+        below(label, "webhook p50 (apiserver's histogram)", ms(0.5, burst, "apiserver"), "ms"),
+        below(label, "webhook p99 (apiserver's histogram)", ms(0.99, burst, "apiserver"), "ms"),
+        below(label, "webhook calls <= 5 ms (apiserver's histogram)", fast, "%"),
+        below(label, "webhook p50 (webhook's histogram)", ms(0.5, burst, "webhook"), "ms"),
+        below(label, "webhook p99 (webhook's histogram)", ms(0.99, burst, "webhook"), "ms"),
+        below(
+            label,
+            "admissions counted by the apiserver",
+            [histogram_count(a.apiserver) for a in burst],
+            "calls",
+        ),
         below(
             label,
             "webhook p50 (apiserver's histogram), one create at a time",
-            [_ms(histogram_quantile(0.5, a.apiserver)) for a in r.admission_sequential],
+            ms(0.5, one, "apiserver"),
             "ms",
         ),
         below(
             label,
             "webhook p99 (apiserver's histogram), one create at a time",
-            [_ms(histogram_quantile(0.99, a.apiserver)) for a in r.admission_sequential],
+            ms(0.99, one, "apiserver"),
             "ms",
         ),
         below(
             label,
             "webhook p99 (webhook's histogram), one create at a time",
-            [_ms(histogram_quantile(0.99, a.webhook)) for a in r.admission_sequential],
+            ms(0.99, one, "webhook"),
             "ms",
             detail=True,
         ),
     ]
-    result += [
-        below(label, "ceiling: Binding POST p50", p(ceil, "p50"), "s", detail=True),
-        below(label, "ceiling: Binding POST p99", p(ceil, "p99"), "s", detail=True),
+    for rate, steady in sorted(r.admission_steady.items()):
+        limit = TARGET_WEBHOOK_P99_MS if rate == TARGET_STEADY_RATE else None
+        what = f"webhook p99 (apiserver's histogram) at {rate} creates/s"
+        result.append(below(label, what, ms(0.99, steady, "apiserver"), "ms", limit))
+        what = f"webhook p50 (apiserver's histogram) at {rate} creates/s"
+        result.append(below(label, what, ms(0.5, steady, "apiserver"), "ms", detail=True))
+        what = f"webhook p99 (webhook's histogram) at {rate} creates/s"
+        result.append(below(label, what, ms(0.99, steady, "webhook"), "ms", detail=True))
+        fast = [100 * (share_at_most(0.005, a.apiserver) or 0.0) for a in steady]
+        what = f"webhook calls <= 5 ms (apiserver's histogram) at {rate} creates/s"
+        result.append(below(label, what, fast, "%", detail=True))
+        sent = [a.rate for a in steady]
+        result.append(below(label, f"creates/s sent, aiming at {rate}", sent, "/s", detail=True))
+    return result
+
+
+def _details(label: str, r: Results) -> list[Measurement]:
+    result = [
+        below(label, "ceiling: Binding POST p50", _p(r.ceiling, "p50"), "s", detail=True),
+        below(label, "ceiling: Binding POST p99", _p(r.ceiling, "p99"), "s", detail=True),
     ]
     for process, share in sorted(r.idle_cpu.items()):
         result.append(below(label, f"idle: CPU of {process}", [share], "s/s", detail=True))
@@ -968,24 +1007,31 @@ def measurements(scale: Scale, r: Results) -> list[Measurement]:
             below(label, f"ceiling search: {concurrency} threads", [rate], "pods/s", detail=True)
         )
     for run_name, runs in (
-        ("gpuplace burst", gp_b),
-        ("gpuplace drain", gp_d),
-        ("kube-scheduler burst", ks_b),
-        ("kube-scheduler drain", ks_d),
-        ("ceiling", ceil),
+        ("gpuplace burst", r.gpuplace_burst),
+        ("gpuplace drain", r.gpuplace_drain),
+        ("kube-scheduler burst", r.scheduler_burst),
+        ("kube-scheduler drain", r.scheduler_drain),
+        ("ceiling", r.ceiling),
     ):
-        processes = sorted({name for run in runs for name in run.cpu})
-        for process in processes:
-            result.append(
-                below(label, f"{run_name}: CPU of {process}", cpu(runs, process), "s", detail=True)
-            )
-        for key in sorted({k for run in runs for k in run.extra}):
-            values = [run.extra[key] for run in runs if key in run.extra]
-            result.append(below(label, f"{run_name}: {key}", values, "", detail=True))
-        for key in sorted({k for run in runs for k in run.requests}):
-            values = [run.requests.get(key, 0.0) for run in runs]
-            unit = "s" if key.startswith("APF") else ""
-            result.append(below(label, f"{run_name}: {key}", values, unit, detail=True))
+        result += run_details(label, run_name, runs)
+    return result
+
+
+def run_details(label: str, run_name: str, runs: Sequence[RunResult]) -> list[Measurement]:
+    """Per run of one contender: each process's CPU seconds, the extra figures and the API
+    requests per pod (the details table)."""
+    result = []
+    for process in sorted({name for run in runs for name in run.cpu}):
+        result.append(
+            below(label, f"{run_name}: CPU of {process}", _cpu(runs, process), "s", detail=True)
+        )
+    for key in sorted({k for run in runs for k in run.extra}):
+        values = [run.extra[key] for run in runs if key in run.extra]
+        result.append(below(label, f"{run_name}: {key}", values, "", detail=True))
+    for key in sorted({k for run in runs for k in run.requests}):
+        values = [run.requests.get(key, 0.0) for run in runs]
+        unit = "s" if key.startswith("APF") else ""
+        result.append(below(label, f"{run_name}: {key}", values, unit, detail=True))
     return result
 
 
@@ -1000,48 +1046,56 @@ def bench(
     profile_dir: Path | None = None,
 ) -> Results:
     results = Results()
+    with running(
+        lambda w: PlacementBench(scale, w, log, profile_dir), workdir, "gpuplace-bench"
+    ) as b:
+        results.idle_cpu = b.idle()
+        log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
+        for concurrency in CEILING_CONCURRENCY:
+            run = b.ceiling(concurrency)
+            results.ceiling_search[concurrency] = run.rate
+            log(f"ceiling search: {concurrency} threads: {run.rate:,.0f} pods/s")
+        best = max(results.ceiling_search, key=lambda c: results.ceiling_search[c])
+        for repeat in range(1, repeats + 1):
+            log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
+            burst, admission = b.gpuplace_burst()
+            results.admission.append(admission)
+            log(f"  gpuplace burst: {burst.line()}")
+            results.gpuplace_burst.append(burst)
+            results.admission_sequential.append(b.admission_one_at_a_time())
+            for rate in STEADY_RATES:
+                steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
+                results.admission_steady.setdefault(rate, []).append(steady)
+                p99 = _ms(histogram_quantile(0.99, steady.apiserver))
+                log(f"  webhook at {rate} creates/s ({steady.rate:.1f} sent): p99 {p99:.1f} ms")
+            contenders: tuple[tuple[str, list[RunResult], Callable[[], RunResult]], ...] = (
+                ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
+                ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
+                ("kube-scheduler drain", results.scheduler_drain, b.scheduler_drain),
+                (f"ceiling ({best} threads)", results.ceiling, lambda: b.ceiling(best)),
+            )
+            for name, runs, contender in contenders:
+                runs.append(contender())
+                log(f"  {name}: {runs[-1].line()}")
+        results.controller_peak_mib = b.controller_peak_mib
+    return results
+
+
+B = TypeVar("B", bound=PlacementBench)
+
+
+@contextlib.contextmanager
+def running(make: Callable[[Path], B], workdir: Path | None, prefix: str) -> Iterator[B]:
+    """A bench set up in `workdir` (default: a temporary directory), stopped after the block."""
     with contextlib.ExitStack() as stack:
         if workdir is None:
-            workdir = Path(
-                stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuplace-bench-"))
-            )
-        b = PlacementBench(scale, workdir, log, profile_dir)
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{prefix}-")))
+        b = make(workdir)
         try:
             b.setup()
-            results.idle_cpu = b.idle()
-            log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
-            for concurrency in CEILING_CONCURRENCY:
-                run = b.ceiling(concurrency)
-                results.ceiling_search[concurrency] = run.rate
-                log(f"ceiling search: {concurrency} threads: {run.rate:,.0f} pods/s")
-            best = max(results.ceiling_search, key=lambda c: results.ceiling_search[c])
-            for repeat in range(1, repeats + 1):
-                log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
-                run, admission = b.gpuplace_burst()
-                results.gpuplace_burst.append(run)
-                results.admission.append(admission)
-                log(
-                    f"  gpuplace burst: {run.rate:,.0f} pods/s, p50 {run.p50:.3f} s, p99 {run.p99:.3f} s"
-                )
-                results.admission_sequential.append(b.admission_one_at_a_time())
-                run = b.gpuplace_drain()
-                results.gpuplace_drain.append(run)
-                log(f"  gpuplace drain: {run.rate:,.0f} pods/s")
-                run = b.scheduler_burst()
-                results.scheduler_burst.append(run)
-                log(
-                    f"  kube-scheduler burst: {run.rate:,.0f} pods/s, p50 {run.p50:.3f} s, p99 {run.p99:.3f} s"
-                )
-                run = b.scheduler_drain()
-                results.scheduler_drain.append(run)
-                log(f"  kube-scheduler drain: {run.rate:,.0f} pods/s")
-                run = b.ceiling(best)
-                results.ceiling.append(run)
-                log(f"  ceiling ({best} threads): {run.rate:,.0f} pods/s")
-            results.controller_peak_mib = b.controller_peak_mib
+            yield b
         finally:
             b.stop()
-    return results
 
 
 def _stderr(message: str) -> None:
@@ -1054,10 +1108,25 @@ def run(repeats: int, small: bool = False) -> list[Measurement]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.placement", description=__doc__)
-    parser.add_argument("--nodes", type=int, default=Scale.nodes)
-    parser.add_argument("--pods", type=int, default=Scale.pods)
-    parser.add_argument("--repeats", type=int, default=3)
+    return cli("python -m bench.placement", __doc__, Scale(), 3, bench, measurements, _stderr, argv)
+
+
+def cli(
+    prog: str,
+    doc: str | None,
+    default: Scale,
+    repeats: int,
+    run_bench: Callable[[Scale, int, Callable[[str], None], Path | None, Path | None], R],
+    measure: Callable[[Scale, R], list[Measurement]],
+    log: Callable[[str], None],
+    argv: Sequence[str] | None,
+) -> int:
+    """`python -m bench.<name> --nodes N --pods N --repeats N [--workdir DIR] [--profile DIR]`:
+    one benchmark on its own, its figures one a line."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
+    parser.add_argument("--nodes", type=int, default=default.nodes)
+    parser.add_argument("--pods", type=int, default=default.pods)
+    parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument(
         "--workdir", type=Path, help="keep the cluster's files and logs here (default: temporary)"
     )
@@ -1068,11 +1137,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="sample the controller with py-spy during gpuplace's runs (collapsed stacks in DIR)",
     )
     args = parser.parse_args(argv)
-    scale = Scale(nodes=args.nodes, pods=args.pods)
-    _stderr(f"machine: {describe(machine())}")
-    results = bench(scale, args.repeats, _stderr, args.workdir, args.profile)
-    _stderr(f"machine at the end: {describe(machine())}")
-    for m in measurements(scale, results):
+    scale = replace(default, nodes=args.nodes, pods=args.pods)
+    log(f"machine: {describe(machine())}")
+    results = run_bench(scale, args.repeats, log, args.workdir, args.profile)
+    log(f"machine at the end: {describe(machine())}")
+    for m in measure(scale, results):
         flag = "" if m.ok is None else (" ok" if m.ok else " MISSED")
         print(f"{m.metric}: {m.value:.4g} {m.unit} {m.target}{flag}")
     return 0

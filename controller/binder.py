@@ -20,6 +20,7 @@ from controller.metrics import ControllerMetrics
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
 from controller.slotcache import Holding, SlotCache
+from kubeio import bodies
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import WARNING, EventRecorder, ObjectRef
@@ -36,18 +37,9 @@ log = logging.getLogger(__name__)
 
 def binding_body(pod: Obj, placement: Placement, key: bytes) -> Obj:
     meta = pod["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        # The uid makes the apiserver refuse the bind if the pod was recreated under the same name.
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-            "annotations": signed_binding(key, meta["uid"], meta["namespace"], placement.decision),
-        },
-        "target": {"apiVersion": "v1", "kind": "Node", "name": placement.decision.node},
-    }
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    annotations = signed_binding(key, uid, namespace, placement.decision)
+    return bodies.binding(name, namespace, uid, placement.decision.node, annotations)
 
 
 class Binder:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from controller.drift import DriftTracker
 from controller.slotcache import SlotCache
+from kubeio import bodies
 from kubeio.client import Kube
 from kubeio.errors import (
     APIError,
@@ -146,15 +147,10 @@ class Rollouts:
 
     def _evict(self, pod: str, uid: str, why: str) -> str:
         namespace, _, name = pod.partition("/")
-        body = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-            # Evicts this pod only, not a successor that took its name meanwhile.
-            "deleteOptions": {"preconditions": {"uid": uid}},
-        }
         try:
-            self.kube.create(PODS.item(name, namespace, "eviction"), body)
+            self.kube.create(
+                PODS.item(name, namespace, "eviction"), bodies.eviction(name, namespace, uid)
+            )
         except APITooManyRequestsError:
             return "pdb"
         except APIForbiddenError as exc:

@@ -13,22 +13,40 @@ import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from kubeio.errors import APIError, APITransportError, FencedError, error_for
+from kubeio.requests import (
+    APPLY_PATCH,
+    JSON,
+    JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    Request,
+    decode,
+    prepare,
+)
+
+__all__ = [
+    "APPLY_PATCH",
+    "JSON",
+    "JSON_PATCH",
+    "MERGE_PATCH",
+    "STRATEGIC_MERGE_PATCH",
+    "ClientSettings",
+    "Kube",
+    "Obj",
+    "Response",
+    "json_lines",
+    "obj_key",
+]
 
 Obj = dict[str, Any]
-
-JSON = "application/json"
-MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
 
 
 #: The guard of the request this thread is sending (see Kube.request).
@@ -63,8 +81,24 @@ class ClientSettings:
     user_agent: str = "gpuplace"
 
 
+@dataclass(frozen=True, slots=True)
+class Response:
+    """An answer of the apiserver, whatever its status."""
+
+    status: int
+    data: bytes
+
+    def json(self) -> Any:
+        """The decoded body (None when empty); text when it is not JSON (an error page)."""
+        try:
+            return decode("", "", self.data)
+        except ValueError:
+            return self.data.decode(errors="replace")
+
+
 class Kube:
-    """Sends requests to one apiserver. Thread-safe."""
+    """Sends requests to one apiserver: the one HTTP client of gpuplace. Thread-safe; keeps up to
+    `ClientSettings.qps_pool` connections alive."""
 
     def __init__(self, configuration: k8s_client.Configuration, settings: ClientSettings) -> None:
         self._config = configuration
@@ -108,6 +142,26 @@ class Kube:
             )
         return cls(configuration, settings)
 
+    @classmethod
+    def with_client_certificate(
+        cls,
+        server: str,
+        ca_file: Path,
+        cert_file: Path,
+        key_file: Path,
+        settings: ClientSettings | None = None,
+    ) -> Kube:
+        """A client that authenticates with a certificate (the local cluster's admin)."""
+        configuration = k8s_client.Configuration()
+        configuration.host = server
+        configuration.ssl_ca_cert = str(ca_file)
+        configuration.cert_file = str(cert_file)
+        configuration.key_file = str(key_file)
+        return cls(configuration, settings or ClientSettings())
+
+    def close(self) -> None:
+        self._pool.clear()
+
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": JSON, "User-Agent": self._settings.user_agent}
         if content_type:
@@ -120,13 +174,35 @@ class Kube:
             headers["Authorization"] = token
         return headers
 
-    def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
-        url = self.host + path
-        if query:
-            clean = {k: v for k, v in query.items() if v is not None and v != ""}
-            if clean:
-                url += "?" + urlencode(clean)
-        return url
+    def send(
+        self,
+        request: Request,
+        *,
+        timeout: float | None = None,
+        guard: Callable[[], bool] | None = None,
+    ) -> Response:
+        """Sends one request and returns the answer, whatever its status; raises only when there
+        is none (APITransportError) or the guard stopped it (FencedError).
+
+        `guard`, when given, is called immediately before the request is written to the
+        connection; if it returns False nothing is sent."""
+        _send_guard.check = guard
+        try:
+            response = self._pool.request(
+                request.method,
+                self.host + request.target,
+                body=request.body,
+                headers=self._headers(request.content_type),
+                timeout=timeout or self._settings.timeout_seconds,
+                preload_content=True,
+            )
+        except _NotSentError as exc:
+            raise FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed") from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise APITransportError(0, "Transport", f"{request.describe()}: {exc}") from exc
+        finally:
+            _send_guard.check = None
+        return Response(response.status, response.data)
 
     def request(
         self,
@@ -139,39 +215,17 @@ class Kube:
         timeout: float | None = None,
         guard: Callable[[], bool] | None = None,
     ) -> Obj:
-        """Sends one request; returns the decoded JSON body ({} when empty); raises APIError.
-
-        `guard`, when given, is called immediately before the request is written to the
-        connection; if it returns False nothing is sent and FencedError is raised."""
-        data: bytes | None = None
-        if body is not None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            content_type = content_type or JSON
-        _send_guard.check = guard
-        try:
-            response = self._pool.request(
-                method,
-                self._url(path, query),
-                body=data,
-                headers=self._headers(content_type),
-                timeout=timeout or self._settings.timeout_seconds,
-                preload_content=True,
-            )
-        except _NotSentError as exc:
-            raise FencedError(0, "Fenced", f"{method} {path}: not sent, guard failed") from exc
-        except urllib3.exceptions.HTTPError as exc:
-            raise APITransportError(0, "Transport", f"{method} {path}: {exc}") from exc
-        finally:
-            _send_guard.check = None
+        """Sends one request; returns the decoded JSON body ({} when empty); raises APIError for
+        an error status (see `send` for the guard)."""
+        request = prepare(method, path, body=body, query=query, content_type=content_type)
+        response = self.send(request, timeout=timeout, guard=guard)
         if response.status >= 300:
             raise error_for(response.status, response.data)
-        if not response.data:
-            return {}
         try:
-            decoded: Obj = json.loads(response.data)
+            decoded = decode(method, path, response.data)
         except ValueError as exc:
-            raise APIError(response.status, "BadResponse", f"{method} {path}: not JSON") from exc
-        return decoded
+            raise APIError(response.status, "BadResponse", str(exc)) from exc
+        return decoded if decoded is not None else {}
 
     def get(self, path: str, **query: Any) -> Obj:
         return self.request("GET", path, query=query)
@@ -189,25 +243,34 @@ class Kube:
         return self.request("DELETE", path, query=query)
 
     def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> Iterator[Obj]:
-        """Yields the events of a watch (one JSON object a line) until the server ends it."""
+        """Opens a watch and returns its events (one JSON object a line) until the server ends
+        it. The watch is open when this returns: what changes from then on is in the events."""
+        target = prepare("GET", path, query={**query, "watch": True}).target
         try:
             response = self._pool.request(
                 "GET",
-                self._url(path, {**query, "watch": "true"}),
+                self.host + target,
                 headers=self._headers(None),
                 timeout=urllib3.Timeout(connect=10.0, read=timeout),
                 preload_content=False,
             )
         except urllib3.exceptions.HTTPError as exc:
             raise APITransportError(0, "Transport", f"WATCH {path}: {exc}") from exc
-        try:
-            if response.status >= 300:
+        if response.status >= 300:
+            try:
                 raise error_for(response.status, response.read())
-            yield from json_lines(response.stream(64 * 1024, decode_content=True))
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise APITransportError(0, "Transport", f"WATCH {path}: {exc}") from exc
-        finally:
-            response.release_conn()
+            finally:
+                response.release_conn()
+        return _events(response, path)
+
+
+def _events(response: urllib3.BaseHTTPResponse, path: str) -> Iterator[Obj]:
+    try:
+        yield from json_lines(response.stream(64 * 1024, decode_content=True))
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise APITransportError(0, "Transport", f"WATCH {path}: {exc}") from exc
+    finally:
+        response.release_conn()
 
 
 def json_lines(chunks: Iterable[bytes]) -> Iterator[Obj]:
@@ -227,7 +290,3 @@ def json_lines(chunks: Iterable[bytes]) -> Iterator[Obj]:
 def obj_key(obj: Obj) -> tuple[str, str]:
     meta = obj.get("metadata", {})
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
-
-
-def is_error(exc: BaseException) -> bool:
-    return isinstance(exc, APIError)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kubeio import bodies
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.paths import LEASES
@@ -68,6 +69,7 @@ class LeaderElector:
         #: monotonic time of the loop's last campaign or renewal attempt (for /healthz)
         self.last_attempt = clock()
         self._path = LEASES.collection(settings.namespace)
+        self._item = LEASES.item(settings.name, settings.namespace)
 
     def stop(self) -> None:
         self._stop.set()
@@ -123,25 +125,15 @@ class LeaderElector:
 
     def _spec(self, acquire_time: str | None, transitions: int) -> Obj:
         now = now_micro()
-        return {
-            "holderIdentity": self.s.identity,
-            "leaseDurationSeconds": int(self.s.lease_seconds),
-            "acquireTime": acquire_time or now,
-            "renewTime": now,
-            "leaseTransitions": transitions,
-        }
+        duration = int(self.s.lease_seconds)
+        return bodies.lease_spec(self.s.identity, duration, acquire_time or now, now, transitions)
 
     def _try_acquire(self) -> bool:
         self.last_attempt = self._clock()
         try:
-            lease = self.kube.get(f"{self._path}/{self.s.name}")
+            lease = self.kube.get(self._item)
         except APINotFoundError:
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.s.name, "namespace": self.s.namespace},
-                "spec": self._spec(None, 0),
-            }
+            body = bodies.lease(self.s.name, self.s.namespace, self._spec(None, 0))
             try:
                 self.kube.create(self._path, body)
                 return True
@@ -167,7 +159,7 @@ class LeaderElector:
         acquire = spec.get("acquireTime") if holder == self.s.identity else None
         lease["spec"] = self._spec(acquire, transitions)
         try:
-            self.kube.put(f"{self._path}/{self.s.name}", lease)
+            self.kube.put(self._item, lease)
         except APIConflictError:
             return False
         except APIError as exc:
@@ -178,11 +170,11 @@ class LeaderElector:
     def _release(self) -> None:
         """Gives the lease up on a clean stop so a standby takes over at once."""
         try:
-            lease = self.kube.get(f"{self._path}/{self.s.name}")
+            lease = self.kube.get(self._item)
             if lease.get("spec", {}).get("holderIdentity") != self.s.identity:
                 return
             lease["spec"]["holderIdentity"] = ""
             lease["spec"]["leaseDurationSeconds"] = 1
-            self.kube.put(f"{self._path}/{self.s.name}", lease)
+            self.kube.put(self._item, lease)
         except APIError as exc:
             log.info("lease release failed: %s", exc)

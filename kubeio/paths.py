@@ -57,3 +57,16 @@ MUTATING_WEBHOOKS = Resource(
 VALIDATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", namespaced=False
 )
+NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts")
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", namespaced=False)
+CUSTOM_RESOURCE_DEFINITIONS = Resource(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False
+)
+FLOW_SCHEMAS = Resource("flowcontrol.apiserver.k8s.io", "v1", "flowschemas", namespaced=False)
+VALIDATING_ADMISSION_POLICIES = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", namespaced=False
+)
+VALIDATING_ADMISSION_POLICY_BINDINGS = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", namespaced=False
+)

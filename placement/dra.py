@@ -82,21 +82,16 @@ def claim_template(key: MapKey, settings: DraSettings) -> Obj:
         "metadata": {"name": template_name(key.name), "namespace": key.namespace, "labels": labels},
         "spec": {
             "metadata": {"labels": {CLAIM_MAP_LABEL: key.name}},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": REQUEST_NAME,
-                            "exactly": {
-                                "deviceClassName": settings.device_class,
-                                "allocationMode": "All",
-                            },
-                        }
-                    ]
-                }
-            },
+            "spec": claim_spec(settings, {"allocationMode": "All"}),
         },
     }
+
+
+def claim_spec(settings: DraSettings, exactly: Obj) -> Obj:
+    """A claim's spec: one request (`REQUEST_NAME`) for devices of the settings' DeviceClass, with
+    `exactly`'s further fields (allocation mode, selectors)."""
+    request = {"deviceClassName": settings.device_class, **exactly}
+    return {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": request}]}}
 
 
 def template_matches(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

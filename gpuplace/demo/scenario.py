@@ -29,6 +29,9 @@ from gpuplace.localcluster import (
 )
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
+from kubeio.paths import CONFIGMAPS, MUTATING_WEBHOOKS, PODS, RESOURCE_CLAIMS
+from placement.inventory import INVENTORY_NAMESPACE
+from placement.model import MODEL_LABEL, MODEL_NAMESPACE
 
 NODES = 4
 GPUS = 4
@@ -520,7 +523,7 @@ class Demo:
 
         def created() -> bool:
             try:  # refused until the restarted webhook has registered its new address
-                self.kube.create(f"/api/v1/namespaces/{realnode.NAMESPACE}/configmaps", body)
+                self.kube.create(CONFIGMAPS.collection(realnode.NAMESPACE), body)
             except APIError:
                 return False
             return True
@@ -550,15 +553,13 @@ class Demo:
 
     def _check_dra_claim(self, pod_name: str) -> None:
         """The pod's ResourceClaim holds exactly the declared GPU and is reserved for the pod."""
-        pod = self.kube.get(f"/api/v1/namespaces/{realnode.NAMESPACE}/pods/{pod_name}")
+        pod = self.kube.get(PODS.item(pod_name, realnode.NAMESPACE))
         claim_name = next(
             s["resourceClaimName"]
             for s in pod["status"].get("resourceClaimStatuses") or []
             if s["name"] == "gpuplace-gpus"
         )
-        claim = self.kube.get(
-            f"/apis/resource.k8s.io/v1/namespaces/{realnode.NAMESPACE}/resourceclaims/{claim_name}"
-        )
+        claim = self.kube.get(RESOURCE_CLAIMS.item(claim_name, realnode.NAMESPACE))
         results = claim["status"]["allocation"]["devices"]["results"]
         reserved = [r["name"] for r in claim["status"].get("reservedFor") or []]
         self.out(
@@ -594,11 +595,11 @@ class Demo:
         return str(self.wait(f"{name}'s report in its log", report, timeout=30))
 
     def _inventories(self) -> int:
-        configmaps = self.kube.get("/api/v1/namespaces/gpuplace-inventory/configmaps")["items"]
+        configmaps = self.kube.get(CONFIGMAPS.collection(INVENTORY_NAMESPACE))["items"]
         return len([cm for cm in configmaps if "inventory.json" in (cm.get("data") or {})])
 
     def _webhook_registered(self) -> bool:
-        items = self.kube.get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+        items = self.kube.get(MUTATING_WEBHOOKS.collection())
         return bool(items["items"])
 
     def _trainer_running(self) -> bool:
@@ -607,7 +608,7 @@ class Demo:
 
     def _model_has_move(self) -> bool:
         cm = self.kube.get(
-            "/api/v1/namespaces/gpuplace-system/configmaps", labelSelector="gpuplace.io/model=true"
+            CONFIGMAPS.collection(MODEL_NAMESPACE), labelSelector=f"{MODEL_LABEL}=true"
         )
         return any(
             "gpu-node-4" in (c.get("data") or {}).get("model.json", "")

@@ -24,6 +24,7 @@ from typing import Any
 from gpuplace.localargocd.binaries import ArgoCDBinaries, find_argocd
 from gpuplace.localcluster import LocalCluster
 from gpuplace.localcluster.process import ManagedProcess, spawn, stop_all
+from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS
 
 NAMESPACE = "argocd"
 CLUSTER_KIND_LABEL = "argocd.argoproj.io/secret-type"
@@ -244,8 +245,7 @@ class LocalArgoCD:
         cluster.kubectl("apply", "--server-side", "-f", "-", input=manifest)
 
     def _established(self, crd: str) -> bool:
-        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
-        status, body = self.cluster.request("GET", path)
+        status, body = self.cluster.request("GET", CUSTOM_RESOURCE_DEFINITIONS.item(crd))
         conditions = (body.get("status") or {}).get("conditions") or [] if status == 200 else []
         return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 

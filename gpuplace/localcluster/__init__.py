@@ -31,10 +31,10 @@ Use::
 - ``kubectl(*args, input=None, check=True)`` returns `subprocess.CompletedProcess[str]`; with
   ``check`` a non-zero exit raises `KubectlError` whose message carries kubectl's stderr.
 - ``api_client()`` returns a new admin ``kubernetes.client.ApiClient``; close it (``with``).
-- ``request(method, path, body=None)`` returns ``(status, decoded JSON)``: for responses the
-  generated client cannot decode, such as ``POST .../pods/<name>/binding`` (PATCH bodies are sent
-  as JSON merge patches); ``connection()`` is a keep-alive `ApiConnection` for bulk raw calls
-  (one per thread).
+- ``kube`` is the admin `kubeio.client.Kube` (the components' client: thread-safe, keep-alive,
+  raises `kubeio.errors.APIError`); ``request(method, path, body=None)`` sends through it and
+  returns ``(status, decoded JSON)`` whatever the status, for responses the generated client
+  cannot decode, such as ``POST .../pods/<name>/binding`` (PATCH bodies are JSON merge patches).
 - ``create_namespace(name, labels=None)`` also waits for the namespace's ``default``
   ServiceAccount (the ServiceAccount admission plugin rejects pods until it exists);
   ``delete_namespace(name, wait=False)``.
@@ -97,7 +97,6 @@ from gpuplace.localcluster.nodes import (
 )
 from gpuplace.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
 from gpuplace.localcluster.process import ManagedProcess, spawn, stop_all
-from gpuplace.localcluster.rawapi import ApiConnection
 from gpuplace.localcluster.realnode import (
     REAL_NODE_LOCK,
     REAL_NODE_NAME,
@@ -117,7 +116,6 @@ __all__ = [
     "REAL_NODE_LOCK",
     "REAL_NODE_NAME",
     "SERVICE_CIDR",
-    "ApiConnection",
     "BinariesError",
     "CertKeyPair",
     "CertificateAuthority",

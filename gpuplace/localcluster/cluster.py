@@ -8,7 +8,7 @@ import atexit
 import base64
 import concurrent.futures
 import contextlib
-import http.client
+import dataclasses
 import json
 import shutil
 import signal
@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
+from urllib.parse import parse_qsl
 
 import kubernetes.client
 import yaml
@@ -40,7 +41,6 @@ from gpuplace.localcluster.process import (
     stop_all,
     stop_records,
 )
-from gpuplace.localcluster.rawapi import ApiConnection
 from gpuplace.localcluster.realnode import (
     REAL_NODE_NAME,
     NodeLock,
@@ -60,6 +60,18 @@ from gpuplace.localcluster.realnode import (
     record_created_paths,
     remove_node_directory,
 )
+from kubeio import bodies
+from kubeio.client import Kube
+from kubeio.errors import APITransportError
+from kubeio.paths import (
+    NAMESPACES,
+    NODES,
+    PODS,
+    SERVICE_ACCOUNTS,
+    VALIDATING_ADMISSION_POLICIES,
+    VALIDATING_ADMISSION_POLICY_BINDINGS,
+)
+from kubeio.requests import prepare
 from placement import podpolicy
 from placement.annotations import NODE_ANNOTATION
 
@@ -159,6 +171,7 @@ class LocalCluster:
         self._records: tuple[ProcessRecord, ...] = ()
         self._server = ""
         self._ssl_context: ssl.SSLContext | None = None
+        self._kube: Kube | None = None
         self._lock = threading.Lock()
         self._started = False
         self._stopped = False
@@ -210,6 +223,8 @@ class LocalCluster:
                 return
             self._stopped = True
         _registry.discard(self)
+        if self._kube is not None:
+            self._kube.close()
         if self._processes:
             stop_all(self._processes)
         else:
@@ -356,19 +371,29 @@ class LocalCluster:
             self._ssl_context = context
         return self._ssl_context
 
-    def connection(self, *, timeout: float = 30.0) -> ApiConnection:
-        """A keep-alive admin connection for many raw requests (one per thread; close it)."""
-        return ApiConnection(self.server, self.ssl_context(), timeout=timeout)
+    @property
+    def kube(self) -> Kube:
+        """The admin client (thread-safe, keeps connections alive): gpuplace's one HTTP client."""
+        with self._lock:
+            if self._kube is None:
+                self._kube = self.admin_client()
+            return self._kube
+
+    def admin_client(self, server: str | None = None) -> Kube:
+        """A new admin client of `server` (default: the apiserver), trusting the cluster CA and
+        presenting the admin certificate: also for servers with a certificate of that CA, such as
+        the webhook's /metrics."""
+        cert, key = self.layout.cert(ADMIN_USER), self.layout.key(ADMIN_USER)
+        return Kube.with_client_certificate(server or self.server, self.ca_file, cert, key)
 
     def _install_policies(self) -> None:
         """The chart's ValidatingAdmissionPolicies, so every test runs under them."""
-        base = "/apis/admissionregistration.k8s.io/v1"
-        plurals = {
-            "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-            "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        resources = {
+            "ValidatingAdmissionPolicy": VALIDATING_ADMISSION_POLICIES,
+            "ValidatingAdmissionPolicyBinding": VALIDATING_ADMISSION_POLICY_BINDINGS,
         }
         for obj in admission_policies():
-            status, body = self.request("POST", f"{base}/{plurals[obj['kind']]}", obj)
+            status, body = self.request("POST", resources[obj["kind"]].collection(), obj)
             if status not in (201, 409):
                 raise ClusterError(f"installing {obj['kind']} {obj['metadata']['name']}: {body}")
 
@@ -388,11 +413,14 @@ class LocalCluster:
     def request(
         self, method: str, path: str, body: Any = None, *, timeout: float = 30.0
     ) -> tuple[int, Any]:
-        """One raw admin request; returns (status, decoded JSON body or None). For APIs whose
-        responses the generated client cannot decode (e.g. ``pods/binding``). PATCH bodies are
-        JSON merge patches."""
-        with self.connection(timeout=timeout) as connection:
-            return connection.request(method, path, body)
+        """One admin request; returns (status, decoded JSON body or None) whatever the status,
+        for callers that branch on it. PATCH bodies are JSON merge patches."""
+        path, _, query = path.partition("?")
+        request = prepare(method, path, body=body)
+        if query:
+            request = dataclasses.replace(request, query=tuple(parse_qsl(query)))
+        response = self.kube.send(request, timeout=timeout)
+        return response.status, response.json()
 
     # ----------------------------------------------------------------------------- objects
 
@@ -401,14 +429,13 @@ class LocalCluster:
     ) -> None:
         """Creates a namespace (if missing) and waits for its ``default`` ServiceAccount, without
         which the ServiceAccount admission plugin rejects pods."""
-        metadata = {"name": name, "labels": dict(labels or {})}
-        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
-        status, response = self.request("POST", "/api/v1/namespaces", body)
+        body = bodies.namespace(name, labels)
+        status, response = self.request("POST", NAMESPACES.collection(), body)
         if status not in {201, 409}:
             raise ClusterError(f"creating namespace {name}: HTTP {status}: {_message(response)}")
         self.wait_for(
             f"ServiceAccount default in namespace {name}",
-            lambda: self._status(f"/api/v1/namespaces/{name}/serviceaccounts/default") == 200,
+            lambda: self._status(SERVICE_ACCOUNTS.item("default", name)) == 200,
             timeout,
         )
 
@@ -431,7 +458,7 @@ class LocalCluster:
         self.wait_for(
             "the pod binding policy to be enforced",
             lambda: (
-                self.request("POST", "/api/v1/namespaces/default/pods?dryRun=All", probe)[0] == 403
+                self.request("POST", f"{PODS.collection('default')}?dryRun=All", probe)[0] == 403
             ),
             timeout,
             interval=0.2,
@@ -439,13 +466,13 @@ class LocalCluster:
 
     def delete_namespace(self, name: str, *, wait: bool = False, timeout: float = 120.0) -> None:
         """Deletes a namespace; ``wait`` until the namespace controller has emptied and removed it."""
-        status, response = self.request("DELETE", f"/api/v1/namespaces/{name}")
+        status, response = self.request("DELETE", NAMESPACES.item(name))
         if status not in {200, 202, 404}:
             raise ClusterError(f"deleting namespace {name}: HTTP {status}: {_message(response)}")
         if wait:
             self.wait_for(
                 f"namespace {name} to be deleted",
-                lambda: self._status(f"/api/v1/namespaces/{name}") == 404,
+                lambda: self._status(NAMESPACES.item(name)) == 404,
                 timeout,
             )
 
@@ -459,14 +486,13 @@ class LocalCluster:
         workers = max(1, min(16, len(manifests) // 8))
 
         def create(chunk: list[dict[str, Any]]) -> None:
-            with self.connection() as connection:
-                for manifest in chunk:
-                    status, response = connection.request("POST", "/api/v1/nodes", manifest)
-                    if status != 201:
-                        raise ClusterError(
-                            f"creating node {manifest['metadata']['name']}: HTTP {status}: "
-                            f"{_message(response)}"
-                        )
+            for manifest in chunk:
+                status, response = self.request("POST", NODES.collection(), manifest)
+                if status != 201:
+                    raise ClusterError(
+                        f"creating node {manifest['metadata']['name']}: HTTP {status}: "
+                        f"{_message(response)}"
+                    )
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             chunks = [manifests[i::workers] for i in range(workers)]
@@ -482,7 +508,7 @@ class LocalCluster:
 
         def ready() -> bool:
             # resourceVersion=0: served from the apiserver's watch cache, not a quorum read.
-            status, body = self.request("GET", "/api/v1/nodes?resourceVersion=0")
+            status, body = self.request("GET", f"{NODES.collection()}?resourceVersion=0")
             if status != 200:
                 return False
             for item in body.get("items", []):
@@ -579,7 +605,7 @@ class LocalCluster:
         # working credentials (it uses per-controller service-account tokens, as kubeadm does).
         self.wait_for(
             "kube-controller-manager (ServiceAccount default/default)",
-            lambda: self._status("/api/v1/namespaces/default/serviceaccounts/default") == 200,
+            lambda: self._status(SERVICE_ACCOUNTS.item("default", "default")) == 200,
         )
         self._phase("controller-manager ready", began)
 
@@ -729,7 +755,7 @@ class LocalCluster:
     def _status(self, path: str) -> int:
         try:
             status, _ = self.request("GET", path, timeout=5.0)
-        except (OSError, http.client.HTTPException):
+        except APITransportError:
             return 0
         return status
 
