@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: help venv control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench cluster-up cluster-down clean
+.PHONY: help venv control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
 
 help:
-	@echo "make test | demo | demo-quick | lint | bench | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
+	@echo "make test | demo | demo-quick | lint | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,8 +74,14 @@ demo: $(STAMP) control-plane node fakenvml argocd redis
 demo-quick: $(STAMP) control-plane fakenvml
 	$(BIN)/gpuplace demo --no-argocd --kwok-only
 
-bench: $(STAMP) control-plane fakenvml
+# Includes the GitOps latency through real ArgoCD (bench/gitops.py), hence argocd and redis.
+bench: $(STAMP) control-plane fakenvml argocd redis
 	$(BIN)/python -m bench
+
+# The placement benchmark at the design's scale (5,000 nodes, 10,000 pods, every agent's
+# heartbeat, a leader failover); about an hour on two cores, so not part of `make bench`.
+bench-scale: $(STAMP) control-plane fakenvml
+	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
 
 cluster-up: $(STAMP) control-plane fakenvml
 	$(BIN)/gpuplace cluster up

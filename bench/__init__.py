@@ -10,6 +10,7 @@ as peak memory, and report medians over `repeats` runs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -87,6 +88,23 @@ def _median(
         target = f"{op} {limit:g} {unit}"
         ok = value < limit if op == "<" else value >= limit
     return Measurement(benchmark, metric, value, unit, target, ok, tuple(samples), detail)
+
+
+def _value(m: Measurement) -> str:
+    if math.isnan(m.value) or math.isinf(m.value):
+        return str(m.value)
+    if m.value >= 100 or m.value == int(m.value):
+        return f"{m.value:,.0f}"
+    return f"{m.value:.3g}" if m.value < 1 else f"{m.value:.2f}"
+
+
+def table(measurements: Sequence[Measurement]) -> str:
+    """The figures as one markdown table."""
+    rows = ["| benchmark | metric | median | target | met |", "|---|---|---|---|---|"]
+    for m in measurements:
+        met = "" if m.ok is None else ("yes" if m.ok else "**no**")
+        rows.append(f"| {m.benchmark} | {m.metric} | {_value(m)} {m.unit} | {m.target} | {met} |")
+    return "\n".join(rows)
 
 
 def machine() -> dict[str, Any]:

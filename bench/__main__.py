@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol, cast
 
 import bench
-from bench import Measurement, describe, machine
+from bench import Measurement, describe, machine, table
 
 
 class Runner(Protocol):
@@ -36,20 +36,6 @@ def discover() -> dict[str, Runner]:
         if callable(run):
             runners[info.name] = cast(Runner, run)
     return runners
-
-
-def _value(m: Measurement) -> str:
-    if m.value >= 100 or m.value == int(m.value):
-        return f"{m.value:,.0f}"
-    return f"{m.value:.3g}" if m.value < 1 else f"{m.value:.2f}"
-
-
-def table(measurements: Sequence[Measurement]) -> str:
-    rows = ["| benchmark | metric | median | target | met |", "|---|---|---|---|---|"]
-    for m in measurements:
-        met = "" if m.ok is None else ("yes" if m.ok else "**no**")
-        rows.append(f"| {m.benchmark} | {m.metric} | {_value(m)} {m.unit} | {m.target} | {met} |")
-    return "\n".join(rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 from agent.heartbeat import Heartbeat
 from agent.settings import AgentSettings
@@ -43,10 +44,17 @@ def _on_term(_signum: int, _frame: FrameType | None) -> None:
     raise _Stopped
 
 
-class Renewer:
-    """Renews every heartbeat once an interval, heartbeat i at offset i / n of the interval."""
+class Renewable(Protocol):
+    def renew(self) -> None: ...
 
-    def __init__(self, beats: Sequence[Heartbeat], interval: float, threads: int) -> None:
+
+class Renewer:
+    """Renews every heartbeat once an interval, heartbeat i at offset i / n of the interval.
+
+    Contract: `run` on one thread starts `threads` workers, each the only caller of its own
+    heartbeats (i % threads); the counters are guarded by `_lock`; `stop` from any thread."""
+
+    def __init__(self, beats: Sequence[Renewable], interval: float, threads: int) -> None:
         self.beats = beats
         self.interval = interval
         self.threads = threads

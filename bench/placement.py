@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
-from bench import Measurement, above, below, describe, machine
+from bench import Measurement, above, below, describe, machine, table
 from bench._kube import (
     MACHINE,
     OTHERS,
@@ -127,6 +127,8 @@ RUN_TIMEOUT = 600.0
 
 TARGET_VS_SCHEDULER = 2.0
 TARGET_VS_CEILING = 0.7
+TARGET_CPU_PER_POD_MS = 0.6
+TARGET_STARTUP_S = 10.0
 TARGET_P99_S = 1.0
 TARGET_WEBHOOK_P99_MS = 10.0
 #: The steady create rate at which the webhook's p99 is held to its target.
@@ -315,6 +317,8 @@ class RunResult:
     #: Per pod placed: API requests by verb and resource (apiserver_request_total), seconds
     #: waited in API Priority and Fairness queues by priority level.
     requests: dict[str, float] = field(default_factory=dict)
+    #: Pods the run bound.
+    pods: int = 0
 
     def line(self) -> str:
         """The run in one log line."""
@@ -355,6 +359,7 @@ def burst_result(sent: dict[str, float], seen: Observed, usage: Usage) -> RunRes
     return RunResult(
         rate=len(sent) / seconds,
         seconds=seconds,
+        pods=len(sent),
         p50=percentile(latencies, 0.5),
         p99=percentile(latencies, 0.99),
         cpu=usage.with_watcher(seen),
@@ -373,6 +378,7 @@ def drain_result(seen: Observed, started: float, usage: Usage) -> RunResult:
     return RunResult(
         rate=(len(times) - 1) / seconds if seconds > 0 else float("inf"),
         seconds=seconds,
+        pods=len(times),
         cpu=usage.with_watcher(seen),
         requests=usage.requests,
         extra={
@@ -585,6 +591,11 @@ class PlacementBench:
             pid = self.controller.proc.pid
             self.controller_peak_mib = max(self.controller_peak_mib, peak_rss_mib(pid))
 
+    def webhook_peak_mib(self) -> float:
+        if self.webhook is None or self.webhook.proc is None:
+            return float("nan")
+        return peak_rss_mib(self.webhook.proc.pid)
+
     def pids(self) -> dict[str, int]:
         """Every process that takes part: the control plane, gpuplace, this benchmark."""
         state = ClusterState.read(self.cluster.layout.state_file)
@@ -654,11 +665,15 @@ class PlacementBench:
         totals = counter_totals(self._apiserver_metrics(), "apiserver_request_total", ("verb",))
         return sum(totals.get((verb,), 0.0) for verb in ("DELETE", "PATCH", "PUT", "POST"))
 
+    def background_writes(self) -> float:
+        """Writes per second with nothing to place: kwok's node lease renewals and status."""
+        return self.scale.nodes / 5
+
     def _quiesce(self, quiet: float = 3.0, timeout: float = 120.0) -> None:
         """Waits until the apiserver's write rate is back to the background of node heartbeats:
         kwok works through the pods of a run (status updates, deletes of pods already gone) for
         a while after they are gone, and the next run must not pay for that."""
-        background = self.scale.nodes / 5  # lease renewals and node status updates, per second
+        background = self.background_writes()
         deadline = time.monotonic() + timeout
         last, since = self._pod_writes(), time.monotonic()
         while time.monotonic() < deadline:
@@ -876,6 +891,7 @@ class Results:
     admission_sequential: list[Admission] = field(default_factory=list)
     admission_steady: dict[int, list[Admission]] = field(default_factory=dict)
     controller_peak_mib: float = 0.0
+    webhook_peak_mib: float = 0.0
 
 
 def _ms(seconds: float | None) -> float:
@@ -896,6 +912,13 @@ def _p(runs: Sequence[RunResult], which: str) -> list[float]:
 
 def _cpu(runs: Sequence[RunResult], process: str) -> list[float]:
     return [x.cpu.get(process, float("nan")) for x in runs]
+
+
+def per_pod_ms(runs: Sequence[RunResult], process: str) -> list[float]:
+    """The process's CPU milliseconds per pod the run bound."""
+    return [
+        1000 * x.cpu.get(process, float("nan")) / x.pods if x.pods else float("nan") for x in runs
+    ]
 
 
 def measurements(scale: Scale, r: Results) -> list[Measurement]:
@@ -921,6 +944,21 @@ def _throughput(label: str, r: Results) -> list[Measurement]:
         below(label, "gpuplace controller peak RSS (all runs)", [r.controller_peak_mib], "MiB"),
         below(label, "gpuplace drain: pods/s (binds only)", rates(gp_d), "pods/s"),
         below(label, "gpuplace drain: controller CPU", _cpu(gp_d, controller), "s"),
+        below(
+            label,
+            "gpuplace drain: controller CPU per bound pod",
+            per_pod_ms(gp_d, controller),
+            "ms",
+            TARGET_CPU_PER_POD_MS,
+        ),
+        below(
+            label,
+            "gpuplace drain: controller start -> first bind",
+            [x.extra["start_to_first_bound_s"] for x in gp_d],
+            "s",
+            TARGET_STARTUP_S,
+        ),
+        below(label, "gpuplace webhook peak RSS", [r.webhook_peak_mib], "MiB"),
         below(label, "kube-scheduler burst: pods/s", rates(ks_b), "pods/s"),
         below(label, "kube-scheduler burst: create -> bound p50", _p(ks_b, "p50"), "s"),
         below(label, "kube-scheduler burst: create -> bound p99", _p(ks_b, "p99"), "s"),
@@ -937,6 +975,7 @@ def _throughput(label: str, r: Results) -> list[Measurement]:
             "pods/s",
         ),
         above(label, "gpuplace drain / ceiling", ratio(gp_d, ceil), "x", TARGET_VS_CEILING),
+        below(label, "ceiling: client CPU per bound pod", per_pod_ms(ceil, "bench client"), "ms"),
         below(label, "gpuplace burst / ceiling", ratio(gp_b, ceil), "x"),
     ]
 
@@ -1045,39 +1084,51 @@ def bench(
     workdir: Path | None = None,
     profile_dir: Path | None = None,
 ) -> Results:
-    results = Results()
     with running(
         lambda w: PlacementBench(scale, w, log, profile_dir), workdir, "gpuplace-bench"
     ) as b:
-        results.idle_cpu = b.idle()
-        log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
-        for concurrency in CEILING_CONCURRENCY:
-            run = b.ceiling(concurrency)
-            results.ceiling_search[concurrency] = run.rate
-            log(f"ceiling search: {concurrency} threads: {run.rate:,.0f} pods/s")
-        best = max(results.ceiling_search, key=lambda c: results.ceiling_search[c])
-        for repeat in range(1, repeats + 1):
-            log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
-            burst, admission = b.gpuplace_burst()
-            results.admission.append(admission)
-            log(f"  gpuplace burst: {burst.line()}")
-            results.gpuplace_burst.append(burst)
-            results.admission_sequential.append(b.admission_one_at_a_time())
-            for rate in STEADY_RATES:
-                steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
-                results.admission_steady.setdefault(rate, []).append(steady)
-                p99 = _ms(histogram_quantile(0.99, steady.apiserver))
-                log(f"  webhook at {rate} creates/s ({steady.rate:.1f} sent): p99 {p99:.1f} ms")
-            contenders: tuple[tuple[str, list[RunResult], Callable[[], RunResult]], ...] = (
-                ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
-                ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
-                ("kube-scheduler drain", results.scheduler_drain, b.scheduler_drain),
-                (f"ceiling ({best} threads)", results.ceiling, lambda: b.ceiling(best)),
-            )
-            for name, runs, contender in contenders:
-                runs.append(contender())
-                log(f"  {name}: {runs[-1].line()}")
-        results.controller_peak_mib = b.controller_peak_mib
+        return contend(b, repeats, log)
+
+
+def contend(
+    b: PlacementBench,
+    repeats: int,
+    log: Callable[[str], None],
+    search: Sequence[int] = CEILING_CONCURRENCY,
+) -> Results:
+    """The contenders on a bench that is set up: the ceiling's best concurrency of `search`,
+    then `repeats` times gpuplace (burst, admission, drain), kube-scheduler and the ceiling."""
+    results = Results()
+    results.idle_cpu = b.idle()
+    log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
+    for concurrency in search:
+        run = b.ceiling(concurrency)
+        results.ceiling_search[concurrency] = run.rate
+        log(f"ceiling search: {concurrency} threads: {run.rate:,.0f} pods/s")
+    best = max(results.ceiling_search, key=lambda c: results.ceiling_search[c])
+    for repeat in range(1, repeats + 1):
+        log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
+        burst, admission = b.gpuplace_burst()
+        results.admission.append(admission)
+        log(f"  gpuplace burst: {burst.line()}")
+        results.gpuplace_burst.append(burst)
+        results.admission_sequential.append(b.admission_one_at_a_time())
+        for rate in STEADY_RATES:
+            steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
+            results.admission_steady.setdefault(rate, []).append(steady)
+            p99 = _ms(histogram_quantile(0.99, steady.apiserver))
+            log(f"  webhook at {rate} creates/s ({steady.rate:.1f} sent): p99 {p99:.1f} ms")
+        contenders: tuple[tuple[str, list[RunResult], Callable[[], RunResult]], ...] = (
+            ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
+            ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
+            ("kube-scheduler drain", results.scheduler_drain, b.scheduler_drain),
+            (f"ceiling ({best} threads)", results.ceiling, lambda: b.ceiling(best)),
+        )
+        for name, runs, contender in contenders:
+            runs.append(contender())
+            log(f"  {name}: {runs[-1].line()}")
+    results.controller_peak_mib = b.controller_peak_mib
+    results.webhook_peak_mib = b.webhook_peak_mib()
     return results
 
 
@@ -1141,9 +1192,10 @@ def cli(
     log(f"machine: {describe(machine())}")
     results = run_bench(scale, args.repeats, log, args.workdir, args.profile)
     log(f"machine at the end: {describe(machine())}")
-    for m in measure(scale, results):
-        flag = "" if m.ok is None else (" ok" if m.ok else " MISSED")
-        print(f"{m.metric}: {m.value:.4g} {m.unit} {m.target}{flag}")
+    figures = measure(scale, results)
+    print(table([m for m in figures if not m.detail]))
+    print("\nDetails:\n")
+    print(table([m for m in figures if m.detail]))
     return 0
 
 

@@ -271,10 +271,23 @@ def run(args: argparse.Namespace) -> int:
     if serving is None:
         return 0
     try:
-        _register(kube, settings, serving.bundle)
         server = WebhookServer(app, serving.tls, settings.server).start()
-    except (APIError, OSError) as exc:
+    except OSError as exc:
         log.error("cannot start: %s", exc)
+        serving.tls.close()
+        return 1
+    # Registered only once this replica listens and has read the model: from then on the
+    # apiserver calls it, and failurePolicy Fail refuses what it cannot reach.
+    while not models.wait_loaded(0.5):
+        if stop.is_set():
+            server.stop()
+            serving.tls.close()
+            return 0
+    try:
+        _register(kube, settings, serving.bundle)
+    except APIError as exc:
+        log.error("cannot register: %s", exc)
+        server.stop()
         serving.tls.close()
         return 1
     if serving.boot is not None:

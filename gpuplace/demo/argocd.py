@@ -91,7 +91,7 @@ class ArgoCDSync:
 
     # -- reading the Application ----------------------------------------------------------------
     def application(self) -> dict[str, Any] | None:
-        path = f"{APPLICATIONS.format(namespace=NAMESPACE)}/{APPLICATION}"
+        path = APPLICATIONS.item(APPLICATION, NAMESPACE)
         status, body = self.cluster.request("GET", path)
         return body if status == 200 else None
 
@@ -118,7 +118,7 @@ class ArgoCDSync:
     # -- syncing --------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Asks ArgoCD to compare with git now (nothing to do before the Application exists)."""
-        path = f"{APPLICATIONS.format(namespace=NAMESPACE)}/{APPLICATION}"
+        path = APPLICATIONS.item(APPLICATION, NAMESPACE)
         patch = {"metadata": {"annotations": {REFRESH_ANNOTATION: "normal"}}}
         status, body = self.cluster.request("PATCH", path, patch)
         if status not in (200, 404):
@@ -186,7 +186,7 @@ class HealthRecorder:
         return list(self.seen)
 
     def _run(self) -> None:
-        path = APPLICATIONS.format(namespace=NAMESPACE)
+        path = APPLICATIONS.collection(NAMESPACE)
         query = {"fieldSelector": f"metadata.name={APPLICATION}", "timeoutSeconds": 600}
         while not self._stop.is_set():
             try:

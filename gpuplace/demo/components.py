@@ -128,12 +128,15 @@ class Components:
         )
         return config
 
-    def controller(self, enforcement: str = "env") -> Component:
+    def controller(
+        self, enforcement: str = "env", identity: str = "demo", name: str = "controller"
+    ) -> Component:
+        """A controller replica; replicas with other identities wait for the leader's Lease."""
         return self._add(
-            "controller",
+            name,
             self._gpuplace(
                 "controller",
-                "--identity=demo",
+                f"--identity={identity}",
                 "--metrics-address=127.0.0.1:0",
                 "--lease-seconds=5",
                 "--renew-deadline-seconds=3",

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-APPLICATIONS = "/apis/argoproj.io/v1alpha1/namespaces/{namespace}/applications"
+from kubeio.paths import Resource
+
+APPLICATIONS = Resource("argoproj.io", "v1alpha1", "applications")
 REFRESH_ANNOTATION = "argocd.argoproj.io/refresh"
 
 
