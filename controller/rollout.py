@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from controller.drift import DriftTracker
-from controller.slotcache import SlotCache
+from controller.slotcache import Holding, SlotCache
 from kubeio import bodies
 from kubeio.client import Kube
 from kubeio.errors import (
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 _PDB_RETRY_SECONDS = 2.0
 #: Without RBAC for evictions, asking again is pointless until an operator grants it.
 _FORBIDDEN_RETRY_SECONDS = 60.0
+#: Eviction calls in flight at once (each is an Eviction and an Event).
+_EVICT_WORKERS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,31 +122,47 @@ class Rollouts:
         now: float,
     ) -> str:
         """Evicts the movable drifted pods of map `key` while the `budget` of pods down allows,
-        adding each index it evicts to `down`; returns what the rollout waits for ("" if nothing)."""
+        adding each index it evicts to `down`; returns what the rollout waits for ("" if nothing).
+        Which pods is decided here, in order; their Eviction calls then run concurrently (one
+        after another, 50 evictions took 5 s)."""
         waiting = ""
+        chosen: list[Holding] = []
+        messages: list[str] = []
         for holding, found in drift.drifted(key):
             if budget <= 0:
                 break
             if not found.movable or holding.slot.index in evicted:
                 continue
-            was_down = holding.slot.index in down
             blocked = self.servable(holding.uid, holding.slot)
             if blocked is not None:
                 waiting = waiting or f"index {holding.slot.index}: {blocked.reason}"
                 continue
-            outcome = self._evict(holding.pod, holding.uid, found.message())
-            if outcome == "pdb":
-                self._retry_at[key] = now + _PDB_RETRY_SECONDS
-                return "waiting for a PodDisruptionBudget"
-            if outcome == "forbidden":
-                self._retry_at[key] = now + _FORBIDDEN_RETRY_SECONDS
-                return "the controller may not evict pods (Helm value controller.allowEvictions)"
+            if holding.slot.index not in down:  # evicting a pod that is down costs no budget
+                budget -= 1
+            chosen.append(holding)
+            messages.append(found.message())
+        outcomes = self._evict_all(chosen, messages)
+        for holding, outcome in zip(chosen, outcomes, strict=True):
             if outcome == "evicted":
-                self._evicted.setdefault(key, {})[holding.slot.index] = holding.uid
+                evicted[holding.slot.index] = holding.uid
+                self._evicted[key] = evicted
                 down.add(holding.slot.index)
-                if not was_down:  # evicting a pod that is down already costs no budget
-                    budget -= 1
+        if "pdb" in outcomes:
+            self._retry_at[key] = now + _PDB_RETRY_SECONDS
+            return "waiting for a PodDisruptionBudget"
+        if "forbidden" in outcomes:
+            self._retry_at[key] = now + _FORBIDDEN_RETRY_SECONDS
+            return "the controller may not evict pods (Helm value controller.allowEvictions)"
         return waiting
+
+    def _evict_all(self, chosen: list[Holding], messages: list[str]) -> list[str]:
+        calls = list(zip(chosen, messages, strict=True))
+        if len(calls) <= 1:
+            return [self._evict(h.pod, h.uid, why) for h, why in calls]
+        with ThreadPoolExecutor(min(_EVICT_WORKERS, len(calls)), "evict") as pool:
+            return list(
+                pool.map(lambda call: self._evict(call[0].pod, call[0].uid, call[1]), calls)
+            )
 
     def _evict(self, pod: str, uid: str, why: str) -> str:
         namespace, _, name = pod.partition("/")

@@ -3,6 +3,7 @@ eviction, PodDisruptionBudget and RBAC refusals, and slots that cannot take a po
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from controller.rollout import Rollouts
@@ -116,7 +117,7 @@ def test_max_unavailable_two_and_a_pod_already_down_costs_nothing() -> None:
     assert kube.evicted == ["t-0"]
     rollouts, kube, cache, drift, running = setup()
     rollouts.step(model(RolloutStrategy.EVICT, 2), drift, cache)  # type: ignore[arg-type]
-    assert kube.evicted == ["t-0", "t-1"]
+    assert sorted(kube.evicted) == ["t-0", "t-1"]  # evicted concurrently
 
 
 def test_manual_maps_and_unservable_slots_evict_nothing() -> None:
@@ -138,3 +139,20 @@ def test_refusals_are_reported_not_retried_in_a_loop() -> None:
     rollouts, _, cache, drift, _ = setup(refuse=forbidden)
     rollouts.step(model(RolloutStrategy.EVICT, 1), drift, cache)  # type: ignore[arg-type]
     assert "controller.allowEvictions" in rollouts.states[KEY].waiting
+
+
+def test_the_evictions_a_budget_allows_are_in_flight_together() -> None:
+    rollouts, kube, cache, drift, _ = setup()
+    # Each Eviction waits until all four are in flight: evicting one after another would break
+    # the barrier (its timeout) instead.
+    together = threading.Barrier(4, timeout=10)
+    create = kube.create
+
+    def create_together(path: str, body: Any) -> Any:
+        together.wait()
+        return create(path, body)
+
+    kube.create = create_together  # type: ignore[method-assign]
+    rollouts.step(model(RolloutStrategy.EVICT, 4), drift, cache)  # type: ignore[arg-type]
+    assert sorted(kube.evicted) == ["t-0", "t-1", "t-2", "t-3"]
+    assert rollouts.states[KEY].down == 4
