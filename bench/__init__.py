@@ -107,6 +107,15 @@ def table(measurements: Sequence[Measurement]) -> str:
     return "\n".join(rows)
 
 
+def print_tables(measurements: Sequence[Measurement]) -> None:
+    """The headline figures, then the details, as markdown tables on stdout."""
+    print(table([m for m in measurements if not m.detail]))
+    details = [m for m in measurements if m.detail]
+    if details:
+        print("\nDetails:\n")
+        print(table(details))
+
+
 def machine() -> dict[str, Any]:
     """The machine the figures come from: cores, memory, CPU model, load average."""
     info: dict[str, Any] = {

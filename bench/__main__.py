@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol, cast
 
 import bench
-from bench import Measurement, describe, machine, table
+from bench import Measurement, describe, machine, print_tables
 
 
 class Runner(Protocol):
@@ -67,11 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name} took {time.perf_counter() - started:.1f} s", file=sys.stderr)
     after = machine()
     print(f"machine: {describe(before)}; at the end: load average {after['loadavg']}\n")
-    print(table([m for m in measurements if not m.detail]))
-    details = [m for m in measurements if m.detail]
-    if details:
-        print("\nDetails:\n")
-        print(table(details))
+    print_tables(measurements)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {

@@ -374,6 +374,44 @@ def metrics(kube: Kube) -> str:
     return response.data.decode()
 
 
+class CpuSampler:
+    """A process's CPU seconds sampled every `period` while it runs (a thread of this process),
+    so the CPU of a stretch of the run (first to last bind, leaving out start-up) can be read."""
+
+    def __init__(self, pid: int, period: float = 0.05) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._pid, self._period = pid, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.samples.append((time.monotonic(), process_cpu(self._pid)))
+            except OSError:
+                return  # the process is gone
+            if self._stop.wait(self._period):
+                return
+
+    def stop(self) -> CpuSampler:
+        self._stop.set()
+        self._thread.join()
+        return self
+
+    def at(self, t: float) -> float:
+        """CPU seconds used by time `t`, interpolated between the samples around it."""
+        if not self.samples:
+            return float("nan")
+        before = [(s, c) for s, c in self.samples if s <= t] or self.samples[:1]
+        after = [(s, c) for s, c in self.samples if s >= t] or self.samples[-1:]
+        (t0, c0), (t1, c1) = before[-1], after[0]
+        return c0 if t1 <= t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+
+    def between(self, start: float, end: float) -> float:
+        return self.at(end) - self.at(start)
+
+
 class Profiler:
     """py-spy sampling one process into a collapsed-stack file (one stack a line with its count)
     while a run lasts: only the thread holding the GIL (--gil), which is where a Python process

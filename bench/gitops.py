@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import Measurement, below, describe, machine, table
+from bench import Measurement, below, describe, machine, print_tables
 from bench._kube import BenchError, Obj, call
 from bench.placement import (
     NAMESPACE,
     PlacementBench,
     Scale,
+    _pod,
     gpu_uuid,
     map_name,
     node_name,
@@ -121,25 +122,16 @@ def map_text(slots: dict[int, Slot]) -> str:
 
 
 def statefulset(replicas: int) -> Obj:
-    labels = {"app": STATEFULSET, MAP_LABEL: MAP}
+    """The workload: `replicas` pods of the map, the placement benchmark's pod as template."""
+    pod = _pod(STATEFULSET, {MAP_LABEL: MAP, "app": STATEFULSET}, {})
+    template = {"metadata": {"labels": pod["metadata"]["labels"]}, "spec": pod["spec"]}
+    selector = {"matchLabels": {"app": STATEFULSET}}
+    spec = {"replicas": replicas, "podManagementPolicy": "Parallel", "serviceName": STATEFULSET}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": {"name": STATEFULSET, "namespace": NAMESPACE},
-        "spec": {
-            "replicas": replicas,
-            "podManagementPolicy": "Parallel",
-            "serviceName": STATEFULSET,
-            "selector": {"matchLabels": {"app": STATEFULSET}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                },
-            },
-        },
+        "spec": spec | {"selector": selector, "template": template},
     }
 
 
@@ -427,9 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _stderr(f"machine: {describe(machine())}")
     figures = measurements(bench(args.repeats, _stderr, args.workdir))
-    print(table([m for m in figures if not m.detail]))
-    print("\nDetails:\n")
-    print(table([m for m in figures if m.detail]))
+    print_tables(figures)
     return 0
 
 

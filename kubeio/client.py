@@ -1,21 +1,25 @@
 """A thin JSON client for the Kubernetes API.
 
 The official `kubernetes` package loads the configuration (kubeconfig, in-cluster service account
-with token refresh); requests go through one urllib3 pool and return plain dicts. Typed models are
+with token refresh); requests go out on a keep-alive http.client connection per thread (watches
+through urllib3, which streams) and return plain dicts. Typed models are
 skipped on purpose: deserializing every watched object into generated classes costs more than the
 rest of a bind, and the Binding response cannot be deserialized by that client at all.
 """
 
 from __future__ import annotations
 
-import json
+import http.client
 import ssl
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import orjson
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
@@ -49,27 +53,11 @@ __all__ = [
 Obj = dict[str, Any]
 
 
-#: The guard of the request this thread is sending (see Kube.request).
-_send_guard = threading.local()
+class _Connections(threading.local):
+    """This thread's keep-alive connection for unary requests (one a thread: no pool to wait
+    for, so a guard checked just before sending is the last word)."""
 
-
-class _NotSentError(Exception):
-    pass
-
-
-class _GuardedHTTPSConnection(urllib3.connection.HTTPSConnection):
-    """Checks the sending thread's guard as the last step before the request is written, after
-    any wait for a pooled connection: a leader paused there must not send on resuming."""
-
-    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> None:
-        guard = getattr(_send_guard, "check", None)
-        if guard is not None and not guard():
-            raise _NotSentError
-        super().request(method, url, *args, **kwargs)
-
-
-class _GuardedHTTPSConnectionPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = _GuardedHTTPSConnection
+    connection: http.client.HTTPConnection | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +67,35 @@ class ClientSettings:
     qps_pool: int = 64  # concurrent connections kept open
     timeout_seconds: float = 30.0
     user_agent: str = "gpuplace"
+
+
+def _close_all(connections: list[http.client.HTTPConnection]) -> None:
+    for connection in connections:
+        connection.close()
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """With the kubeconfig's `tls-server-name`, when it has one, for SNI and the name check."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        server_name: str | None,
+        timeout: float,
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        if self._server_name is None:
+            super().connect()
+            return
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(  # type: ignore[attr-defined]
+            self.sock, server_hostname=self._server_name
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +127,7 @@ class Kube:
             ctx.verify_mode = ssl.CERT_NONE
         if configuration.cert_file:
             ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
+        # Watches: urllib3 streams the chunked body.
         self._pool = urllib3.PoolManager(
             num_pools=4,
             maxsize=settings.qps_pool,
@@ -118,10 +136,17 @@ class Kube:
             server_hostname=configuration.tls_server_name or None,
             retries=False,
         )
-        self._pool.pool_classes_by_scheme = {
-            **self._pool.pool_classes_by_scheme,
-            "https": _GuardedHTTPSConnectionPool,
-        }
+        # Everything else: http.client on a keep-alive connection per thread, about half the
+        # CPU of urllib3's pool per request (a Binding is one such request per pod).
+        url = urlsplit(self.host)
+        self._scheme, self._address = url.scheme, url.hostname or "localhost"
+        self._port = url.port or (443 if url.scheme == "https" else 80)
+        self._ssl = ctx
+        self._sni = configuration.tls_server_name or None
+        self._local = _Connections()
+        self._opened: list[http.client.HTTPConnection] = []
+        # Closed with the client, as urllib3 closes its pools: threads that ended leave theirs.
+        weakref.finalize(self, _close_all, self._opened)
         self._lock = threading.Lock()
 
     @classmethod
@@ -161,6 +186,35 @@ class Kube:
 
     def close(self) -> None:
         self._pool.clear()
+        with self._lock:
+            opened = list(self._opened)
+            self._opened.clear()
+        _close_all(opened)
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        connection = self._local.connection
+        if connection is None:
+            if self._scheme == "https":
+                connection = _HTTPSConnection(
+                    self._address, self._port, self._ssl, self._sni, timeout
+                )
+            else:
+                connection = http.client.HTTPConnection(self._address, self._port, timeout=timeout)
+            self._local.connection = connection
+            with self._lock:
+                self._opened.append(connection)
+        elif connection.timeout != timeout:  # settimeout costs more than a comparison
+            if connection.sock is not None:
+                connection.sock.settimeout(timeout)
+            connection.timeout = timeout
+        return connection
+
+    def _drop(self, connection: http.client.HTTPConnection) -> None:
+        connection.close()
+        self._local.connection = None
+        with self._lock:
+            if connection in self._opened:
+                self._opened.remove(connection)
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": JSON, "User-Agent": self._settings.user_agent}
@@ -185,24 +239,35 @@ class Kube:
         is none (APITransportError) or the guard stopped it (FencedError).
 
         `guard`, when given, is called immediately before the request is written to the
-        connection; if it returns False nothing is sent."""
-        _send_guard.check = guard
-        try:
-            response = self._pool.request(
-                request.method,
-                self.host + request.target,
-                body=request.body,
-                headers=self._headers(request.content_type),
-                timeout=timeout or self._settings.timeout_seconds,
-                preload_content=True,
-            )
-        except _NotSentError as exc:
-            raise FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed") from exc
-        except urllib3.exceptions.HTTPError as exc:
-            raise APITransportError(0, "Transport", f"{request.describe()}: {exc}") from exc
-        finally:
-            _send_guard.check = None
-        return Response(response.status, response.data)
+        connection; if it returns False nothing is sent. A keep-alive connection the server
+        closed while idle is replaced and the request sent once more (the guard asked again)."""
+        headers = self._headers(request.content_type)
+        seconds = timeout or self._settings.timeout_seconds
+        for attempt in (1, 2):
+            reused = self._local.connection is not None
+            connection = self._connection(seconds)
+            try:
+                if connection.sock is None:
+                    # Connected (TCP, TLS) before the guard: a process paused during a
+                    # handshake must not send on resuming without asking the guard again.
+                    connection.connect()
+                if guard is not None and not guard():
+                    raise FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed")
+                connection.request(request.method, request.target, request.body, headers)
+                response = connection.getresponse()
+                data = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                self._drop(connection)
+                if reused and attempt == 1:
+                    continue  # closed by the server while idle, before it read this request
+                raise APITransportError(0, "Transport", f"{request.describe()}: {exc}") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(connection)
+                raise APITransportError(0, "Transport", f"{request.describe()}: {exc}") from exc
+            if response.will_close:
+                self._drop(connection)
+            return Response(response.status, data)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def request(
         self,
@@ -284,7 +349,7 @@ def json_lines(chunks: Iterable[bytes]) -> Iterator[Obj]:
         pending = lines.pop()
         for line in lines:
             if line.strip():
-                yield json.loads(line)
+                yield orjson.loads(line)
 
 
 def obj_key(obj: Obj) -> tuple[str, str]:

@@ -1,0 +1,54 @@
+"""The scale tier of the benchmark, small: the agents' heartbeats as `make bench-scale` renews
+them, and a leader failover, on a cluster of its own (the bench starts gpuplace's processes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.placement import NAMESPACE, Scale, node_name
+from bench.scale import ScaleBench
+from kubeio.paths import LEASES, PODS
+from placement.inventory import INVENTORY_NAMESPACE
+from placement.model import MODEL_NAMESPACE
+
+SCALE = Scale(nodes=13, pods=100, gpus=8)
+
+
+@pytest.fixture
+def bench(tmp_path: Path) -> Iterator[ScaleBench]:
+    b = ScaleBench(SCALE, tmp_path, lambda _message: None, interval=0.5)
+    b.setup()
+    yield b
+    b.stop()
+
+
+def test_every_agent_lease_is_renewed_by_the_agents_code_and_a_standby_takes_over(
+    bench: ScaleBench,
+) -> None:
+    cluster = bench.cluster
+    bench.start_heartbeats()
+    seconds, rate = bench.failover()
+    beats = bench.stop_heartbeats()
+
+    # Every node's Lease was written by the heartbeat process as an agent writes it.
+    status, leases = cluster.request("GET", LEASES.collection(INVENTORY_NAMESPACE))
+    assert status == 200
+    by_name = {lease["metadata"]["name"]: lease["spec"] for lease in leases["items"]}
+    for n in range(SCALE.nodes):
+        spec = by_name[node_name(n)]
+        assert spec["holderIdentity"] == f"agent-{node_name(n)}"
+        assert spec["leaseDurationSeconds"] == 2  # 3 intervals of 0.5 s, as agents declare
+    assert beats.failures == 0
+    assert beats.renewals >= SCALE.nodes  # at least one round after `ready`
+
+    # The leader was killed; the standby holds the controller's Lease and bound the backlog.
+    assert bench.controller is not None and bench.controller.name == "controller-1"
+    status, lease = cluster.request("GET", LEASES.item("gpuplace-controller", MODEL_NAMESPACE))
+    assert status == 200, lease
+    assert lease["spec"]["holderIdentity"] == "standby-1"
+    assert seconds > 0 and rate > 0
+    status, pods = cluster.request("GET", PODS.collection(NAMESPACE))
+    assert status == 200 and pods["items"] == []  # the run cleared its pods
