@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import pynvml
 
@@ -189,17 +188,6 @@ class NvmlProbe:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
             log.debug("NVML shutdown: %s", exc)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- devices ------------------------------------------------------------------------------
     def _read(self, index: int) -> GpuDevice:

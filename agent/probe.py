@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterable
-from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol
 
 from placement.inventory import GpuDevice, NodeInventory
 from placement.types import NodeName
@@ -117,14 +116,3 @@ class MemoryProbe:
 
     def close(self) -> None:
         self.closed = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -297,7 +297,12 @@ class DraBench(PlacementBench):
             names = [pod["metadata"]["name"] for pod in pods]
 
             def remove(name: str) -> None:
-                call(self.cluster, "DELETE", f"{CLAIMS}/{name}", wanted={200, 202, 404})
+                call(
+                    self.cluster,
+                    "DELETE",
+                    RESOURCE_CLAIMS.item(name, NAMESPACE),
+                    wanted={200, 202, 404},
+                )
 
             concurrently(names, remove, CREATE_THREADS)
         self.cluster.wait_for(
@@ -487,7 +492,12 @@ class DraBench(PlacementBench):
             )
             binding = bodies.binding(name, NAMESPACE, uids[name], device.node, {})
             sent = time.monotonic()
-            call(self.cluster, "PATCH", f"{CLAIMS}/{name}/status", {"status": status_body})
+            call(
+                self.cluster,
+                "PATCH",
+                RESOURCE_CLAIMS.item(name, NAMESPACE, "status"),
+                {"status": status_body},
+            )
             call(self.cluster, "POST", PODS.item(name, NAMESPACE, "binding"), binding)
             return sent, time.monotonic()
 

@@ -214,8 +214,8 @@ class ClaimWriter:
         self.kube = kube
         self.settings = settings
 
-    def _path(self, claim: ClaimState) -> str:
-        return RESOURCE_CLAIMS.item(claim.name, claim.namespace)
+    def _path(self, claim: ClaimState, subresource: str = "") -> str:
+        return RESOURCE_CLAIMS.item(claim.name, claim.namespace, subresource)
 
     def reserve(self, plan: ClaimPlan, pod: Obj) -> None:
         """Allocates the claim to the plan's devices and reserves it for the pod.
@@ -255,14 +255,15 @@ class ClaimWriter:
             plan.devices, plan.node, meta["name"], meta["uid"], self.settings.driver
         )
         self.kube.patch(
-            f"{path}/status", {"metadata": {"resourceVersion": version}, "status": status}
+            self._path(plan.claim, "status"),
+            {"metadata": {"resourceVersion": version}, "status": status},
         )
 
     def unreserve(self, plan: ClaimPlan) -> None:
         """Undoes `reserve` after a failed Binding; idempotent, a claim already gone is fine."""
         with contextlib.suppress(APINotFoundError):
             self.kube.patch(
-                f"{self._path(plan.claim)}/status",
+                self._path(plan.claim, "status"),
                 {"status": {"allocation": None, "reservedFor": None}},
             )
 

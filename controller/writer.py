@@ -40,7 +40,7 @@ class ModelWriter:
         for name in current:
             if name not in wanted:
                 with contextlib.suppress(APINotFoundError):
-                    self.kube.delete(f"{self._path}/{name}")
+                    self.kube.delete(CONFIGMAPS.item(name, self.namespace))
         return written
 
     def _put(self, name: str, data: Mapping[str, str]) -> None:
@@ -55,7 +55,7 @@ class ModelWriter:
             "data": dict(data),
         }
         try:
-            self.kube.put(f"{self._path}/{name}", body)
+            self.kube.put(CONFIGMAPS.item(name, self.namespace), body)
         except APINotFoundError:
             self.kube.create(self._path, body)
 

@@ -35,8 +35,6 @@ POLICY_NAME = "gpuplace-pod-bindings"
 #: POLICY_NAME) does not collide with it.
 LOCAL_POLICY_NAME = "gpuplace-local-pod-bindings"
 API_VERSION = "admissionregistration.k8s.io/v1"
-POLICY_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
-BINDING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 
 
 def _q(text: str) -> str:

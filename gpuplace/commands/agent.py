@@ -10,6 +10,7 @@ a first look on a GPU node.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import socket
@@ -247,7 +248,7 @@ def print_once(settings: AgentSettings, map_files: list[Path], output: str) -> i
     if maps is None:
         return 1
     try:
-        with NvmlProbe() as probe:
+        with contextlib.closing(NvmlProbe()) as probe:
             inventory = probe.snapshot(settings.node)
     except NvmlUnavailableError as exc:
         if not settings.publish_empty:

@@ -443,8 +443,14 @@ class LocalCluster:
         """Installs the ValidatingAdmissionPolicy that the Helm chart ships (bindings nobody can
         forge or rewrite) and waits until the apiserver enforces it."""
         for path, body in (
-            (podpolicy.POLICY_PATH, podpolicy.policy(podpolicy.LOCAL_POLICY_NAME)),
-            (podpolicy.BINDING_PATH, podpolicy.policy_binding(podpolicy.LOCAL_POLICY_NAME)),
+            (
+                VALIDATING_ADMISSION_POLICIES.collection(),
+                podpolicy.policy(podpolicy.LOCAL_POLICY_NAME),
+            ),
+            (
+                VALIDATING_ADMISSION_POLICY_BINDINGS.collection(),
+                podpolicy.policy_binding(podpolicy.LOCAL_POLICY_NAME),
+            ),
         ):
             status, response = self.request("POST", path, body)
             if status not in {201, 409}:
