@@ -1,8 +1,8 @@
 """A thin JSON client for the Kubernetes API.
 
 The official `kubernetes` package loads the configuration (kubeconfig, in-cluster service account
-with token refresh); requests go out on a keep-alive http.client connection per thread (watches
-through urllib3, which streams) and return plain dicts. Typed models are
+with token refresh); requests go out on keep-alive http.client connections (watches through
+urllib3, which streams) and return plain dicts. Typed models are
 skipped on purpose: deserializing every watched object into generated classes costs more than the
 rest of a bind, and the Binding response cannot be deserialized by that client at all.
 """
@@ -10,6 +10,7 @@ rest of a bind, and the Binding response cannot be deserialized by that client a
 from __future__ import annotations
 
 import http.client
+import select
 import ssl
 import threading
 import weakref
@@ -53,13 +54,6 @@ __all__ = [
 Obj = dict[str, Any]
 
 
-class _Connections(threading.local):
-    """This thread's keep-alive connection for unary requests (one a thread: no pool to wait
-    for, so a guard checked just before sending is the last word)."""
-
-    connection: http.client.HTTPConnection | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
     kubeconfig: str | None = None  # None: $KUBECONFIG / ~/.kube/config, else in-cluster
@@ -67,6 +61,28 @@ class ClientSettings:
     qps_pool: int = 64  # concurrent connections kept open
     timeout_seconds: float = 30.0
     user_agent: str = "gpuplace"
+
+
+#: What sending on a keep-alive connection the server has closed raises (the close raced the
+#: check in `_dropped`).
+_CLOSED_WHILE_IDLE = (
+    http.client.RemoteDisconnected,
+    BrokenPipeError,
+    ConnectionResetError,
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+)
+
+
+def _dropped(connection: http.client.HTTPConnection) -> bool:
+    """Whether the server closed an idle connection: it is readable (EOF) while no request is
+    outstanding (urllib3 checks the same before reusing a pooled connection)."""
+    sock = connection.sock
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _close_all(connections: list[http.client.HTTPConnection]) -> None:
@@ -143,10 +159,10 @@ class Kube:
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self._ssl = ctx
         self._sni = configuration.tls_server_name or None
-        self._local = _Connections()
-        self._opened: list[http.client.HTTPConnection] = []
-        # Closed with the client, as urllib3 closes its pools: threads that ended leave theirs.
-        weakref.finalize(self, _close_all, self._opened)
+        #: Idle keep-alive connections, the most recently used last (reused first, so few stay
+        #: open and they stay warm); a connection is used by one request at a time.
+        self._idle: list[http.client.HTTPConnection] = []
+        weakref.finalize(self, _close_all, self._idle)  # as urllib3 closes its pools
         self._lock = threading.Lock()
 
     @classmethod
@@ -187,34 +203,38 @@ class Kube:
     def close(self) -> None:
         self._pool.clear()
         with self._lock:
-            opened = list(self._opened)
-            self._opened.clear()
-        _close_all(opened)
+            idle = list(self._idle)
+            self._idle.clear()
+        _close_all(idle)
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        connection = self._local.connection
-        if connection is None:
-            if self._scheme == "https":
-                connection = _HTTPSConnection(
-                    self._address, self._port, self._ssl, self._sni, timeout
-                )
-            else:
-                connection = http.client.HTTPConnection(self._address, self._port, timeout=timeout)
-            self._local.connection = connection
+    def _acquire(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection the server has not closed (and whether it was used before), or a
+        new, unconnected one."""
+        while True:
             with self._lock:
-                self._opened.append(connection)
-        elif connection.timeout != timeout:  # settimeout costs more than a comparison
-            if connection.sock is not None:
-                connection.sock.settimeout(timeout)
-            connection.timeout = timeout
-        return connection
+                connection = self._idle.pop() if self._idle else None
+            if connection is None:
+                if self._scheme == "https":
+                    return (
+                        _HTTPSConnection(self._address, self._port, self._ssl, self._sni, timeout),
+                        False,
+                    )
+                return http.client.HTTPConnection(self._address, self._port, timeout=timeout), False
+            if _dropped(connection):
+                connection.close()
+                continue
+            if connection.timeout != timeout:  # settimeout costs more than a comparison
+                if connection.sock is not None:
+                    connection.sock.settimeout(timeout)
+                connection.timeout = timeout
+            return connection, True
 
-    def _drop(self, connection: http.client.HTTPConnection) -> None:
-        connection.close()
-        self._local.connection = None
+    def _release(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
-            if connection in self._opened:
-                self._opened.remove(connection)
+            if len(self._idle) < self._settings.qps_pool:
+                self._idle.append(connection)
+                return
+        connection.close()
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": JSON, "User-Agent": self._settings.user_agent}
@@ -244,28 +264,30 @@ class Kube:
         headers = self._headers(request.content_type)
         seconds = timeout or self._settings.timeout_seconds
         for attempt in (1, 2):
-            reused = self._local.connection is not None
-            connection = self._connection(seconds)
+            connection, reused = self._acquire(seconds)
             try:
                 if connection.sock is None:
                     # Connected (TCP, TLS) before the guard: a process paused during a
                     # handshake must not send on resuming without asking the guard again.
                     connection.connect()
                 if guard is not None and not guard():
+                    self._release(connection)
                     raise FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed")
                 connection.request(request.method, request.target, request.body, headers)
                 response = connection.getresponse()
                 data = response.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                self._drop(connection)
+            except _CLOSED_WHILE_IDLE as exc:
+                connection.close()
                 if reused and attempt == 1:
-                    continue  # closed by the server while idle, before it read this request
+                    continue  # closed by the server while idle, before it answered this request
                 raise APITransportError(0, "Transport", f"{request.describe()}: {exc}") from exc
             except (OSError, http.client.HTTPException) as exc:
-                self._drop(connection)
+                connection.close()
                 raise APITransportError(0, "Transport", f"{request.describe()}: {exc}") from exc
             if response.will_close:
-                self._drop(connection)
+                connection.close()
+            else:
+                self._release(connection)
             return Response(response.status, data)
         raise AssertionError("unreachable")  # pragma: no cover
 

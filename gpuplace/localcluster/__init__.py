@@ -18,8 +18,7 @@ Use::
         cluster.create_nodes(fake_gpu_nodes(3, gpus=8))          # gpu-node-01..03, Ready
         cluster.create_nodes([FakeNode("gpu-a-01", gpus=4, labels={"gpu-node-name": "node1"})])
         cluster.kubectl("apply", "-f", "-", input=manifest_yaml)  # pinned kubectl, admin
-        with cluster.api_client() as api:                         # kubernetes.client.ApiClient
-            kubernetes.client.CoreV1Api(api).list_node()
+        cluster.kube.get("/api/v1/nodes")                         # kubeio.client.Kube, admin
         status, body = cluster.request("POST", path, body)        # raw admin call, JSON in/out
 
 `LocalCluster` (see its docstring for the arguments):
@@ -30,7 +29,6 @@ Use::
   ``binaries`` / ``bin_dir``, ``startup_seconds`` / ``startup_phases``.
 - ``kubectl(*args, input=None, check=True)`` returns `subprocess.CompletedProcess[str]`; with
   ``check`` a non-zero exit raises `KubectlError` whose message carries kubectl's stderr.
-- ``api_client()`` returns a new admin ``kubernetes.client.ApiClient``; close it (``with``).
 - ``kube`` is the admin `kubeio.client.Kube` (the components' client: thread-safe, keep-alive,
   raises `kubeio.errors.APIError`); ``request(method, path, body=None)`` sends through it and
   returns ``(status, decoded JSON)`` whatever the status, for responses the generated client

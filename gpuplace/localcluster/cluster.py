@@ -25,7 +25,6 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 from urllib.parse import parse_qsl
 
-import kubernetes.client
 import yaml
 
 from gpuplace.localcluster.binaries import ControlPlaneBinaries, find_binaries
@@ -353,15 +352,6 @@ class LocalCluster:
         if check and result.returncode != 0:
             raise KubectlError(args, result)
         return result
-
-    def api_client(self) -> kubernetes.client.ApiClient:
-        """A new admin ApiClient of the official client; close it (``with cluster.api_client()``)."""
-        configuration = kubernetes.client.Configuration()
-        configuration.host = self.server
-        configuration.ssl_ca_cert = str(self.ca_file)
-        configuration.cert_file = str(self.layout.cert(ADMIN_USER))
-        configuration.key_file = str(self.layout.key(ADMIN_USER))
-        return kubernetes.client.ApiClient(configuration)
 
     def ssl_context(self) -> ssl.SSLContext:
         """A client TLS context that trusts the cluster CA and presents the admin certificate."""

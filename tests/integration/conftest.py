@@ -1,13 +1,14 @@
 """Fixtures for integration tests: one real control plane per session (`gpuplace.localcluster`).
 
 - ``cluster`` (session): a started `LocalCluster`: etcd, kube-apiserver, kube-controller-manager
-  and kwok on loopback. Use ``cluster.kubectl(...)``, ``cluster.api_client()``,
+  and kwok on loopback. Use ``cluster.kubectl(...)``, ``cluster.kube``,
   ``cluster.request(...)``, ``cluster.kubeconfig``, ``cluster.server``, ``cluster.ca_file``,
   ``cluster.ca`` (issue certificates for test TLS servers), ``cluster.create_nodes(...)``.
   Its directory (certificates, ``logs/<component>.log``) is under pytest's base temp directory,
   which pytest keeps for the last few runs: look there when a test fails. Torn down at session
   end, on failures and on Ctrl-C (children are also killed if pytest itself is killed).
-- ``api_client`` (session): one admin ``kubernetes.client.ApiClient``.
+- ``api_client`` (session): one admin ``kubernetes.client.ApiClient`` (the official client, to
+  check that the local cluster serves it as a real one does).
 - ``gpu_nodes`` (session): names of 4 kwok nodes, ``it-gpu-01``..``it-gpu-04``, 8 GPUs each, Ready.
   Tests that need nodes with particular labels create their own, with unique names.
 - ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists (so pods can
@@ -79,7 +80,12 @@ def system_namespaces(cluster: LocalCluster) -> None:
 
 @pytest.fixture(scope="session")
 def api_client(cluster: LocalCluster) -> Iterator[kubernetes.client.ApiClient]:
-    with cluster.api_client() as client:
+    configuration = kubernetes.client.Configuration()
+    configuration.host = cluster.server
+    configuration.ssl_ca_cert = str(cluster.ca_file)
+    configuration.cert_file = str(cluster.layout.cert("admin"))
+    configuration.key_file = str(cluster.layout.key("admin"))
+    with kubernetes.client.ApiClient(configuration) as client:
         yield client
 
 

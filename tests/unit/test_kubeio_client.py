@@ -1,61 +1,137 @@
-"""The JSON client authenticates the way the kubeconfig says (token or client certificate)."""
+"""The client's connection handling against a local HTTP server: keep-alive reuse, a connection
+the server closed while idle, and a guard that stops a request before it is written."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import http.server
+import threading
+from collections.abc import Iterator
 
-import yaml
+import pytest
+from kubernetes import client as k8s_client
 
-from kubeio.client import ClientSettings, Kube, json_lines
+from kubeio.client import ClientSettings, Kube
+from kubeio.errors import APINotFoundError, FencedError
 
 
-def write_kubeconfig(path: Path, user: dict[str, str]) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [
-                    {
-                        "name": "k",
-                        "cluster": {
-                            "server": "https://127.0.0.1:6443",
-                            "insecure-skip-tls-verify": True,
-                        },
-                    }
-                ],
-                "users": [{"name": "u", "user": user}],
-                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-            }
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, close_after_each: bool) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.close_after_each = close_after_each
+        self.requests: list[str] = []
+        self.connections = 0
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.connections += 1
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        self.server.requests.append(f"{self.command} {self.path}")
+        status, body = (
+            (404, b'{"kind":"Status","reason":"NotFound"}')
+            if "missing" in self.path
+            else (200, b'{"ok":true}')
         )
-    )
-    return path
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        if self.server.close_after_each:
+            # Closed while idle, without a "Connection: close": as a server's idle timeout does.
+            self.close_connection = True
+
+    do_GET = do_POST = _answer  # noqa: N815 - http.server dispatches on these names
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
-def test_bearer_token_from_kubeconfig_is_sent(tmp_path: Path) -> None:
-    config = write_kubeconfig(tmp_path / "kubeconfig", {"token": "s3cret"})
-    kube = Kube.connect(ClientSettings(kubeconfig=str(config)))
-    assert kube._headers(None)["Authorization"] == "Bearer s3cret"
-    assert kube.host == "https://127.0.0.1:6443"
+def serve(close_after_each: bool) -> Iterator[tuple[Server, Kube]]:
+    server = Server(close_after_each)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    configuration = k8s_client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
+    kube = Kube(configuration, ClientSettings())
+    try:
+        yield server, kube
+    finally:
+        kube.close()
+        server.shutdown()
+        server.server_close()
 
 
-def test_no_token_no_authorization_header(tmp_path: Path) -> None:
-    config = write_kubeconfig(tmp_path / "kubeconfig", {"username": "a", "password": "b"})
-    kube = Kube.connect(ClientSettings(kubeconfig=str(config)))
-    assert kube._headers("application/json")["Content-Type"] == "application/json"
-    assert "Bearer" not in kube._headers(None).get("Authorization", "")
+@pytest.fixture
+def keeps() -> Iterator[tuple[Server, Kube]]:
+    yield from serve(close_after_each=False)
 
 
-def test_json_lines_reassembles_events_across_any_chunking() -> None:
-    events = [{"type": "ADDED", "object": {"metadata": {"name": f"p{i}"}}} for i in range(5)]
-    stream = b"".join(json.dumps(e).encode() + b"\n" for e in events) + b"\n"
-    for size in (1, 7, 64, len(stream)):
-        chunks = [stream[i : i + size] for i in range(0, len(stream), size)]
-        assert list(json_lines(chunks)) == events, size
+@pytest.fixture
+def closes() -> Iterator[tuple[Server, Kube]]:
+    yield from serve(close_after_each=True)
 
 
-def test_json_lines_drops_an_unfinished_last_event() -> None:
-    chunks = [b'{"type": "ADDED"}\n{"type": "MOD', b"IFIED", b'"}\n{"type": "DEL']
-    assert list(json_lines(chunks)) == [{"type": "ADDED"}, {"type": "MODIFIED"}]
+def test_requests_one_after_another_share_one_connection(keeps: tuple[Server, Kube]) -> None:
+    server, kube = keeps
+    for _ in range(5):
+        assert kube.get("/api/v1/namespaces/a") == {"ok": True}
+    assert server.connections == 1
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_not_an_error(
+    closes: tuple[Server, Kube],
+) -> None:
+    server, kube = closes
+    for i in range(5):
+        assert kube.create(f"/api/v1/namespaces/a/configmaps?n={i}", {"n": i}) == {"ok": True}
+    assert server.requests == [f"POST /api/v1/namespaces/a/configmaps?n={i}" for i in range(5)]
+    assert server.connections == 5
+
+
+def test_an_error_status_raises_and_the_connection_is_reused(keeps: tuple[Server, Kube]) -> None:
+    server, kube = keeps
+    with pytest.raises(APINotFoundError):
+        kube.get("/api/v1/namespaces/missing")
+    assert kube.get("/api/v1/namespaces/a") == {"ok": True}
+    assert server.connections == 1
+
+
+def test_a_failing_guard_sends_nothing_and_keeps_the_connection(keeps: tuple[Server, Kube]) -> None:
+    server, kube = keeps
+    kube.get("/api/v1/namespaces/a")
+    with pytest.raises(FencedError):
+        kube.create("/api/v1/namespaces/a/configmaps", {}, guard=lambda: False)
+    kube.create("/api/v1/namespaces/a/configmaps", {}, guard=lambda: True)
+    assert server.requests == ["GET /api/v1/namespaces/a", "POST /api/v1/namespaces/a/configmaps"]
+    assert server.connections == 1
+
+
+def test_concurrent_requests_each_get_a_connection_and_leave_it_for_reuse(
+    keeps: tuple[Server, Kube],
+) -> None:
+    server, kube = keeps
+    barrier = threading.Barrier(4)
+    results: list[object] = []
+
+    def worker() -> None:
+        barrier.wait()
+        results.append(kube.get("/api/v1/namespaces/a"))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [{"ok": True}] * 4
+    opened = server.connections
+    for _ in range(10):
+        kube.get("/api/v1/namespaces/a")
+    assert server.connections == opened  # the idle ones were reused
