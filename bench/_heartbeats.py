@@ -112,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--nodes", type=Path, required=True, help="a file, one node name a line")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL)
-    parser.add_argument("--threads", type=int, default=8)
+    # Agents renew independently; 64 in flight lets a slow apiserver, not this process, set the pace.
+    parser.add_argument("--threads", type=int, default=64)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_term)
     settings = AgentSettings(node=NodeName("bench"), interval_seconds=args.interval)
