@@ -152,8 +152,8 @@ class Kube:
             server_hostname=configuration.tls_server_name or None,
             retries=False,
         )
-        # Everything else: http.client on a keep-alive connection per thread, about half the
-        # CPU of urllib3's pool per request (a Binding is one such request per pod).
+        # Everything else: http.client on pooled keep-alive connections, about half the CPU of
+        # urllib3's pool per request (a Binding is one such request per pod).
         url = urlsplit(self.host)
         self._scheme, self._address = url.scheme, url.hostname or "localhost"
         self._port = url.port or (443 if url.scheme == "https" else 80)
