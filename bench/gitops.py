@@ -23,6 +23,7 @@ Application, the map's ConfigMap, the model ConfigMaps, the pods) time:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 import time
@@ -143,9 +144,8 @@ class EventLog:
         self._kube, self._path, self._query = kube, path, dict(query or {})
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        listing = kube.get(path, **self._query)
-        self._rv = str(listing["metadata"]["resourceVersion"])
-        self._record(listing["items"])
+        self._rv = ""
+        self._relist()
         self._thread = threading.Thread(target=self._run, name=f"log {path}", daemon=True)
         self._thread.start()
 
@@ -175,11 +175,15 @@ class EventLog:
                         self._record([obj])
                     if self._stop.is_set():
                         return
-            except APIError:
+            except APIError:  # expired or cut: list again (a failed list is retried next)
                 time.sleep(0.2)
-                listing = self._kube.get(self._path, **self._query)
-                self._rv = str(listing["metadata"]["resourceVersion"])
-                self._record(listing["items"])
+                with contextlib.suppress(APIError):
+                    self._relist()
+
+    def _relist(self) -> None:
+        listing = self._kube.get(self._path, **self._query)
+        self._rv = str(listing["metadata"]["resourceVersion"])
+        self._record(listing["items"])
 
 
 @dataclass(frozen=True)
