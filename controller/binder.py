@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from controller import podfacts
@@ -20,6 +19,7 @@ from controller.metrics import ControllerMetrics
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
 from controller.slotcache import Holding, SlotCache
+from controller.workers import Workers
 from kubeio import bodies
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
@@ -84,7 +84,7 @@ class Binder:
         self._in_flight: set[str] = set()
         self._reported: dict[str, tuple[str, str]] = {}
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(settings.bind_workers, thread_name_prefix="bind")
+        self._workers = Workers(settings.bind_workers, "bind")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.active = threading.Event()
@@ -146,7 +146,7 @@ class Binder:
                 self._unverified.add(uid)
                 meta = pod["metadata"]
                 ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
-                self._executor.submit(self.events.emit, ref, WARNING, Reason.NOT_GRANTED, adopted)
+                self._workers.submit(self.events.emit, ref, WARNING, Reason.NOT_GRANTED, adopted)
             return None
         if adopted is not None:
             self.metrics.prebound.inc()
@@ -162,7 +162,7 @@ class Binder:
         log.warning("unverified binding: %s", why, extra={"pod": podfacts.name_of(pod)})
         meta = pod["metadata"]
         ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
-        self._executor.submit(self.events.emit, ref, WARNING, "BindingUnverified", why)
+        self._workers.submit(self.events.emit, ref, WARNING, "BindingUnverified", why)
 
     def _release(self, uid: str) -> None:
         self._unverified.discard(uid)
@@ -190,7 +190,7 @@ class Binder:
     def stop(self) -> None:
         self._stop.set()
         self.queue.close()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._workers.shutdown(cancel=True)
 
     def _run(self) -> None:
         last_flush = time.monotonic()
@@ -240,7 +240,7 @@ class Binder:
         self.cache.assume(uid, podfacts.name_of(pod), outcome)
         with self._lock:
             self._in_flight.add(uid)
-        self._executor.submit(self._bind, uid, pod, outcome, claim)
+        self._workers.submit(self._bind, uid, pod, outcome, claim)
 
     def _bind(
         self, uid: str, pod: Obj, placement: Placement, claim: ClaimPlan | None = None
@@ -333,7 +333,7 @@ class Binder:
         if self._reported.get(uid) == (status.reason, status.message):
             return
         self._reported[uid] = (status.reason, status.message)
-        self._executor.submit(self._write_condition, pod, status)
+        self._workers.submit(self._write_condition, pod, status)
 
     def _write_condition(self, pod: Obj, status: Status) -> None:
         meta = pod["metadata"]

@@ -109,7 +109,7 @@ def decide(binder: Binder, *pods: dict[str, Any]) -> None:
         uid = binder.queue.pop(timeout=0)
         assert uid == pod["metadata"]["uid"]
         binder._decide(uid, pod)
-    binder._executor.shutdown(wait=True)
+    binder._workers.shutdown()
 
 
 WEB0 = make_pod("web-0").label(MAP_LABEL, "llm").obj
