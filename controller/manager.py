@@ -135,6 +135,9 @@ class Controller:
         self.drift = DriftTracker(kube, self.events, self.metrics.drifted.set)
         self.renumber = RenumberTracker(kube, self.events, self.metrics.renumbered.set)
         self._running: dict[str, bool] = {}  # bound pod uid -> Running (informer threads write)
+        #: bound pod uid -> (binding key, annotations) last decoded and checked for it, so that
+        #: the pod's later events (kwok or the kubelet writing its status) cost a comparison.
+        self._bindings_seen: dict[str, tuple[bytes, dict[str, str]]] = {}
         self.rollouts = Rollouts(kube, self.events, self._is_running, self._servable)
         self._drift_dirty: set[MapKey] = set()  # maps whose bound pods to judge again
         # Its own lock: pod events must not wait for a compile holding the main one.
@@ -282,12 +285,19 @@ class Controller:
             return
         uid = podfacts.uid_of(obj)
         gone = event == DELETED or podfacts.is_finished(obj)
+        meta = obj["metadata"]
+        annotations = meta.get("annotations") or {}
         if gone:
             self._running.pop(uid, None)
+            self._bindings_seen.pop(uid, None)
         else:
             self._running[uid] = obj.get("status", {}).get("phase") == "Running"
-        meta = obj["metadata"]
-        decision = decode_binding(meta["namespace"], meta.get("annotations") or {})
+            if self.binder.active.is_set():
+                seen = (self.binder.key, annotations)
+                if self._bindings_seen.get(uid) == seen:
+                    return  # the same binding as the pod's last event: nothing to judge again
+                self._bindings_seen[uid] = seen
+        decision = decode_binding(meta["namespace"], annotations)
         if decision is not None and not decision.map.name.startswith(LEGACY_MAP_PREFIX):
             with self._drift_lock:
                 self._drift_dirty.add(decision.map)
