@@ -13,6 +13,7 @@ import http.client
 import select
 import ssl
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -85,8 +86,14 @@ def _dropped(connection: http.client.HTTPConnection) -> bool:
     return bool(poller.poll(0))
 
 
-def _close_all(connections: list[http.client.HTTPConnection]) -> None:
-    for connection in connections:
+#: A connection idle for less than this is reused without asking the kernel whether the server
+#: closed it (the apiserver closes idle connections after tens of seconds); should it have, the
+#: send fails before an answer and is retried once on another connection, as below.
+_FRESH_SECONDS = 1.0
+
+
+def _close_all(idle: list[tuple[http.client.HTTPConnection, float]]) -> None:
+    for connection, _since in idle:
         connection.close()
 
 
@@ -159,9 +166,10 @@ class Kube:
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self._ssl = ctx
         self._sni = configuration.tls_server_name or None
-        #: Idle keep-alive connections, the most recently used last (reused first, so few stay
-        #: open and they stay warm); a connection is used by one request at a time.
-        self._idle: list[http.client.HTTPConnection] = []
+        #: Idle keep-alive connections with the monotonic time each was released, the most
+        #: recently used last (reused first, so few stay open and they stay warm); a connection
+        #: is used by one request at a time.
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
         weakref.finalize(self, _close_all, self._idle)  # as urllib3 closes its pools
         self._lock = threading.Lock()
 
@@ -212,7 +220,7 @@ class Kube:
         new, unconnected one."""
         while True:
             with self._lock:
-                connection = self._idle.pop() if self._idle else None
+                connection, since = self._idle.pop() if self._idle else (None, 0.0)
             if connection is None:
                 if self._scheme == "https":
                     return (
@@ -220,7 +228,7 @@ class Kube:
                         False,
                     )
                 return http.client.HTTPConnection(self._address, self._port, timeout=timeout), False
-            if _dropped(connection):
+            if time.monotonic() - since >= _FRESH_SECONDS and _dropped(connection):
                 connection.close()
                 continue
             if connection.timeout != timeout:  # settimeout costs more than a comparison
@@ -232,7 +240,7 @@ class Kube:
     def _release(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
             if len(self._idle) < self._settings.qps_pool:
-                self._idle.append(connection)
+                self._idle.append((connection, time.monotonic()))
                 return
         connection.close()
 

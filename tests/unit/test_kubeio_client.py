@@ -86,9 +86,17 @@ def test_requests_one_after_another_share_one_connection(keeps: tuple[Server, Ku
     assert server.connections == 1
 
 
+@pytest.mark.parametrize(
+    "fresh_seconds",
+    [0.0, 60.0],
+    ids=["found-closed-before-reuse", "send-fails-and-is-retried"],
+)
 def test_a_connection_the_server_closed_while_idle_is_replaced_not_an_error(
-    closes: tuple[Server, Kube],
+    closes: tuple[Server, Kube], monkeypatch: pytest.MonkeyPatch, fresh_seconds: float
 ) -> None:
+    # A connection idle for long is checked before reuse; a recently used one is reused at once,
+    # and its send fails on the closed socket before any answer, so it is sent once more.
+    monkeypatch.setattr("kubeio.client._FRESH_SECONDS", fresh_seconds)
     server, kube = closes
     for i in range(5):
         assert kube.create(f"/api/v1/namespaces/a/configmaps?n={i}", {"n": i}) == {"ok": True}
