@@ -127,7 +127,7 @@ SCHEDULER_QPS = 5000.0
 RUN_TIMEOUT = 600.0
 
 TARGET_VS_SCHEDULER = 2.0
-TARGET_VS_CEILING = 0.7
+TARGET_VS_CEILING = 0.9
 TARGET_CPU_PER_POD_MS = 0.6
 #: In a drain's extra figures: the binder's CPU seconds per pod from its first bind to its last.
 BINDING_CPU = "binder CPU per pod, first -> last bind"
