@@ -337,6 +337,18 @@ def peak_rss_mib(pid: int) -> float:
     return status_kib(Path(f"/proc/{pid}/status").read_text(), "VmHWM") / 1024
 
 
+def run_queue_wait(pid: int) -> float:
+    """Seconds the process's threads have been runnable but waiting for a CPU (schedstat's
+    second field): on a saturated machine, the part of a call's latency that is the wait to run."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def machine_busy() -> float:
     return busy_seconds(Path("/proc/stat").read_text(), _TICKS)
 

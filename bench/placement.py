@@ -65,10 +65,12 @@ from bench._kube import (
     concurrently,
     create_pods,
     delete_pods,
+    machine_busy,
     metrics,
     peak_rss_mib,
     process_cpu,
     profiling,
+    run_queue_wait,
 )
 from bench._stats import (
     Buckets,
@@ -401,6 +403,10 @@ class Admission:
     webhook: Buckets
     #: Creates per second as sent (a burst: as fast as the threads went).
     rate: float = float("nan")
+    #: Seconds the webhook's threads waited for a CPU (runnable, not running) per admission.
+    webhook_wait: float = float("nan")
+    #: CPU seconds per second the whole machine was busy while the pods were created.
+    machine_busy: float = float("nan")
 
 
 # --------------------------------------------------------------------------- the bench
@@ -771,7 +777,11 @@ class PlacementBench:
         threads = 1 if rate is None else STEADY_THREADS
         metrics = [self._apiserver_metrics()]
         webhook_before = self._webhook_buckets()
+        webhook_pid = self.pids()["gpuplace webhook"]
+        wait, busy, began = run_queue_wait(webhook_pid), machine_busy(), time.monotonic()
         sent = create_pods(self.cluster, NAMESPACE, pods, threads, rate)
+        wait, busy = run_queue_wait(webhook_pid) - wait, machine_busy() - busy
+        busy /= time.monotonic() - began
         webhook_after = self._webhook_buckets()
         seconds = max(sent.values()) - min(sent.values())
         achieved = (len(sent) - 1) / seconds if seconds > 0 else float("inf")
@@ -781,10 +791,13 @@ class PlacementBench:
             for text in metrics
         )
         self._clear(pods)
+        apiserver = bucket_delta(apiserver_before, apiserver_after)
         return Admission(
-            bucket_delta(apiserver_before, apiserver_after),
+            apiserver,
             bucket_delta(webhook_before, webhook_after),
             achieved,
+            wait / max(1.0, histogram_count(apiserver)),
+            busy,
         )
 
     def ready(self, who: str, build: Callable[[Scale, int, int], Obj]) -> None:
@@ -1000,6 +1013,19 @@ def _throughput(label: str, r: Results) -> list[Measurement]:
     ]
 
 
+def _waits(label: str, when: str, admissions: Sequence[Admission]) -> list[Measurement]:
+    """What the machine left the webhook: its threads' wait for a CPU per call, and how busy
+    the machine was (two cores shared by the control plane, kwok and every gpuplace part)."""
+    waits = [1000 * a.webhook_wait for a in admissions]
+    busy = [a.machine_busy for a in admissions]
+    return [
+        below(
+            label, f"webhook threads' wait for a CPU per admission {when}", waits, "ms", detail=True
+        ),
+        below(label, f"machine busy {when}", busy, "CPU s/s", detail=True),
+    ]
+
+
 def _admission(label: str, r: Results) -> list[Measurement]:
     def ms(q: float, admissions: Sequence[Admission], side: str) -> list[float]:
         return [_ms(histogram_quantile(q, getattr(a, side))) for a in admissions]
@@ -1037,6 +1063,7 @@ def _admission(label: str, r: Results) -> list[Measurement]:
             "ms",
             detail=True,
         ),
+        *_waits(label, "one create at a time", one),
     ]
     for rate, steady in sorted(r.admission_steady.items()):
         limit = TARGET_WEBHOOK_P99_MS if rate == TARGET_STEADY_RATE else None
@@ -1051,6 +1078,7 @@ def _admission(label: str, r: Results) -> list[Measurement]:
         result.append(below(label, what, fast, "%", detail=True))
         sent = [a.rate for a in steady]
         result.append(below(label, f"creates/s sent, aiming at {rate}", sent, "/s", detail=True))
+        result += _waits(label, f"at {rate} creates/s", steady)
     return result
 
 

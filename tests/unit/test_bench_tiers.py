@@ -10,7 +10,7 @@ import pytest
 from bench._heartbeats import Renewer
 from bench._kube import paced
 from bench.gitops import MOVES, SCALE, _on, away, home, map_text
-from bench.placement import gpu_uuid, node_name
+from bench.placement import Admission, _waits, gpu_uuid, node_name
 from kubeio.errors import APIServerError
 from placement.validate import parse_map
 
@@ -90,3 +90,19 @@ def test_a_pod_is_on_its_new_slot_only_when_node_and_gpu_both_match_and_it_is_no
     assert not _on(3, home(3))(pod)
     pod["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
     assert not match(pod)
+
+
+def test_the_webhook_wait_for_a_cpu_is_reported_per_admission_beside_the_machine_load() -> None:
+    steady = [
+        Admission(
+            {0.005: 9.0, float("inf"): 10.0}, {}, 50.0, webhook_wait=0.0021, machine_busy=1.7
+        ),
+        Admission(
+            {0.005: 10.0, float("inf"): 10.0}, {}, 50.0, webhook_wait=0.0009, machine_busy=1.9
+        ),
+    ]
+    rows = {m.metric: m for m in _waits("b", "at 50 creates/s", steady)}
+    wait = rows["webhook threads' wait for a CPU per admission at 50 creates/s"]
+    assert (wait.unit, wait.samples) == ("ms", pytest.approx((2.1, 0.9)))
+    busy = rows["machine busy at 50 creates/s"]
+    assert (busy.unit, busy.samples) == ("CPU s/s", pytest.approx((1.7, 1.9)))
