@@ -128,6 +128,11 @@ SCHEDULER_QPS = 5000.0
 #: How long one run may take before it counts as failed (5,000 pods on two busy cores take ~30 s).
 RUN_TIMEOUT = 600.0
 
+#: Between runs, the apiserver's write rate must come back to within this of the idle rate
+#: (kwok works through a run's pods for a while after they are deleted).
+QUIESCE_MARGIN = 1.25
+QUIESCE_SLACK = 5.0  # writes/s
+
 TARGET_VS_SCHEDULER = 2.0
 TARGET_VS_CEILING = 0.9
 TARGET_CPU_PER_POD_MS = 0.6
@@ -439,6 +444,8 @@ class PlacementBench:
         self.lease_seconds = 24 * 3600
         self._webhook_kube: Kube | None = None
         self._runs = 0
+        #: Writes per second with nothing to place, as `idle` measured them (None before).
+        self._idle_writes: float | None = None
         self._phases: dict[str, int] = {}
 
     # -- set-up ----------------------------------------------------------------------------------
@@ -675,11 +682,18 @@ class PlacementBench:
         return sum(totals.get((verb,), 0.0) for verb in ("DELETE", "PATCH", "PUT", "POST"))
 
     def background_writes(self) -> float:
-        """Writes per second with nothing to place: kwok's node lease renewals and status."""
+        """The write rate a run waits for before the next starts: what `idle` measured with
+        nothing to place (kwok's node leases and status, and whatever else runs then) and a
+        margin, or a generous guess before `idle` ran."""
+        if self._idle_writes is not None:
+            return self._idle_writes * QUIESCE_MARGIN + QUIESCE_SLACK
+        return self.background_guess()
+
+    def background_guess(self) -> float:
         return self.scale.nodes / 5
 
     def _quiesce(self, quiet: float = 3.0, timeout: float = 120.0) -> None:
-        """Waits until the apiserver's write rate is back to the background of node heartbeats:
+        """Waits until the apiserver's write rate is back to the idle background (node heartbeats):
         kwok works through the pods of a run (status updates, deletes of pods already gone) for
         a while after they are gone, and the next run must not pay for that."""
         background = self.background_writes()
@@ -689,6 +703,11 @@ class PlacementBench:
             time.sleep(quiet)
             now = self._pod_writes()
             if (now - last) / (time.monotonic() - since) <= background:
+                waited = time.monotonic() - deadline + timeout
+                if waited > quiet * 3:
+                    self.log(
+                        f"  (the apiserver came back to its idle write rate in {waited:.0f} s)"
+                    )
                 return
             last, since = now, time.monotonic()
         self.log(f"the apiserver was still busy writing {timeout:.0f} s after a run")
@@ -885,9 +904,12 @@ class PlacementBench:
         settled: the background the runs share the machine with (kwok's node heartbeats and
         leases, controllers' resyncs)."""
         time.sleep(settle)
-        meter = CpuMeter(self.pids()).start()
+        writes, meter = self._pod_writes(), CpuMeter(self.pids()).start()
         time.sleep(seconds)
-        return {name: used / seconds for name, used in meter.stop().items()}
+        used = meter.stop()
+        self._idle_writes = (self._pod_writes() - writes) / seconds
+        self.log(f"idle: {self._idle_writes:,.0f} writes/s to the apiserver")
+        return {name: cpu / seconds for name, cpu in used.items()}
 
     def stop(self) -> None:
         if self.components is not None:

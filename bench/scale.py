@@ -97,8 +97,8 @@ class ScaleBench(PlacementBench):
         done, self.heartbeats = self.heartbeats.stop(), None
         return done
 
-    def background_writes(self) -> float:
-        return super().background_writes() + (
+    def background_guess(self) -> float:
+        return super().background_guess() + (
             self.scale.nodes / self.interval if self.heartbeats is not None else 0.0
         )
 
