@@ -1,5 +1,5 @@
 """The client's connection handling against a local HTTP server: keep-alive reuse, a connection
-the server closed while idle, and a guard that stops a request before it is written."""
+the server closed while idle, a guard that stops a request before it is written, and watches."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from kubeio.client import ClientSettings, Kube
-from kubeio.errors import APINotFoundError, FencedError
+from kubeio.errors import APIGoneError, APINotFoundError, APITransportError, FencedError
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -32,7 +32,37 @@ class Handler(http.server.BaseHTTPRequestHandler):
         super().setup()
         self.server.connections += 1
 
+    def _watch(self) -> None:
+        """Chunked watch events, one flushed per chunk, as the apiserver writes them; `split`
+        cuts one event across two chunks, `cut` drops the connection inside a chunk."""
+        if "gone" in self.path:
+            body = b'{"kind":"Status","reason":"Expired","code":410}'
+            self.send_response(410)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunks = [
+            b'{"type":"ADDED","object":{"n":1}}\n',
+            b'{"type":"MODIF',
+            b'IED","object":{"n":2}}\n',
+        ]
+        for chunk in chunks:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.flush()
+        if "cut" in self.path:
+            self.wfile.write(b'40\r\n{"type":')
+            self.close_connection = True
+            return
+        self.wfile.write(b"0\r\n\r\n")
+
     def _answer(self) -> None:
+        if "watch=true" in self.path:
+            self._watch()
+            return
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         self.server.requests.append(f"{self.command} {self.path}")
@@ -143,3 +173,31 @@ def test_concurrent_requests_each_get_a_connection_and_leave_it_for_reuse(
     for _ in range(10):
         kube.get("/api/v1/namespaces/a")
     assert server.connections == opened  # the idle ones were reused
+
+
+def test_a_watch_yields_each_event_however_the_chunks_split_them(
+    keeps: tuple[Server, Kube],
+) -> None:
+    _server, kube = keeps
+    events = list(kube.stream("/api/v1/pods", {"resourceVersion": "7"}, timeout=10))
+    assert events == [
+        {"type": "ADDED", "object": {"n": 1}},
+        {"type": "MODIFIED", "object": {"n": 2}},
+    ]
+
+
+def test_a_watch_cut_inside_an_event_ends_with_a_transport_error(
+    keeps: tuple[Server, Kube],
+) -> None:
+    _server, kube = keeps
+    seen = []
+    with pytest.raises(APITransportError):
+        for event in kube.stream("/api/v1/pods/cut", {}, timeout=10):
+            seen.append(event["object"]["n"])
+    assert seen == [1, 2]  # the events before the cut were delivered
+
+
+def test_a_watch_refused_raises_the_status_error(keeps: tuple[Server, Kube]) -> None:
+    _server, kube = keeps
+    with pytest.raises(APIGoneError):
+        kube.stream("/api/v1/pods/gone", {"resourceVersion": "1"}, timeout=10)
