@@ -697,13 +697,13 @@ class PlacementBench:
         kwok works through the pods of a run (status updates, deletes of pods already gone) for
         a while after they are gone, and the next run must not pay for that."""
         background = self.background_writes()
-        deadline = time.monotonic() + timeout
-        last, since = self._pod_writes(), time.monotonic()
-        while time.monotonic() < deadline:
+        began = time.monotonic()
+        last, since = self._pod_writes(), began
+        while time.monotonic() < began + timeout:
             time.sleep(quiet)
             now = self._pod_writes()
             if (now - last) / (time.monotonic() - since) <= background:
-                waited = time.monotonic() - deadline + timeout
+                waited = time.monotonic() - began
                 if waited > quiet * 3:
                     self.log(
                         f"  (the apiserver came back to its idle write rate in {waited:.0f} s)"
