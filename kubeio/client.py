@@ -270,6 +270,7 @@ class Kube:
         connection; if it returns False nothing is sent. A keep-alive connection the server
         closed while idle is replaced and the request sent once more (the guard asked again)."""
         headers = self._headers(request.content_type)
+        headers.update(request.headers)
         seconds = timeout or self._settings.timeout_seconds
         for attempt in (1, 2):
             connection, reused = self._acquire(seconds)

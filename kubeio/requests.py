@@ -31,6 +31,8 @@ class Request:
     query: tuple[tuple[str, str], ...] = ()
     body: bytes | None = None
     content_type: str | None = None
+    #: Headers beyond those every request carries (accept, authorization, content type).
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def target(self) -> str:
@@ -54,6 +56,7 @@ def prepare(
     body: Any = None,
     query: Mapping[str, Any] | None = None,
     content_type: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Request:
     """The request for `method path`: None and empty query values are left out (an unset
     option), a body that is not bytes is JSON; PATCH defaults to a JSON merge patch."""
@@ -72,7 +75,7 @@ def prepare(
             body if isinstance(body, bytes) else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         )
         content_type = content_type or (MERGE_PATCH if method == "PATCH" else JSON)
-    return Request(method, path, pairs, data, content_type)
+    return Request(method, path, pairs, data, content_type, tuple((headers or {}).items()))
 
 
 def decode(method: str, path: str, data: bytes) -> Any:

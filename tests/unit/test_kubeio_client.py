@@ -12,6 +12,7 @@ from kubernetes import client as k8s_client
 
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIGoneError, APINotFoundError, APITransportError, FencedError
+from kubeio.requests import prepare
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -21,6 +22,7 @@ class Server(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.close_after_each = close_after_each
         self.requests: list[str] = []
+        self.traceparents: list[str | None] = []
         self.connections = 0
 
 
@@ -63,6 +65,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if "watch=true" in self.path:
             self._watch()
             return
+        self.server.traceparents.append(self.headers.get("traceparent"))
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         self.server.requests.append(f"{self.command} {self.path}")
@@ -201,3 +204,14 @@ def test_a_watch_refused_raises_the_status_error(keeps: tuple[Server, Kube]) -> 
     _server, kube = keeps
     with pytest.raises(APIGoneError):
         kube.stream("/api/v1/pods/gone", {"resourceVersion": "1"}, timeout=10)
+
+
+def test_a_request_carries_its_own_headers_beside_the_usual_ones(
+    keeps: tuple[Server, Kube],
+) -> None:
+    server, kube = keeps
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    request = prepare("POST", "/api/v1/namespaces/a/pods", body={}, headers={"traceparent": parent})
+    assert kube.send(request).status == 200
+    kube.get("/api/v1/namespaces/a")
+    assert server.traceparents == [parent, None]

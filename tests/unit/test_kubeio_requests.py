@@ -150,3 +150,9 @@ def test_delete_options_and_namespace() -> None:
         "name": "ml",
         "labels": {"team": "a"},
     }
+
+
+def test_extra_headers_are_kept_in_order() -> None:
+    request = prepare("GET", "/api/v1/pods", headers={"traceparent": "00-a-b-01", "X-Two": "2"})
+    assert request.headers == (("traceparent", "00-a-b-01"), ("X-Two", "2"))
+    assert prepare("GET", "/api/v1/pods").headers == ()
