@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench._stats import busy_seconds, cpu_seconds, status_kib
+from bench._traces import traceparent
 from gpuplace.localcluster import LocalCluster
 from gpuplace.localcluster.process import die_with_parent
 from kubeio import bodies
@@ -103,15 +104,21 @@ def create_pods(
     pods: Sequence[Obj],
     threads: int,
     rate: float | None = None,
+    *,
+    traced: bool = False,
 ) -> dict[str, float]:
     """Creates the pods from `threads` threads, as fast as they go or at a steady `rate` per
-    second; returns when each create was sent (time.monotonic)."""
+    second; returns when each create was sent (time.monotonic). `traced`: each create carries
+    a sampled traceparent of the pod's name (`bench._traces`), so the apiserver traces it."""
     path = PODS.collection(namespace)
 
     def create(pod: Obj) -> float:
+        name = pod["metadata"]["name"]
+        headers = {"traceparent": traceparent(name)} if traced else None
+        request = prepare("POST", path, body=pod, headers=headers)
         sent = time.monotonic()
-        what = f"creating pod {pod['metadata']['name']}"
-        call(cluster, "POST", path, pod, wanted={201}, what=what)
+        response = cluster.kube.send(request)
+        expect(response.status, response.json(), {201}, f"creating pod {name}")
         return sent
 
     if rate is None:

@@ -126,6 +126,9 @@ class LocalCluster:
     waits up to ``node_lock_timeout`` seconds for another to stop. ``real_node_labels`` are the
     Node's labels (kubelet ``--node-labels``), ``kubelet_args`` more kubelet flags.
     ``node_binaries`` overrides the built node components (default: `find_node_binaries`).
+    ``trace_endpoint``: an OTLP/gRPC collector (``host:port``) the apiserver sends the spans of
+    requests that arrive with a sampled W3C ``traceparent`` from a ``system:masters`` client;
+    it samples nothing else (a benchmark traces its own requests only).
     """
 
     def __init__(
@@ -143,6 +146,7 @@ class LocalCluster:
         kubelet_args: Sequence[str] = (),
         node_binaries: NodeBinaries | None = None,
         node_lock_timeout: float = 900.0,
+        trace_endpoint: str | None = None,
     ) -> None:
         if real_nodes not in (0, 1):
             raise ValueError(
@@ -153,6 +157,7 @@ class LocalCluster:
         self._kubelet_args = tuple(kubelet_args)
         self._node_binaries = node_binaries
         self._node_lock_timeout = node_lock_timeout
+        self._trace_endpoint = trace_endpoint
         self._node_lock = NodeLock()
         self._real_node: RealNode | None = None
         self._owns_directory = directory is None
@@ -576,10 +581,12 @@ class LocalCluster:
         layout = self.layout
         self._spawn("etcd", _etcd_args(binaries, layout, etcd_port, etcd_peer_port), env)
         layout.audit_policy.write_text(_AUDIT_POLICY)
+        args = _apiserver_args(binaries, layout, apiserver_port, etcd_port)
+        if self._trace_endpoint is not None:
+            layout.tracing_config.write_text(_tracing_config(self._trace_endpoint))
+            args.append(f"--tracing-config-file={layout.tracing_config}")
         # The apiserver retries etcd until it answers, so both start at once.
-        self._spawn(
-            "kube-apiserver", _apiserver_args(binaries, layout, apiserver_port, etcd_port), env
-        )
+        self._spawn("kube-apiserver", args, env)
         self.wait_for("kube-apiserver /readyz", lambda: self._status("/readyz") == 200)
         self._phase("apiserver ready", began)
         self._install_policies()
@@ -832,6 +839,15 @@ def _apiserver_args(
         "--audit-log-format=json",
         "--audit-log-maxbackup=1",
     ]
+
+
+def _tracing_config(endpoint: str) -> str:
+    # No samplingRatePerMillion: only requests whose (trusted) parent span is sampled are traced.
+    return (
+        "apiVersion: apiserver.config.k8s.io/v1\n"
+        "kind: TracingConfiguration\n"
+        f"endpoint: {json.dumps(endpoint)}\n"
+    )
 
 
 #: Who sent each Binding, accepted or refused, and when the apiserver received it: the record

@@ -85,6 +85,10 @@ class ClusterLayout:
         return self.directory / "kube-scheduler.yaml"
 
     @property
+    def tracing_config(self) -> Path:
+        return self.directory / "apiserver-tracing.yaml"
+
+    @property
     def kubectl_cache(self) -> Path:
         return self.directory / "kubectl-cache"
 

@@ -1,13 +1,16 @@
 """The scale tier of the benchmark, small: the agents' heartbeats as `make bench-scale` renews
-them, and a leader failover, on a cluster of its own (the bench starts gpuplace's processes)."""
+them, a leader failover, and the webhook calls timed by the apiserver's traces, on a cluster of
+its own (the bench starts gpuplace's processes)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench._stats import histogram_count
 from bench.placement import NAMESPACE, Scale, node_name
 from bench.scale import ScaleBench
 from kubeio.paths import LEASES, PODS
@@ -52,3 +55,18 @@ def test_every_agent_lease_is_renewed_by_the_agents_code_and_a_standby_takes_ove
     assert seconds > 0 and rate > 0
     status, pods = cluster.request("GET", PODS.collection(NAMESPACE))
     assert status == 200 and pods["items"] == []  # the run cleared its pods
+
+
+def test_the_apiserver_traces_time_every_webhook_call_of_the_bench_creates(
+    bench: ScaleBench,
+) -> None:
+    admission = bench.admission_at(20, 30)
+    assert admission.creates == 30
+    # One span per create, the same calls the apiserver's histogram counted.
+    assert len(admission.traced) == 30
+    assert histogram_count(admission.apiserver) == 30
+    assert all(0 < seconds < 10 for seconds in admission.traced)
+    # Only the bench's creates carry a sampled traceparent: the controller's Bindings and kwok's
+    # status updates, which went on meanwhile, are not traced (the apiserver exports every 5 s).
+    time.sleep(6)
+    assert not [n for n in bench.spans.names() if n.endswith(("/binding", "/status"))]
