@@ -67,6 +67,13 @@ class Leases:
     def spec(self) -> dict[str, Any]:
         return self.objects[PATH]["spec"]
 
+    def take_over(self, holder: str, stamp: str) -> None:
+        """Another replica writes the lease whatever its version (a new resourceVersion)."""
+        with self.lock:
+            obj = copy.deepcopy(self.objects[PATH])
+            obj["spec"].update(holderIdentity=holder, renewTime=stamp)
+            self._store(PATH, obj)
+
     def renew_as(self, holder: str, stamp: str) -> None:
         """Another replica writes the lease."""
         obj = self.get(PATH)
@@ -205,8 +212,7 @@ def test_run_steps_down_when_another_holds_the_lease_and_does_not_release_it() -
     thread = run_in_thread(me)
     # Another replica took the lease (it judged ours expired): we see a fresh record of it.
     clock.now += 100
-    with leases.lock:
-        leases.objects[PATH]["spec"].update(holderIdentity="other", renewTime="x")
+    leases.take_over("other", "x")
     assert stopped.wait(30)
     thread.join(30)
     assert not me.is_leader.is_set() and not me.holds()
@@ -224,3 +230,30 @@ def test_run_steps_down_when_renewals_fail_past_the_deadline() -> None:
     assert stopped.wait(30)
     thread.join(30)
     assert not me.holds()
+
+
+def test_a_renewal_writes_the_lease_it_wrote_last_without_reading_it_first() -> None:
+    leases, clock = Leases(), Clock()
+    me = elector(leases, clock)
+    reads: list[str] = []
+    get = leases.get
+
+    def counting_get(path: str, **query: Any) -> dict[str, Any]:
+        reads.append(path)
+        return get(path, **query)
+
+    leases.get = counting_get  # type: ignore[method-assign]
+    assert me._renew()  # acquires: reads first (404), then creates
+    first = leases.objects[PATH]["metadata"]["resourceVersion"]
+    reads.clear()
+    clock.now += 1
+    assert me._renew() and me._renew()
+    assert reads == []  # two renewals, two writes, no read
+    assert leases.objects[PATH]["metadata"]["resourceVersion"] != first
+    assert leases.spec()["holderIdentity"] == "me"
+
+    # Another replica wrote it meanwhile: the write conflicts, the elector reads and sees it.
+    leases.take_over("other", "2026-11-26T00:00:00.000000Z")
+    assert not me._renew()
+    assert reads == [PATH]
+    assert leases.spec()["holderIdentity"] == "other"
