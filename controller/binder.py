@@ -86,6 +86,9 @@ class Binder:
         self._lock = threading.Lock()
         self._workers = Workers(settings.bind_workers, "bind")
         self._stop = threading.Event()
+        #: Set when a pod was parked for the Lease (`_fenced`); the binder's thread wakes them
+        #: once `fence` says the Lease is held again.
+        self._waiting_for_lease = threading.Event()
         self._thread: threading.Thread | None = None
         self.active = threading.Event()
 
@@ -199,6 +202,7 @@ class Binder:
             if time.monotonic() - last_flush > self.settings.flush_seconds:
                 self.queue.wake_all()
                 last_flush = time.monotonic()
+            self._lease_returned()
             if uid is None:
                 continue
             with self._lock:
@@ -213,7 +217,7 @@ class Binder:
 
     def _decide(self, uid: str, pod: Obj) -> None:
         if not self.fence():
-            self.queue.backoff(uid)  # leadership is being lost; the next leader decides
+            self._fenced(uid)
             return
         facts = podfacts.facts(pod, self.settings.legacy)
         outcome: Placement | Status = plan(facts, self.cluster(), self.cache)
@@ -267,12 +271,13 @@ class Binder:
             self.kube.create(path, binding_body(pod, placement, self.key), guard=self.fence)
         except FencedError:
             # The decision came from a cache that another leader may already have outdated.
-            # Decided again after a backoff: by this process if a late renewal keeps the lease,
+            # Decided again once the lease is held: by this process if a late renewal keeps it,
             # else the binder stops with the lost leadership and the next leader decides.
             self.metrics.binds.labels("fenced").inc()
-            log.warning("lease not held: Binding not sent", extra={"pod": podfacts.name_of(pod)})
+            log.debug("lease not held: Binding not sent", extra={"pod": podfacts.name_of(pod)})
             self.cache.forget(uid)
-            self._finish(uid, requeue=True)
+            self._finish(uid, requeue=False)
+            self._fenced(uid)
             return
         except (APINotFoundError, APIConflictError) as exc:
             # Gone, recreated, or already bound by someone else: the pod's next event decides.
@@ -294,6 +299,10 @@ class Binder:
             self.cache.forget(uid)
             self._finish(uid, requeue=True)
             return
+        self._bound(uid, placement)
+
+    def _bound(self, uid: str, placement: Placement) -> None:
+        """The Binding was stored: the assumed decision is confirmed."""
         self.metrics.binds.labels("bound").inc()
         started = self.queue.added_at.get(uid)
         if started is not None:
@@ -307,6 +316,25 @@ class Binder:
             self.metrics.pending.set(len(self._pods))
         self._reported.pop(uid, None)
         self.on_bound(placement.slot)
+
+    def _lease_returned(self) -> None:
+        """Wakes the pods parked for the Lease once it is held again."""
+        if self._waiting_for_lease.is_set() and self.fence():
+            self._waiting_for_lease.clear()
+            self.queue.wake([WakeKey.lease()])
+
+    def _fenced(self, uid: str) -> None:
+        """A pod not decided or not bound because the Lease was not held: nothing about the pod
+        refused it, so it waits for the Lease, not for a backoff that grows with each lapse (a
+        leader whose renewals run late under load would otherwise push its whole backlog out to
+        the maximum backoff). If the Lease is lost, the binder stops and the next leader decides."""
+        with self._lock:
+            if uid not in self._pods:
+                return  # bound meanwhile, or gone
+        self.queue.unschedulable(uid, frozenset({WakeKey.lease()}))
+        if not self._waiting_for_lease.is_set():
+            log.warning("lease not held: decisions and Bindings wait until it is renewed")
+            self._waiting_for_lease.set()
 
     def _unreserve(self, claim: ClaimPlan | None) -> None:
         """Every reserve has an unreserve when its bind fails, so no claim keeps devices for a

@@ -16,6 +16,7 @@ for the periodic flush. A key is a `str` (cheap to hash on the hot path, readabl
 | `WakeKey.gpu(n, g)`         | `gpu:<n>/<g>`         | a holder of GPU `g` on node `n` goes           |
 | `WakeKey.pod(uid)`          | `pod:<uid>`           | the pod itself changes (e.g. gets its claim)   |
 | `WakeKey.claim(uid)`        | `claim:<uid>`         | the ResourceClaim owned by pod `uid` changes   |
+| `WakeKey.lease()`           | `lease`               | the binder holds the leader's Lease again      |
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ class WakeKind(StrEnum):
     GPU = "gpu"
     POD = "pod"
     CLAIM = "claim"
+    LEASE = "lease"
 
 
 #: Kinds that stand alone; every other kind names its subject after a colon.
-_BARE = frozenset({WakeKind.MODEL, WakeKind.NODES})
+_BARE = frozenset({WakeKind.MODEL, WakeKind.NODES, WakeKind.LEASE})
 
 
 class WakeKey(str):
@@ -62,7 +64,7 @@ class WakeKey(str):
 
     @property
     def subject(self) -> str:
-        """What the key names (a node, slot, map, GPU, pod uid); empty for model and nodes."""
+        """What the key names (a node, slot, map, GPU, pod uid); empty for model, nodes, lease."""
         return self.partition(":")[2]
 
     @classmethod
@@ -72,6 +74,10 @@ class WakeKey(str):
     @classmethod
     def nodes(cls) -> WakeKey:
         return _NODES
+
+    @classmethod
+    def lease(cls) -> WakeKey:
+        return _LEASE
 
     @classmethod
     def node(cls, name: str) -> WakeKey:
@@ -111,3 +117,4 @@ def _key(text: str) -> WakeKey:
 
 _MODEL = _key(WakeKind.MODEL.value)
 _NODES = _key(WakeKind.NODES.value)
+_LEASE = _key(WakeKind.LEASE.value)

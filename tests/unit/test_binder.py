@@ -163,6 +163,35 @@ def test_a_binder_that_lost_its_lease_sends_nothing_and_decides_again_later() ->
     assert not api.bindings
     assert binder.cache.holding(uid) is None
     assert len(binder.queue) == 1
+    # It waits for the lease, not for a backoff: nothing to pop while the lease is not held...
+    binder._lease_returned()
+    assert binder.queue.pop(timeout=0.3) is None
+    # ...and it is decided again as soon as it is.
+    fence[0] = True
+    binder._lease_returned()
+    assert binder.queue.pop(timeout=0) == uid
+    binder._decide(uid, WEB0())
+    binder._workers.shutdown()
+    [(path, _body)] = api.bindings
+    assert path == "/api/v1/namespaces/ml/pods/web-0/binding"
+
+
+def test_a_decision_without_the_lease_parks_every_pod_until_it_is_held_again() -> None:
+    api, fence = Apiserver(), [False]
+    binder = binder_for(api, build(TWO_SLOTS), fence)
+    pods = [WEB0(), make_pod("web-1").label(MAP_LABEL, "llm").obj()]
+    for pod in pods:
+        binder.on_pod("ADDED", pod)
+    for pod in pods:
+        uid = binder.queue.pop(timeout=0)
+        assert uid == pod["metadata"]["uid"]
+        binder._decide(uid, pod)
+    assert binder.queue.pop(timeout=0.3) is None  # parked, not backing off
+    fence[0] = True
+    binder._lease_returned()
+    woken = {binder.queue.pop(timeout=0), binder.queue.pop(timeout=0)}
+    assert woken == {p["metadata"]["uid"] for p in pods}
+    assert not api.bindings
 
 
 def _placement_of(binder: Binder, pod: dict[str, Any]) -> Placement:

@@ -20,6 +20,7 @@ CASES = [
     (WakeKey.gpu("gpu-1", "#2"), WakeKind.GPU, "gpu:gpu-1/#2", "gpu-1/#2"),
     (WakeKey.pod("u-1"), WakeKind.POD, "pod:u-1", "u-1"),
     (WakeKey.claim("u-1"), WakeKind.CLAIM, "claim:u-1", "u-1"),
+    (WakeKey.lease(), WakeKind.LEASE, "lease", ""),
 ]
 
 
