@@ -3,19 +3,26 @@
 The apiserver's webhook metric has buckets at 5, 25 and 100 ms: a p99 read from it is an
 interpolation across a 20-ms bucket. Its traces time every call: the bench sends its pod creates
 with a sampled W3C `traceparent` (the cluster's `trace_endpoint` makes the apiserver trust it from
-an admin and sample nothing else), the apiserver exports the spans over OTLP/gRPC to `SpanSink`,
-and the span "Call mutating webhook" of each create is the call as the apiserver timed it: from
+an admin and sample nothing else), the apiserver exports the spans over OTLP/gRPC to
+`python -m bench._traces FILE` (a process of its own: gRPC's threads do not survive the bench's
+forks), which appends them to FILE as JSON lines; `SpanSink` reads them there, and the span "Call mutating webhook" of each create is the call as the apiserver timed it: from
 sending the AdmissionReview to the patch applied (the histogram also counts building the review).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import signal
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -51,6 +58,25 @@ class Span:
     def attribute(self, key: str) -> str | None:
         return next((v for k, v in self.attributes if k == key), None)
 
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "name": self.name,
+                "trace": self.trace_id.hex(),
+                "start": self.start_ns,
+                "end": self.end_ns,
+                "attributes": dict(self.attributes),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, line: str) -> Span:
+        data: dict[str, Any] = json.loads(line)
+        attributes = tuple((str(k), str(v)) for k, v in data["attributes"].items())
+        return cls(
+            data["name"], bytes.fromhex(data["trace"]), data["start"], data["end"], attributes
+        )
+
 
 def spans_of(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Span]:
     """The spans of one OTLP export, with their string attributes."""
@@ -75,62 +101,119 @@ def _span(span: trace_pb2.Span) -> Span:
     )
 
 
-class SpanSink(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace receiver on loopback that keeps every span it is sent.
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """The OTLP/gRPC trace service of the receiving process: each export's spans are appended to
+    `out`, one JSON object a line, flushed before the export is acknowledged."""
 
-    Contract: gRPC's threads call `Export`; any thread may call `take`; `_lock` guards `_spans`.
-    """
-
-    def __init__(self) -> None:
-        self._spans: list[Span] = []
-        self._lock = threading.Condition()
-        self._server: grpc.Server | None = None
-
-    def start(self) -> str:
-        """Starts listening; returns the endpoint (`127.0.0.1:port`) for the apiserver."""
-        server = grpc.server(ThreadPoolExecutor(2, thread_name_prefix="otlp"))
-        # The generated registration function has no annotations (the messages have stubs).
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            self, server
-        )
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        self._server = server
-        return f"127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=1).wait()
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._lock = threading.Lock()
 
     def Export(  # noqa: N802 - the gRPC method's name
         self,
         request: trace_service_pb2.ExportTraceServiceRequest,
         context: grpc.ServicerContext,
     ) -> trace_service_pb2.ExportTraceServiceResponse:
-        spans = spans_of(request)
+        lines = "".join(f"{span.to_json()}\n" for span in spans_of(request))
         with self._lock:
-            self._spans.extend(spans)
-            self._lock.notify_all()
+            self._out.write(lines)
+            self._out.flush()
         return trace_service_pb2.ExportTraceServiceResponse()
 
+
+def serve(out: IO[str]) -> grpc.Server:
+    """Starts the receiver on a free loopback port (`server.port` is not kept: see `main`)."""
+    server = grpc.server(ThreadPoolExecutor(2, thread_name_prefix="otlp"))
+    # The generated registration function has no annotations (the messages have stubs).
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        Receiver(out), server
+    )
+    return server
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m bench._traces FILE`: prints ``ready``, then the endpoint, and appends the
+    spans it is sent to FILE until SIGTERM."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m bench._traces FILE", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    with Path(args[0]).open("a", encoding="utf-8") as out:
+        server = serve(out)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        print(f"ready\n127.0.0.1:{port}", flush=True)
+        stop.wait()
+        server.stop(grace=1).wait()
+    return 0
+
+
+class SpanSink:
+    """The receiving process (`python -m bench._traces`) and what it has written so far.
+
+    Contract: any thread may call `take` and `names`; `_lock` guards the spans read from the file
+    and the read offset.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._file = directory / "spans.jsonl"
+        self._file.touch()
+        self._offset = 0
+        self._spans: list[Span] = []
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> str:
+        """Starts the receiving process; returns its endpoint (`127.0.0.1:port`)."""
+        from bench._kube import start_ready  # noqa: PLC0415 - bench._kube imports this module
+
+        self._proc = start_ready([sys.executable, "-m", "bench._traces", str(self._file)], "spans")
+        assert self._proc.stdout is not None
+        return self._proc.stdout.readline().strip()
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(10)
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+            self._proc = None
+
+    def _read(self) -> None:
+        with self._file.open(encoding="utf-8") as f:
+            f.seek(self._offset)
+            data = f.read()
+        whole, _, _partial = data.rpartition("\n")  # a line still being written waits
+        if whole:
+            self._offset += len(whole.encode()) + 1
+            self._spans += [Span.from_json(line) for line in whole.split("\n")]
+
     def names(self) -> set[str]:
-        """The names of the spans held now."""
+        """The names of the spans received and not taken."""
         with self._lock:
+            self._read()
             return {s.name for s in self._spans}
 
     def take(self, name: str, traces: Iterable[bytes], timeout: float) -> list[Span]:
         """The spans called `name` of these traces, once there is one for every trace or
         `timeout` seconds have passed (the apiserver exports in batches, every few seconds);
-        every span of these traces is removed from the sink, those of other traces stay."""
+        every span of these traces is removed, those of other traces stay."""
         wanted = set(traces)
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
+                self._read()
                 found = {s.trace_id for s in self._spans if s.name == name} & wanted
-                left = deadline - time.monotonic()
-                if found == wanted or left <= 0:
+                if found == wanted or time.monotonic() >= deadline:
                     break
-                self._lock.wait(left)
+                time.sleep(0.2)
             taken = [s for s in self._spans if s.name == name and s.trace_id in wanted]
             self._spans = [s for s in self._spans if s.trace_id not in wanted]
         return taken
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -440,7 +440,7 @@ class PlacementBench:
         self.workdir = workdir
         self.log = log
         #: The apiserver's spans of the admissions the bench traces (`admission_at`).
-        self.spans = SpanSink()
+        self.spans = SpanSink(workdir / "spans")
         self.cluster = LocalCluster(
             workdir / "cluster",
             scheduler_qps=SCHEDULER_QPS,

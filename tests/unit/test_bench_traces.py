@@ -1,9 +1,11 @@
-"""The bench's OTLP receiver over real gRPC on loopback, and the traceparents it sends."""
+"""The bench's OTLP receiver (its own process) over real gRPC on loopback, and the traceparents
+the bench sends."""
 
 from __future__ import annotations
 
 import re
 import threading
+from pathlib import Path
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -45,8 +47,8 @@ def test_a_traceparent_is_sampled_w3c_and_names_the_objects_trace() -> None:
     assert trace_id("web-3") != trace_id("web-4")
 
 
-def test_take_returns_the_named_spans_of_the_traces_once_all_arrived() -> None:
-    sink = SpanSink()
+def test_take_returns_the_named_spans_of_the_traces_once_all_arrived(tmp_path: Path) -> None:
+    sink = SpanSink(tmp_path)
     endpoint = sink.start()
     try:
         export(endpoint, span(WEBHOOK_SPAN, "a", 1_000_000, 4_000_000))
@@ -72,8 +74,8 @@ def test_take_returns_the_named_spans_of_the_traces_once_all_arrived() -> None:
         sink.stop()
 
 
-def test_take_gives_what_arrived_when_a_trace_never_does() -> None:
-    sink = SpanSink()
+def test_take_gives_what_arrived_when_a_trace_never_does(tmp_path: Path) -> None:
+    sink = SpanSink(tmp_path)
     endpoint = sink.start()
     try:
         export(endpoint, span(WEBHOOK_SPAN, "a", 0, 2_000_000))
