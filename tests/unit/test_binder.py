@@ -180,12 +180,7 @@ def test_a_decision_without_the_lease_parks_every_pod_until_it_is_held_again() -
     api, fence = Apiserver(), [False]
     binder = binder_for(api, build(TWO_SLOTS), fence)
     pods = [WEB0(), make_pod("web-1").label(MAP_LABEL, "llm").obj()]
-    for pod in pods:
-        binder.on_pod("ADDED", pod)
-    for pod in pods:
-        uid = binder.queue.pop(timeout=0)
-        assert uid == pod["metadata"]["uid"]
-        binder._decide(uid, pod)
+    decide(binder, *pods)
     assert binder.queue.pop(timeout=0.3) is None  # parked, not backing off
     fence[0] = True
     binder._lease_returned()
