@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,9 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 #: The apiserver's span around one mutating webhook call (k8s.io/apiserver, mutating dispatcher).
 WEBHOOK_SPAN = "Call mutating webhook"
+#: The apiserver's span around the same create's write to etcd (k8s.io/apiserver, etcd3 store):
+#: no gpuplace code runs in it, so its tail is the machine's, beside the webhook call's.
+ETCD_SPAN = "Create etcd3"
 
 
 def trace_id(name: str) -> bytes:
@@ -197,8 +200,10 @@ class SpanSink:
             self._read()
             return {s.name for s in self._spans}
 
-    def take(self, name: str, traces: Iterable[bytes], timeout: float) -> list[Span]:
-        """The spans called `name` of these traces, once there is one for every trace or
+    def take(
+        self, names: Collection[str], traces: Iterable[bytes], timeout: float
+    ) -> dict[str, list[Span]]:
+        """The spans of each of `names` of these traces, once every trace has all of them or
         `timeout` seconds have passed (the apiserver exports in batches, every few seconds);
         every span of these traces is removed, those of other traces stay."""
         wanted = set(traces)
@@ -206,11 +211,16 @@ class SpanSink:
         with self._lock:
             while True:
                 self._read()
-                found = {s.trace_id for s in self._spans if s.name == name} & wanted
-                if found == wanted or time.monotonic() >= deadline:
+                complete = all(
+                    {s.trace_id for s in self._spans if s.name == name} >= wanted for name in names
+                )
+                if complete or time.monotonic() >= deadline:
                     break
                 time.sleep(0.2)
-            taken = [s for s in self._spans if s.name == name and s.trace_id in wanted]
+            taken = {
+                name: [s for s in self._spans if s.name == name and s.trace_id in wanted]
+                for name in names
+            }
             self._spans = [s for s in self._spans if s.trace_id not in wanted]
         return taken
 

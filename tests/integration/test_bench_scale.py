@@ -66,6 +66,9 @@ def test_the_apiserver_traces_time_every_webhook_call_of_the_bench_creates(
     assert len(admission.traced) == 30
     assert histogram_count(admission.apiserver) == 30
     assert all(0 < seconds < 10 for seconds in admission.traced)
+    # And each create's own write to etcd, the machine's reference beside the webhook call.
+    assert len(admission.etcd) == 30
+    assert all(0 < seconds < 10 for seconds in admission.etcd)
     # Only the bench's creates carry a sampled traceparent: the controller's Bindings and kwok's
     # status updates, which went on meanwhile, are not traced (the apiserver exports every 5 s).
     time.sleep(6)

@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from bench._traces import WEBHOOK_SPAN, SpanSink, trace_id, traceparent
+from bench._traces import ETCD_SPAN, WEBHOOK_SPAN, SpanSink, trace_id, traceparent
 
 
 def export(endpoint: str, *spans: trace_pb2.Span) -> None:
@@ -64,12 +64,12 @@ def test_take_returns_the_named_spans_of_the_traces_once_all_arrived(tmp_path: P
             ),
         )
         late.start()
-        taken = sink.take(WEBHOOK_SPAN, [trace_id("a"), trace_id("b")], timeout=10)
+        taken = sink.take([WEBHOOK_SPAN], [trace_id("a"), trace_id("b")], timeout=10)[WEBHOOK_SPAN]
         late.join()
         assert sorted(s.seconds for s in taken) == [0.003, 0.009]
         assert {s.attribute("webhook") for s in taken} == {"pods.gpuplace.io"}
         assert sink.names() == {WEBHOOK_SPAN}  # only the other trace's span stays
-        assert [s.seconds for s in sink.take(WEBHOOK_SPAN, [trace_id("b")], timeout=0)] == []
+        assert sink.take([WEBHOOK_SPAN], [trace_id("b")], timeout=0) == {WEBHOOK_SPAN: []}
     finally:
         sink.stop()
 
@@ -79,7 +79,26 @@ def test_take_gives_what_arrived_when_a_trace_never_does(tmp_path: Path) -> None
     endpoint = sink.start()
     try:
         export(endpoint, span(WEBHOOK_SPAN, "a", 0, 2_000_000))
-        taken = sink.take(WEBHOOK_SPAN, [trace_id("a"), trace_id("lost")], timeout=0.2)
-        assert [s.seconds for s in taken] == [0.002]
+        taken = sink.take([WEBHOOK_SPAN], [trace_id("a"), trace_id("lost")], timeout=0.2)
+        assert [s.seconds for s in taken[WEBHOOK_SPAN]] == [0.002]
+    finally:
+        sink.stop()
+
+
+def test_take_waits_until_every_trace_has_every_named_span(tmp_path: Path) -> None:
+    sink = SpanSink(tmp_path)
+    endpoint = sink.start()
+    try:
+        # The webhook call is exported first; the same create's etcd write only in a later batch.
+        export(endpoint, span(WEBHOOK_SPAN, "a", 0, 2_000_000))
+        late = threading.Timer(0.5, export, (endpoint, span(ETCD_SPAN, "a", 3_000_000, 8_000_000)))
+        late.start()
+        taken = sink.take([WEBHOOK_SPAN, ETCD_SPAN], [trace_id("a")], timeout=10)
+        late.join()
+        assert {name: [s.seconds for s in spans] for name, spans in taken.items()} == {
+            WEBHOOK_SPAN: [0.002],
+            ETCD_SPAN: [0.005],
+        }
+        assert sink.names() == set()
     finally:
         sink.stop()
