@@ -136,7 +136,13 @@ class LeaderElector:
     def _try_acquire(self) -> bool:
         self.last_attempt = self._clock()
         if self._written is not None:
-            renewed = self._renew_written(self._written)
+            # Renew the Lease as this process last wrote it; a 409 means someone else wrote it
+            # since: read it and decide as a candidate.
+            spec = self._written.get("spec", {})
+            transitions = int(spec.get("leaseTransitions") or 0)
+            renewed = self._put(
+                {**self._written, "spec": self._spec(spec.get("acquireTime"), transitions)}
+            )
             if renewed is not None:
                 return renewed
         try:
@@ -167,23 +173,11 @@ class LeaderElector:
         )
         acquire = spec.get("acquireTime") if holder == self.s.identity else None
         lease["spec"] = self._spec(acquire, transitions)
-        try:
-            self._written = self.kube.put(self._item, lease)
-        except APIConflictError:
-            return False
-        except APIError as exc:
-            log.warning("lease update failed: %s", exc)
-            return False
-        return True
+        return self._put(lease) is True
 
-    def _renew_written(self, written: Obj) -> bool | None:
-        """Renews the Lease as this process last wrote it: True when renewed, False on a failed
-        write, None when someone else wrote it since (409: read it and decide as a candidate)."""
-        spec = written.get("spec", {})
-        lease = {
-            **written,
-            "spec": self._spec(spec.get("acquireTime"), spec.get("leaseTransitions") or 0),
-        }
+    def _put(self, lease: Obj) -> bool | None:
+        """Writes the Lease (with the resourceVersion it carries): True when written, None when
+        someone else wrote it since (409), False when the write failed otherwise."""
         try:
             self._written = self.kube.put(self._item, lease)
         except APIConflictError:
