@@ -91,9 +91,10 @@ def call(
     *,
     wanted: Iterable[int] = (200, 201),
     what: str = "",
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
     """One admin request that must answer one of `wanted`; returns the decoded body."""
-    status, response = cluster.request(method, path, body)
+    status, response = cluster.request(method, path, body, headers=headers)
     expect(status, response, wanted, what or f"{method} {path}")
     return response
 
@@ -115,10 +116,8 @@ def create_pods(
     def create(pod: Obj) -> float:
         name = pod["metadata"]["name"]
         headers = {"traceparent": traceparent(name)} if traced else None
-        request = prepare("POST", path, body=pod, headers=headers)
         sent = time.monotonic()
-        response = cluster.kube.send(request)
-        expect(response.status, response.json(), {201}, f"creating pod {name}")
+        call(cluster, "POST", path, pod, wanted={201}, what=f"creating pod {name}", headers=headers)
         return sent
 
     if rate is None:

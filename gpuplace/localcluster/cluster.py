@@ -406,12 +406,18 @@ class LocalCluster:
         return events
 
     def request(
-        self, method: str, path: str, body: Any = None, *, timeout: float = 30.0
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        timeout: float = 30.0,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, Any]:
         """One admin request; returns (status, decoded JSON body or None) whatever the status,
         for callers that branch on it. PATCH bodies are JSON merge patches."""
         path, _, query = path.partition("?")
-        request = prepare(method, path, body=body)
+        request = prepare(method, path, body=body, headers=headers)
         if query:
             request = dataclasses.replace(request, query=tuple(parse_qsl(query)))
         response = self.kube.send(request, timeout=timeout)
