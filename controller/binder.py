@@ -19,6 +19,7 @@ from controller.metrics import ControllerMetrics
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
 from controller.slotcache import Holding, SlotCache
+from controller.trustreport import TrustReport
 from controller.workers import Workers
 from kubeio import bodies
 from kubeio.client import Kube, Obj
@@ -28,6 +29,7 @@ from kubeio.paths import PODS
 from kubeio.times import now_time
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
+from placement.keyring import RingKey, TrustView
 from placement.reasons import Reason
 from placement.types import SlotKey
 from placement.wake import WakeKey
@@ -35,10 +37,10 @@ from placement.wake import WakeKey
 log = logging.getLogger(__name__)
 
 
-def binding_body(pod: Obj, placement: Placement, key: bytes) -> Obj:
+def binding_body(pod: Obj, placement: Placement, signer: RingKey) -> Obj:
     meta = pod["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
-    annotations = signed_binding(key, uid, namespace, placement.decision)
+    annotations = signed_binding(signer.secret, signer.id, uid, namespace, placement.decision)
     return bodies.binding(name, namespace, uid, placement.decision.node, annotations)
 
 
@@ -75,10 +77,11 @@ class Binder:
         self.dra = dra
         self.claims = ClaimWriter(kube, dra.settings) if dra is not None else None
         self.cache = SlotCache()
-        #: The binding key (controller/bindingkey.py); set by the leader before `rebuild`.
-        self.key = b""
-        self.key_since = ""  # pods created before this hold without a signature (upgrades)
-        self._unverified: set[str] = set()  # pods already reported as carrying a forged binding
+        #: The binding key ring and adoption records (controller/bindingkey.py): set by the
+        #: leader before `rebuild`, swapped whole by `retrust` when the Secret changes.
+        self.trust: TrustView | None = None
+        self.report = TrustReport(kube, events, metrics.unverifiable.set, metrics.unverified.inc)
+        self._not_granted: set[str] = set()  # pre-bound legacy pods already reported as such
         self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
         self._pods: dict[str, Obj] = {}
         self._in_flight: set[str] = set()
@@ -120,16 +123,7 @@ class Binder:
                     self.cache.confirm(uid)
                     self.on_bound(held.slot)
             else:
-                holding = podfacts.holding_from_bound(
-                    pod, shared_maps or set(), self.key, self.key_since
-                )
-                if holding is None and self.settings.legacy:
-                    holding = self._adopt_prebound(uid, pod)
-                if holding is not None:
-                    self.cache.add_bound(holding)
-                    self.on_bound(holding.slot)
-                else:
-                    self._check_forged(uid, pod)
+                self._hold_bound(uid, pod, shared_maps or set())
             return
         if podfacts.is_deleting(pod):
             return
@@ -145,8 +139,8 @@ class Binder:
         map pod is bound onto them (unless its namespace's grants do not give it those GPUs)."""
         adopted = podfacts.prebound_legacy(pod, self.cluster())
         if isinstance(adopted, str):
-            if uid not in self._unverified:
-                self._unverified.add(uid)
+            if uid not in self._not_granted:
+                self._not_granted.add(uid)
                 meta = pod["metadata"]
                 ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
                 self._workers.submit(self.events.emit, ref, WARNING, Reason.NOT_GRANTED, adopted)
@@ -155,20 +149,42 @@ class Binder:
             self.metrics.prebound.inc()
         return adopted
 
-    def _check_forged(self, uid: str, pod: Obj) -> None:
-        """A bound pod whose gpuplace.io/* annotations the binder did not sign: reported once."""
-        why = podfacts.unverified_binding(pod, self.key, self.key_since)
-        if why is None or uid in self._unverified:
-            return
-        self._unverified.add(uid)
-        self.metrics.unverified.inc()
-        log.warning("unverified binding: %s", why, extra={"pod": podfacts.name_of(pod)})
-        meta = pod["metadata"]
-        ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
-        self._workers.submit(self.events.emit, ref, WARNING, "BindingUnverified", why)
+    def _hold_bound(self, uid: str, pod: Obj, shared_maps: set[str]) -> None:
+        """A bound pod the cache does not hold yet: holds what its binding proves (or, when the
+        ring cannot disprove it, what it claims), reported when the ring does not verify it."""
+        if self.trust is None:
+            raise RuntimeError("the binder judged a bound pod before the key ring was loaded")
+        judged = podfacts.verdict(pod, self.trust)
+        holding = podfacts.holding_from_bound(pod, shared_maps, judged)
+        if holding is None and self.settings.legacy:
+            holding = self._adopt_prebound(uid, pod)
+        if holding is not None:
+            self.cache.add_bound(holding)
+            self.on_bound(holding.slot)
+        self.report.judged(podfacts.judged(pod, judged), podfacts.flagged_unverifiable(pod))
+
+    def retrust(self, trust: TrustView, bound: Iterable[Obj], shared_maps: set[str]) -> None:
+        """The key ring or the adoption records changed: every bound pod is judged again. A pod
+        that holds now and did not is added, one that no longer holds is released."""
+        self.trust = trust
+        for pod in bound:
+            if podfacts.is_finished(pod) or not podfacts.is_bound(pod):
+                continue
+            uid = podfacts.uid_of(pod)
+            held = self.cache.holding(uid)
+            if held is None:
+                self._hold_bound(uid, pod, shared_maps)
+                continue
+            if held.assumed:
+                continue  # bound by this leader a moment ago: signed with its key
+            judged = podfacts.verdict(pod, trust)
+            if not judged.trust.holds:
+                self._release(uid)
+            self.report.judged(podfacts.judged(pod, judged), podfacts.flagged_unverifiable(pod))
 
     def _release(self, uid: str) -> None:
-        self._unverified.discard(uid)
+        self._not_granted.discard(uid)
+        self.report.gone(uid)
         self.queue.remove(uid)
         self._reported.pop(uid, None)
         holding = self.cache.release(uid)
@@ -190,7 +206,14 @@ class Binder:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _signer(self) -> RingKey:
+        trust = self.trust
+        if trust is None:
+            raise RuntimeError("the binder bound a pod before the key ring was loaded")
+        return trust.ring.signer
+
     def stop(self) -> None:
+        self.report.stop()
         self._stop.set()
         self.queue.close()
         self._workers.shutdown(cancel=True)
@@ -268,7 +291,7 @@ class Binder:
                     self._finish(uid, requeue=True)
                     return
             # Checked again as the request is written, after any wait for a connection.
-            self.kube.create(path, binding_body(pod, placement, self.key), guard=self.fence)
+            self.kube.create(path, binding_body(pod, placement, self._signer()), guard=self.fence)
         except FencedError:
             # The decision came from a cache that another leader may already have outdated.
             # Decided again once the lease is held: by this process if a late renewal keeps it,

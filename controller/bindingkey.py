@@ -1,92 +1,144 @@
-"""The key the binder signs its Bindings with: a Secret in the controller's namespace.
+"""The binding key ring's Secret in the controller's namespace: read, created, filled, migrated.
 
-Only the controller's service account may read it (the chart's Role names it), so nobody else can
-write a holding that the slot cache believes. The first leader to start creates it; every later
-leader, and every restart, reads the same key, so the cache rebuilt after a failover trusts exactly
-the pods that this installation bound.
+Only the controller's service account may read or write it (the chart's Role names it), so nobody
+else can write a holding that the slot cache believes or an adoption record it honours. The first
+leader to start fills it; every later leader, every restart, and `gpuplace key` read the same ring.
+The chart keeps the Secret on uninstall and ArgoCD never prunes it: the ring must outlive the
+release, or the pods it signed could no longer be verified (placement/keyring.py says what they
+then hold).
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APINotFoundError
 from kubeio.paths import SECRETS
 from kubeio.times import now_time
+from placement.keyring import (
+    KEY_BYTES,
+    Adoption,
+    KeyRing,
+    TrustView,
+    adoptions_data,
+    new_ring,
+    parse_adoptions,
+    parse_ring,
+    ring_data,
+)
 
 log = logging.getLogger(__name__)
 
-KEY_FIELD = "key"
-KEY_BYTES = 32
-#: When the key was made: pods bound before it carry no signature and still hold their GPUs (an
-#: installation that signed nothing yet); nobody can create a pod that predates it.
+Obj = dict[str, Any]
+#: When the key was made by the releases before the ring: pods bound before it carry no signature
+#: and still hold their GPUs; carried into the ring as its `signingSince`.
 SINCE_ANNOTATION = "gpuplace.io/signing-since"
 
 
 @dataclass(frozen=True, slots=True)
-class SigningKey:
-    key: bytes
-    since: str  # RFC 3339, UTC, seconds
+class KeySecret:
+    """Where the ring is kept: Secret `name` in `namespace`."""
+
+    namespace: str
+    name: str
+
+    @property
+    def path(self) -> str:
+        return SECRETS.item(self.name, self.namespace)
+
+    def __str__(self) -> str:
+        return f"Secret {self.namespace}/{self.name}"
 
 
-def load_or_create_key(kube: Kube, namespace: str, name: str) -> SigningKey:
-    """The key in Secret `name`; a new random one if the Secret is missing or (as the chart renders
-    it, so that RBAC needs no `create`) empty. Races between replicas end with one key."""
-    path = SECRETS.collection(namespace)
-    fresh = base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()
+@dataclass(frozen=True, slots=True)
+class StoredRing:
+    """The ring as read from the Secret, with the object it came from (for a guarded write)."""
+
+    ring: KeyRing | None  # None: the Secret holds no key yet
+    adoptions: tuple[Adoption, ...]
+    obj: Obj | None  # None: no Secret
+
+    @property
+    def view(self) -> TrustView:
+        if self.ring is None:
+            raise ValueError("no key ring stored yet")
+        version = str((self.obj or {}).get("metadata", {}).get("resourceVersion", ""))
+        return TrustView.of(self.ring, self.adoptions, version)
+
+
+def read_stored(obj: Obj | None, where: KeySecret) -> StoredRing:
+    """The ring and adoption records in a Secret object as the API returns it. Raises RingError
+    (with the Secret and field) when it holds something unreadable."""
+    if obj is None:
+        return StoredRing(None, (), None)
+    data = obj.get("data") or {}
+    meta = obj.get("metadata") or {}
+    legacy_since = str(
+        (meta.get("annotations") or {}).get(SINCE_ANNOTATION) or meta.get("creationTimestamp") or ""
+    )
+    ring = parse_ring(data, str(where), legacy_since)
+    return StoredRing(ring, parse_adoptions(data, str(where)), obj)
+
+
+def fetch(kube: Kube, where: KeySecret) -> StoredRing:
+    try:
+        return read_stored(kube.get(where.path), where)
+    except APINotFoundError:
+        return read_stored(None, where)
+
+
+def write(
+    kube: Kube, where: KeySecret, stored: StoredRing, ring: KeyRing, adoptions: tuple[Adoption, ...]
+) -> StoredRing:
+    """Writes `ring` and `adoptions` over `stored` (created when there was no Secret); other
+    data fields are kept. Raises APIConflictError when the Secret changed since it was read."""
+    data: dict[str, str] = {}
+    if stored.obj is not None:
+        data.update(stored.obj.get("data") or {})
+    data.update(ring_data(ring))
+    data.update(adoptions_data(adoptions))
+    if stored.obj is None:
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": where.name,
+                "namespace": where.namespace,
+                "labels": {"app.kubernetes.io/part-of": "gpuplace"},
+            },
+            "type": "Opaque",
+            "data": data,
+        }
+        created = kube.create(SECRETS.collection(where.namespace), body)
+        return read_stored(created, where)
+    # resourceVersion kept: a write racing another fails with a conflict instead of losing it.
+    return read_stored(kube.put(where.path, {**stored.obj, "data": data}), where)
+
+
+def load_or_create(kube: Kube, where: KeySecret) -> TrustView:
+    """The ring in the Secret; a new one (random key) when the Secret is missing or, as the chart
+    renders it, empty; a ring of the one key of the releases before the ring, written back in the
+    ring's format, when that is what it holds. Races between replicas end with one ring. Raises
+    RingError when the Secret holds something unreadable: it is left as it is for an
+    administrator to mend or delete (deleting it starts a new ring)."""
     for _attempt in range(5):
+        stored = fetch(kube, where)
+        if stored.ring is not None and stored.obj is not None:
+            if "keyring.json" in (stored.obj.get("data") or {}):
+                return stored.view
+            action = "carried the key of the release before the key ring into a key ring"
+            ring = stored.ring
+        else:
+            action = "made a new binding key ring"
+            ring = new_ring(secrets.token_bytes(KEY_BYTES), now_time())
         try:
-            found = kube.get(f"{path}/{name}")
-        except APINotFoundError:
-            found = None
-        if found is None:
-            try:
-                return _decode(kube.create(path, _secret(namespace, name, fresh)), namespace, name)
-            except APIConflictError:
-                continue  # another replica created it first: use theirs
-        data = found.get("data") or {}
-        if data.get(KEY_FIELD):
-            return _decode(found, namespace, name)
-        found["data"] = {**data, KEY_FIELD: fresh}  # resourceVersion kept: a racing fill conflicts
-        meta = found.setdefault("metadata", {})
-        meta["annotations"] = {**(meta.get("annotations") or {}), SINCE_ANNOTATION: now_time()}
-        try:
-            filled = kube.put(f"{path}/{name}", found)
-            log.info("stored a new binding key in Secret %s/%s", namespace, name)
-            return _decode(filled, namespace, name)
+            written = write(kube, where, stored, ring, stored.adoptions)
         except APIConflictError:
-            continue
-    raise RuntimeError(f"Secret {namespace}/{name}: could not store a binding key (conflicts)")
-
-
-def _secret(namespace: str, name: str, value: str) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/part-of": "gpuplace"},
-            "annotations": {SINCE_ANNOTATION: now_time()},
-        },
-        "type": "Opaque",
-        "data": {KEY_FIELD: value},
-    }
-
-
-def _decode(secret: dict[str, object], namespace: str, name: str) -> SigningKey:
-    meta = secret.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    since = (meta.get("annotations") or {}).get(SINCE_ANNOTATION) or meta.get("creationTimestamp")
-    data = secret.get("data")
-    value = data.get(KEY_FIELD) if isinstance(data, dict) else None
-    key = base64.b64decode(value) if isinstance(value, str) else b""
-    if len(key) < 16:
-        raise ValueError(
-            f"Secret {namespace}/{name} must hold at least 16 random bytes under data.{KEY_FIELD}"
-        )
-    return SigningKey(key, str(since or ""))
+            continue  # another replica wrote first: read theirs
+        log.info("%s in %s (signing key %s)", action, where, ring.signer.id)
+        return written.view
+    raise RuntimeError(f"{where}: could not store a binding key ring (conflicts)")

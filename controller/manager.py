@@ -15,7 +15,7 @@ from typing import Any, assert_never
 
 from controller import podfacts
 from controller.binder import Binder
-from controller.bindingkey import SigningKey, load_or_create_key
+from controller.bindingkey import KeySecret, load_or_create, read_stored
 from controller.changes import (
     Change,
     InventoryChanged,
@@ -46,7 +46,7 @@ from kubeio.errors import APIError, APINotFoundError
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from kubeio.informer import DELETED, Informer
 from kubeio.leader import LeaderElector, LeaderSettings
-from kubeio.paths import CONFIGMAPS, LEASES, NODES, PODS
+from kubeio.paths import CONFIGMAPS, LEASES, NODES, PODS, SECRETS
 from placement.annotations import (
     LEGACY_MAP_PREFIX,
     PLACEMENT_MAP_LABEL,
@@ -67,6 +67,7 @@ from placement.grants import (
     resolve,
 )
 from placement.inventory import NodeInventory
+from placement.keyring import KEYRING_FIELD, RingError, TrustView
 from placement.maps import PlacementMap
 from placement.model import MODEL_LABEL, Model, Provenance, model_data, read_model
 from placement.restore import declared_map
@@ -76,6 +77,17 @@ from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
+
+
+_RING_HINT = (
+    " (mend the Secret, or delete it to start a new key ring: pods bound under the old keys then"
+    " keep their GPUs blocked until `gpuplace key adopt`)"
+)
+
+
+def _legacy_only(obj: Obj) -> bool:
+    """A Secret holding only the key of the releases before the ring (written back as a ring)."""
+    return KEYRING_FIELD not in (obj.get("data") or {})
 
 
 def node_state(obj: Obj, alias_label: str) -> NodeState:
@@ -131,13 +143,15 @@ class Controller:
             dra=self.dra,
             fence=self._holds_lease,
         )
+        self.binder.report.on_map = self._on_trust_change
+        self.key_secret = KeySecret(settings.system_namespace, settings.binder.key_secret_name)
         self.writer = ModelWriter(kube, settings.system_namespace)
         self.drift = DriftTracker(kube, self.events, self.metrics.drifted.set)
         self.renumber = RenumberTracker(kube, self.events, self.metrics.renumbered.set)
         self._running: dict[str, bool] = {}  # bound pod uid -> Running (informer threads write)
-        #: bound pod uid -> (binding key, annotations) last decoded and checked for it, so that
-        #: the pod's later events (kwok or the kubelet writing its status) cost a comparison.
-        self._bindings_seen: dict[str, tuple[bytes, dict[str, str]]] = {}
+        #: bound pod uid -> (key ring version, annotations) last decoded and judged for it, so
+        #: that the pod's later events (kwok or the kubelet writing its status) cost a comparison.
+        self._bindings_seen: dict[str, tuple[str, dict[str, str]]] = {}
         self.rollouts = Rollouts(kube, self.events, self._is_running, self._servable)
         self._drift_dirty: set[MapKey] = set()  # maps whose bound pods to judge again
         # Its own lock: pod events must not wait for a compile holding the main one.
@@ -238,6 +252,13 @@ class Controller:
             name="policy",
             field_selector=f"metadata.name={POLICY_CONFIGMAP}",
         )
+        inf["bindingkey"] = Informer(
+            self.kube,
+            SECRETS.collection(s.system_namespace),
+            name="bindingkey",
+            field_selector=f"metadata.name={s.binder.key_secret_name}",
+        )
+        inf["bindingkey"].add_handler(self._on_key_secret)
         inf["policy"].add_handler(
             lambda event, obj, _old: self._enqueue(PolicyChanged(None if event == DELETED else obj))
         )
@@ -293,7 +314,8 @@ class Controller:
         else:
             self._running[uid] = obj.get("status", {}).get("phase") == "Running"
             if self.binder.active.is_set():
-                seen = (self.binder.key, annotations)
+                trust = self.binder.trust
+                seen = (trust.version if trust is not None else "", annotations)
                 if self._bindings_seen.get(uid) == seen:
                     return  # the same binding as the pod's last event: nothing to judge again
                 self._bindings_seen[uid] = seen
@@ -316,7 +338,8 @@ class Controller:
             return
         meta = pod["metadata"]
         annotations = meta.get("annotations") or {}
-        if not podfacts.trusted_binding(pod, self.binder.key, self.binder.key_since):
+        trust = self.binder.trust
+        if trust is None or not podfacts.verdict(pod, trust).trust.holds:
             return
         decision = decode_binding(meta["namespace"], annotations)
         if decision is None:
@@ -634,6 +657,7 @@ class Controller:
                 cmap.provenance.revision if cmap else "",
                 self._rollout_note(key),
                 self.renumber.count(key),
+                self.binder.report.count(key),
             )
             text = status.to_json()
             sources = self.informers.get("sources")
@@ -729,9 +753,8 @@ class Controller:
             return
         self._compile_from_stored()
         self._sweep_inventories()
-        # Bound pods count only with a valid signature, so the key comes before the rebuild.
-        signing = self._binding_key()
-        self.binder.key, self.binder.key_since = signing.key, signing.since
+        # What a bound pod holds depends on what its signature proves: the ring before the rebuild.
+        self.binder.trust = self._binding_trust()
         if not self._holds_lease():
             log.warning("lease lost during start-up: not leading")
             return
@@ -782,11 +805,7 @@ class Controller:
     def _rebuild_from_pods(self) -> int:
         """The slot cache, renumbering and drift trackers from the pods the informers hold;
         returns how many bound pods hold a slot."""
-        pods: list[Obj] = []
-        for key, informer in self.informers.items():
-            if key.startswith("pods:"):
-                with informer.lock:
-                    pods.extend(informer.store.values())
+        pods = self._pods()
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self._shared_maps())
         for pod in pods:
@@ -827,17 +846,63 @@ class Controller:
                 cmap.source_version,
             )
 
-    def _binding_key(self) -> SigningKey:
+    def _binding_trust(self) -> TrustView:
         while True:
             try:
-                return load_or_create_key(
-                    self.kube, self.settings.system_namespace, self.settings.binder.key_secret_name
-                )
-            except APIError as exc:
+                return load_or_create(self.kube, self.key_secret)
+            except (APIError, RingError) as exc:
                 if self._stop.is_set():
                     raise
-                log.warning("binding key not readable yet: %s", exc)
+                log.error(
+                    "binding key ring not usable, not binding until it is: %s%s",
+                    exc,
+                    _RING_HINT if isinstance(exc, RingError) else "",
+                )
                 self._stop.wait(self.settings.retry_seconds)
+
+    def _on_key_secret(self, event: str, obj: Obj, _old: Obj | None) -> None:
+        """The ring's Secret changed (a rotation, an adoption, a deletion, an edit): the leader
+        judges every bound pod again. An unreadable ring is reported and the last good one keeps
+        serving; a deleted one is made anew (its pods then fail closed until re-adopted)."""
+        if not self.binder.active.is_set() or self.binder.trust is None:
+            return  # not leading: the leader's start-up reads the Secret itself
+        try:
+            stored = None if event == DELETED else read_stored(obj, self.key_secret)
+            if stored is None or stored.ring is None or _legacy_only(obj):
+                view = load_or_create(self.kube, self.key_secret)
+            else:
+                view = stored.view
+        except RingError as exc:
+            self.metrics.key_ring_errors.inc()
+            log.error(
+                "binding key ring unreadable, the last good one serves: %s%s", exc, _RING_HINT
+            )
+            return
+        except APIError as exc:
+            log.warning("binding key ring not written: %s", exc)
+            return
+        if view.version == self.binder.trust.version:
+            return
+        log.info(
+            "binding key ring changed: %d key(s), signing with %s, %d adoption record(s)",
+            len(view.ring.keys),
+            view.ring.signer.id,
+            len(view.adoptions),
+        )
+        self.binder.retrust(view, self._pods(), self._shared_maps())
+
+    def _pods(self) -> list[Obj]:
+        pods: list[Obj] = []
+        for key, informer in self.informers.items():
+            if key.startswith("pods:"):
+                with informer.lock:
+                    pods.extend(informer.store.values())
+        return pods
+
+    def _on_trust_change(self, key: MapKey) -> None:
+        with self._wake:
+            self._status_dirty.add(key)
+            self._wake.notify()
 
     def _stop_leading(self) -> None:
         self.metrics.leader.set(0)

@@ -61,7 +61,20 @@ class ControllerMetrics:
         )
         self.unverified = Counter(
             "gpuplace_unverified_bindings",
-            "Bound pods whose gpuplace.io/* annotations the binder did not sign (they hold nothing)",
+            "Bound pods whose gpuplace.io/* annotations the binder did not sign (forged: they hold "
+            "nothing)",
+            registry=r,
+        )
+        self.unverifiable = Gauge(
+            "gpuplace_unverifiable_bindings",
+            "Bound pods signed with a key the binding key ring no longer holds: their GPUs stay "
+            "blocked until `gpuplace key adopt` or the pod is deleted",
+            registry=r,
+        )
+        self.key_ring_errors = Counter(
+            "gpuplace_binding_key_ring_errors",
+            "Times the binding key ring's Secret held something unreadable (the last good ring "
+            "kept serving)",
             registry=r,
         )
         self.maps = Gauge("gpuplace_maps", "Placement maps by phase", ["phase"], registry=r)

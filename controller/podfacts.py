@@ -5,19 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from controller.slotcache import Holding
+from controller.trustreport import Judged
+from kubeio.events import ObjectRef
 from placement.annotations import (
     LEGACY_ANNOTATION,
     MAP_LABEL,
-    SIGNATURE_ANNOTATION,
+    UNVERIFIABLE_CONDITION,
     binding_annotations,
     decode_binding,
     legacy_map_key,
     name_ordinal,
-    verify_binding,
 )
 from placement.binding import Cluster, PodFacts
 from placement.devices import GpuId
 from placement.errors import PlacementError
+from placement.keyring import TrustView, Verdict
 from placement.legacy import parse_legacy
 from placement.types import NodeName, Sharing, SlotKey
 
@@ -69,43 +71,41 @@ def annotations_of(pod: Obj) -> dict[str, str]:
     return dict(pod["metadata"].get("annotations") or {})
 
 
-def trusted_binding(pod: Obj, key: bytes, since: str = "") -> bool:
-    """Whether the binder wrote this pod's gpuplace.io/* annotations: signed with the key, or
-    (unsigned) on a pod created before the key existed, which only the binder could bind then."""
+def created_of(pod: Obj) -> str:
+    return str(pod["metadata"].get("creationTimestamp") or "")
+
+
+def verdict(pod: Obj, trust: TrustView) -> Verdict:
+    """What the pod's gpuplace.io/* annotations prove under the key ring (placement/keyring.py)."""
     meta = pod["metadata"]
-    annotations = annotations_of(pod)
-    if verify_binding(key, uid_of(pod), meta["namespace"], annotations):
-        return True
-    created = str(meta.get("creationTimestamp") or "")
-    return bool(since and created) and SIGNATURE_ANNOTATION not in annotations and created < since
+    return trust.judge(uid_of(pod), meta["namespace"], created_of(pod), annotations_of(pod))
 
 
-def unverified_binding(pod: Obj, key: bytes, since: str = "") -> str | None:
-    """Why the gpuplace.io/* annotations of a bound pod are not a binding the binder signed, or
-    None when they are (or when the pod carries none)."""
-    annotations = annotations_of(pod)
-    present = binding_annotations(annotations)
-    if not present:
-        return None
-    if trusted_binding(pod, key, since):
-        return None
-    return (
-        f"annotation(s) {', '.join(present)} on pod {name_of(pod)} were not written by the "
-        "gpuplace binder (signature missing or wrong): the pod holds no GPU and no slot"
+def judged(pod: Obj, judged_as: Verdict) -> Judged:
+    meta = pod["metadata"]
+    decision = decode_binding(meta["namespace"], annotations_of(pod))
+    ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid_of(pod))
+    return Judged(ref, decision.map if decision is not None else None, judged_as)
+
+
+def flagged_unverifiable(pod: Obj) -> bool:
+    """Whether the pod's condition says its binding is unverifiable now."""
+    return any(
+        c.get("type") == UNVERIFIABLE_CONDITION and c.get("status") == "True"
+        for c in pod.get("status", {}).get("conditions") or []
     )
 
 
-def holding_from_bound(
-    pod: Obj, shared_maps: set[str], signing_key: bytes, since: str = ""
-) -> Holding | None:
+def holding_from_bound(pod: Obj, shared_maps: set[str], judged: Verdict) -> Holding | None:
     """What a bound pod holds, from the annotations its Binding wrote (rebuild after failover).
 
-    Only a binding whose signature verifies holds anything: hand-written or rewritten annotations
-    would otherwise let any pod squat GPUs promised to another.
+    Only a binding the ring proves or cannot disprove holds anything (`judged.trust.holds`):
+    hand-written or rewritten annotations would otherwise let any pod squat GPUs promised to
+    another, and a binding whose key was lost must keep its GPUs from everyone else.
     """
     meta = pod["metadata"]
     annotations = annotations_of(pod)
-    if not trusted_binding(pod, signing_key, since):
+    if not judged.trust.holds:
         return None
     decision = decode_binding(meta["namespace"], annotations)
     if decision is None:

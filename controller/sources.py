@@ -83,6 +83,7 @@ def map_status(
     revision: str = "",
     rollout: str = "",
     renumbered: int = 0,
+    unverifiable: int = 0,
 ) -> MapStatus:
     total = report.total if report else 0
     served = report.served if report else 0
@@ -93,6 +94,7 @@ def map_status(
         blocked=total - served,
         drifted=drifted,
         renumbered=renumbered,
+        unverifiable=unverifiable,
     )
     extra = {"observed_data_hash": state.data_hash, "revision": revision, "rollout": rollout}
     warnings = state.valid.warnings if state.valid is not None else ()
@@ -137,6 +139,11 @@ def map_status(
         message += (
             f"; {renumbered} pod(s) on renumbered GPUs (their CUDA_VISIBLE_DEVICES indices now "
             "name other GPUs: delete them to rebind)"
+        )
+    if unverifiable:
+        message += (
+            f"; {unverifiable} pod(s) bound under a binding key the key ring no longer holds "
+            "(their GPUs stay blocked: `gpuplace key adopt` re-adopts them)"
         )
     return MapStatus(
         report.phase,

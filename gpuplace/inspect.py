@@ -27,6 +27,7 @@ from placement.annotations import (
     REVISION_ANNOTATION,
     SOURCE_FILE_ANNOTATION,
     STATUS_ANNOTATION,
+    UNVERIFIABLE_CONDITION,
     binding_annotations,
     name_ordinal,
 )
@@ -100,6 +101,9 @@ class PodRow:
             renumbered = true_condition(pod, RENUMBERED_CONDITION)
             if renumbered is not None:
                 reason = f"DevicesRenumbered: {renumbered.get('message')}"
+            unverifiable = true_condition(pod, UNVERIFIABLE_CONDITION)
+            if unverifiable is not None:
+                reason = f"BindingUnverifiable: {unverifiable.get('message')}"
             prebound = prebound_line(pod)
             if prebound is not None:
                 reason = (

@@ -29,7 +29,12 @@ MAP_ANNOTATION = "gpuplace.io/map"
 #: HMAC of the pod's uid and every other gpuplace.io/* annotation of its Binding, keyed by the
 #: binding key only the controller reads: a holding nobody else can write or rewrite.
 SIGNATURE_ANNOTATION = "gpuplace.io/signature"
-SIGNATURE_VERSION = "v1"
+#: `v2:<key id>:<mac>`: the key id names the key of the ring (placement/keyring.py) that signed.
+SIGNATURE_VERSION = "v2"
+SIGNATURE_V1 = "v1"
+#: Pod condition: the pod's binding is signed with a key the ring no longer holds (the key was
+#: lost), so gpuplace cannot verify it; its GPUs stay blocked until `gpuplace key adopt`.
+UNVERIFIABLE_CONDITION = "gpuplace.io/BindingUnverifiable"
 
 #: Provenance. On a source ConfigMap: the git revision its content came from (stamped by the
 #: ApplicationSet of argocd/ or the git source), the directory of the Application that renders it,
@@ -116,37 +121,88 @@ def decode_binding(namespace: str, annotations: Mapping[str, str]) -> BindingDec
         return None
 
 
-def _signed_text(uid: str, namespace: str, annotations: Mapping[str, str]) -> bytes:
+def _signed_text(version: str, uid: str, namespace: str, annotations: Mapping[str, str]) -> bytes:
     # Every gpuplace.io/* annotation but the signature, so that an annotation added to the Binding
     # later (a revision, say) is covered without a new format; sorted, one `key=value` a line.
     fields = sorted(
         (k, v) for k, v in annotations.items() if k.startswith(PREFIX) and k != SIGNATURE_ANNOTATION
     )
-    lines = [SIGNATURE_VERSION, uid, namespace, *(f"{k}={v}" for k, v in fields)]
+    lines = [version, uid, namespace, *(f"{k}={v}" for k, v in fields)]
     return "\n".join(lines).encode()
 
 
-def sign_binding(key: bytes, uid: str, namespace: str, annotations: Mapping[str, str]) -> str:
-    """The signature annotation's value for a Binding with these annotations, for pod `uid`."""
-    digest = hmac.new(key, _signed_text(uid, namespace, annotations), hashlib.sha256).digest()
-    return f"{SIGNATURE_VERSION}:{base64.urlsafe_b64encode(digest).decode().rstrip('=')}"
+def _mac(secret: bytes, text: bytes) -> str:
+    digest = hmac.new(secret, text, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """A parsed signature annotation: `v2:<key id>:<mac>`, or `v1:<mac>` (releases before the key
+    ring, signed with the one key of the time; it names no key)."""
+
+    version: str
+    key_id: str  # "" for v1
+    mac: str
+
+    @classmethod
+    def parse(cls, value: str) -> Signature | None:
+        parts = value.split(":")
+        if len(parts) == 2 and parts[0] == SIGNATURE_V1 and parts[1]:
+            return cls(SIGNATURE_V1, "", parts[1])
+        if len(parts) == 3 and parts[0] == SIGNATURE_VERSION and parts[1] and parts[2]:
+            return cls(SIGNATURE_VERSION, parts[1], parts[2])
+        return None
+
+    def text(self) -> str:
+        if self.version == SIGNATURE_V1:
+            return f"{SIGNATURE_V1}:{self.mac}"
+        return f"{self.version}:{self.key_id}:{self.mac}"
+
+
+def sign_binding(
+    secret: bytes, key_id: str, uid: str, namespace: str, annotations: Mapping[str, str]
+) -> str:
+    """The signature annotation's value for a Binding with these annotations, for pod `uid`,
+    made with the ring's key `key_id` whose bytes are `secret`."""
+    text = _signed_text(f"{SIGNATURE_VERSION}:{key_id}", uid, namespace, annotations)
+    return Signature(SIGNATURE_VERSION, key_id, _mac(secret, text)).text()
 
 
 def signed_binding(
-    key: bytes, uid: str, namespace: str, decision: BindingDecision
+    secret: bytes, key_id: str, uid: str, namespace: str, decision: BindingDecision
 ) -> dict[str, str]:
     """The Binding's annotations: the decision and its signature."""
     annotations = encode_binding(decision)
-    annotations[SIGNATURE_ANNOTATION] = sign_binding(key, uid, namespace, annotations)
+    annotations[SIGNATURE_ANNOTATION] = sign_binding(secret, key_id, uid, namespace, annotations)
     return annotations
 
 
-def verify_binding(key: bytes, uid: str, namespace: str, annotations: Mapping[str, str]) -> bool:
-    """Whether a pod's gpuplace.io/* annotations are exactly what the binder signed for it."""
+def signature_of(annotations: Mapping[str, str]) -> Signature | None:
+    """The pod's signature annotation, parsed; None when absent or malformed."""
     given = annotations.get(SIGNATURE_ANNOTATION)
-    if not given:
+    return Signature.parse(given) if given else None
+
+
+def verify_binding(secret: bytes, uid: str, namespace: str, annotations: Mapping[str, str]) -> bool:
+    """Whether a pod's gpuplace.io/* annotations are exactly what the binder signed for it with
+    the key whose bytes are `secret` (a v2 signature's key id is covered by its MAC)."""
+    signature = signature_of(annotations)
+    if signature is None:
         return False
-    return hmac.compare_digest(given, sign_binding(key, uid, namespace, annotations))
+    version = signature.version
+    if version == SIGNATURE_VERSION:
+        version = f"{SIGNATURE_VERSION}:{signature.key_id}"
+    expected = _mac(secret, _signed_text(version, uid, namespace, annotations))
+    return hmac.compare_digest(signature.mac, expected)
+
+
+def binding_digest(annotations: Mapping[str, str]) -> str:
+    """A fingerprint of every gpuplace.io/* annotation of a pod, signature included: what an
+    adoption record names, so that it covers exactly the binding the administrator saw."""
+    fields = sorted((k, v) for k, v in annotations.items() if k.startswith(PREFIX))
+    text = "\n".join(f"{k}={v}" for k, v in fields).encode()
+    return hashlib.sha256(text).hexdigest()
 
 
 def binding_annotations(annotations: Mapping[str, str]) -> list[str]:

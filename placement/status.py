@@ -47,6 +47,7 @@ class SlotCounts:
     blocked: int = 0
     drifted: int = 0  # bound pods whose binding the map's current slot no longer matches
     renumbered: int = 0  # bound pods whose NVML indices now name other GPUs than they were bound to
+    unverifiable: int = 0  # bound pods signed with a key the key ring no longer holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,8 @@ class MapStatus:
         }
         if self.slots.renumbered:
             data["slots"]["renumbered"] = self.slots.renumbered
+        if self.slots.unverifiable:
+            data["slots"]["unverifiable"] = self.slots.unverifiable
         if self.warnings:
             data["warnings"] = [d.to_json() for d in self.warnings]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -105,6 +108,7 @@ class MapStatus:
                 int(slots.get("blocked", 0)),
                 int(slots.get("drifted", 0)),
                 int(slots.get("renumbered", 0)),
+                int(slots.get("unverifiable", 0)),
             ),
             serving_version=str(data.get("servingVersion", "")),
             warnings=tuple(Diagnostic.from_json(w) for w in data.get("warnings", [])),

@@ -26,11 +26,15 @@ def run(args: argparse.Namespace) -> int:
     print("Placement maps")
     print(inspect.map_table(inspect.map_statuses(kube)))
     print("\nPods")
-    print(
-        inspect.pod_table(
-            inspect.gpuplace_pods(kube, args.schedulers or ["gpuplace", "gpu-scheduler"])
+    rows = inspect.gpuplace_pods(kube, args.schedulers or ["gpuplace", "gpu-scheduler"])
+    print(inspect.pod_table(rows))
+    lost = [r for r in rows if r.reason.startswith("BindingUnverifiable")]
+    if lost:
+        print(
+            f"\n{len(lost)} pod(s) bound under a binding key the key ring no longer holds: their "
+            "GPUs stay blocked for every other pod. `gpuplace key list` shows them, `gpuplace key "
+            "adopt` re-adopts them."
         )
-    )
     degraded = inspect.degraded_devices(kube)
     print("\nDegraded devices")
     print(inspect.table(("NODE", "DEVICE"), degraded) if degraded else "none")

@@ -123,6 +123,14 @@ def test_chart_application_ignores_exactly_what_gpuplace_writes_at_runtime(tmp_p
         "RespectIgnoreDifferences=true"
         in only("Application", "gpuplace")["spec"]["syncPolicy"]["syncOptions"]
     )
+    # The binding key ring is the controller's to write: a sync never compares or overwrites it.
+    ignored = only("Application", "gpuplace")["spec"]["ignoreDifferences"]
+    assert {"group": "", "kind": "Secret", "name": "gpuplace-binding-key"}.items() <= next(
+        e for e in ignored if e["name"] == "gpuplace-binding-key"
+    ).items()
+    assert next(e for e in ignored if e["name"] == "gpuplace-binding-key")["jsonPointers"] == [
+        "/data"
+    ]
 
 
 def test_placement_maps_applicationset_reads_the_gitops_cluster_directories() -> None:

@@ -19,13 +19,16 @@ from placement.annotations import (
     MAP_LABEL,
     NODE_ANNOTATION,
     SIGNATURE_ANNOTATION,
+    BindingDecision,
+    signed_binding,
     verify_binding,
 )
 from placement.binding import Cluster, Placement, plan
+from placement.keyring import TrustView, adoption, key_id, new_ring
 from placement.maps import DeclaredSlot
-from placement.types import MapKey, SlotKey
+from placement.types import MapKey, NodeName, SlotKey
 from placement.wake import WakeKey
-from tests.unit.test_binding_plan import TWO_SLOTS, build
+from tests.unit.test_binding_plan import TWO_SLOTS, build, uuid_of
 
 KEY = b"k" * 32
 SLOT0 = SlotKey(MapKey("ml", "llm"), 0)
@@ -97,7 +100,7 @@ def binder_for(api: Apiserver, cluster: Cluster, fence: list[bool] | None = None
         lambda: cluster,
         fence=lambda: held[0],
     )
-    binder.key = KEY
+    binder.trust = TrustView.of(new_ring(KEY, "2026-01-01T00:00:00Z"))
     return binder
 
 
@@ -125,7 +128,7 @@ def test_a_placeable_pod_gets_one_signed_binding_and_holds_its_slot() -> None:
     assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1"}
     annotations = body["metadata"]["annotations"]
     assert annotations[NODE_ANNOTATION] == "gpu-1" and annotations[CUDA_ANNOTATION] == "0,1"
-    assert SIGNATURE_ANNOTATION in annotations
+    assert annotations[SIGNATURE_ANNOTATION].startswith(f"v2:{key_id(KEY)}:")
     assert verify_binding(KEY, "uid-web-0", "ml", annotations)
     holding = binder.cache.holding("uid-web-0")
     assert holding is not None and holding.slot == SLOT0 and not holding.assumed
@@ -225,3 +228,82 @@ def test_two_pods_for_one_slot_get_one_binding_and_the_second_waits_for_the_slot
     assert len(api.bindings) == 1
     assert [e["reason"] for e in api.events] == ["SlotTaken"]
     assert binder.queue.wake([WakeKey.slot(SLOT0)]) == 1
+
+
+# -- bound pods under the binding key ring -------------------------------------------------------
+
+LOST = b"l" * 32
+MOVED = [DeclaredSlot(0, "gpu-2", (0,)), DeclaredSlot(1, "gpu-1", (0, 1))]  # slot 0 left gpu-1
+
+
+def bound_web0(secret: bytes, uid: str = "uid-web-0") -> dict[str, Any]:
+    """web-0 bound to slot 0 on gpu-1, GPUs 0 and 1, its Binding signed with `secret`."""
+    pod = WEB0()
+    decision = BindingDecision(
+        MapKey("ml", "llm"), 0, NodeName("gpu-1"), (uuid_of(1, 0), uuid_of(1, 1)), "0,1", 1
+    )
+    pod["metadata"]["annotations"] = signed_binding(secret, key_id(secret), uid, "ml", decision)
+    pod["metadata"]["creationTimestamp"] = "2026-06-01T00:00:00Z"
+    pod["spec"]["nodeName"] = "gpu-1"
+    pod["status"]["phase"] = "Running"
+    return pod
+
+
+def conditions(api: Apiserver) -> list[tuple[str, str, str]]:
+    return [
+        (c["type"], c["status"], c["reason"])
+        for _path, body in api.patches
+        for c in body["status"]["conditions"]
+    ]
+
+
+def test_a_pod_bound_under_a_lost_key_keeps_its_gpus_and_is_reported() -> None:
+    api = Apiserver()
+    binder = binder_for(api, build(MOVED))
+    binder.rebuild([bound_web0(LOST)], set())
+    held = binder.cache.holding("uid-web-0")
+    assert held is not None and held.gpus == (uuid_of(1, 0), uuid_of(1, 1))
+    assert binder.report.total() == 1
+    assert binder.report.count(MapKey("ml", "llm")) == 1
+    # Slot 1 now names the GPUs web-0 still has: web-1 waits, nothing is given twice.
+    decide(binder, make_pod("web-1").label(MAP_LABEL, "llm").obj())
+    binder.report.stop()
+    assert not api.bindings
+    assert ("gpuplace.io/BindingUnverifiable", "True", "BindingUnverifiable") in conditions(api)
+    reasons = [e["reason"] for e in api.events]
+    assert "BindingUnverifiable" in reasons and "DeviceBusy" in reasons
+
+
+def test_a_forged_binding_holds_nothing() -> None:
+    api = Apiserver()
+    binder = binder_for(api, build(MOVED))
+    binder.rebuild([bound_web0(KEY, uid="uid-other")], set())  # copied from another pod
+    assert binder.cache.holding("uid-web-0") is None
+    decide(binder, make_pod("web-1").label(MAP_LABEL, "llm").obj())
+    binder.report.stop()
+    assert len(api.bindings) == 1
+    assert "BindingUnverified" in [e["reason"] for e in api.events]
+    assert binder.report.total() == 0
+
+
+def test_re_adoption_and_key_loss_change_the_report_never_the_holding() -> None:
+    api = Apiserver()
+    binder = binder_for(api, build(MOVED))
+    lost_pod = bound_web0(LOST)
+    binder.rebuild([lost_pod], set())
+    assert binder.report.total() == 1
+    ring = binder.trust.ring if binder.trust is not None else None
+    assert ring is not None
+    record = adoption(ring, "uid-web-0", "ml/web-0", lost_pod["metadata"]["annotations"], "t")
+    binder.retrust(TrustView.of(ring, [record], "2"), [lost_pod], set())
+    assert binder.report.total() == 0
+    assert binder.cache.holding("uid-web-0") is not None
+    # A ring that no longer holds the key of a verified pod: it keeps its GPUs, reported.
+    binder.retrust(TrustView.of(new_ring(LOST, "t"), (), "3"), [bound_web0(KEY)], set())
+    binder.report.stop()
+    assert binder.cache.holding("uid-web-0") is not None
+    assert binder.report.total() == 1
+    assert conditions(api)[:2] == [
+        ("gpuplace.io/BindingUnverifiable", "True", "BindingUnverifiable"),
+        ("gpuplace.io/BindingUnverifiable", "False", "BindingAdopted"),
+    ]

@@ -592,13 +592,17 @@ def test_controller_reads_its_binding_key_by_name_only(
     objects = rendered["default"]
     secret = one(objects, "Secret", "gpuplace-binding-key")
     assert "data" not in secret  # the controller fills it; helm and ArgoCD leave its data alone
+    # It outlives the release: helm uninstall keeps it, ArgoCD neither prunes nor deletes it.
+    annotations = secret["metadata"]["annotations"]
+    assert annotations["helm.sh/resource-policy"] == "keep"
+    assert annotations["argocd.argoproj.io/sync-options"] == "Prune=false,Delete=false"
     rules = rules_of(objects, "controller")[("Role", NAMESPACE)]
     assert [r for r in rules if "secrets" in r["resources"]] == [
         {
             "apiGroups": [""],
             "resources": ["secrets"],
             "resourceNames": ["gpuplace-binding-key"],
-            "verbs": ["get", "update", "patch"],
+            "verbs": ["get", "list", "watch", "update", "patch"],
         }
     ]
     for component in ("webhook", "agent"):
