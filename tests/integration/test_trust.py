@@ -5,20 +5,17 @@ controller process."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
-import urllib.request
 from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import FakeNode, LocalCluster
+from gpuplace.localcluster import LocalCluster
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
     INDEX_ANNOTATION,
     MAP_ANNOTATION,
-    MAP_LABEL,
     NODE_ANNOTATION,
     SIGNATURE_ANNOTATION,
 )
@@ -28,7 +25,6 @@ from tests.integration.controllerkit import (
     create,
     get_pod,
     gpu_uuid,
-    gpuplace_status,
     inventory_for,
     map_status,
     map_yaml,
@@ -38,25 +34,16 @@ from tests.integration.controllerkit import (
     wait_for,
 )
 from tests.integration.tenantkit import Tenant
+from tests.integration.trustkit import (
+    bound,
+    events,
+    map_pod,
+    metric,
+    node_with_gpus,
+    status_row,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
-
-
-def node_with_gpus(cluster: LocalCluster, gpus: int = 4) -> str:
-    name = unique("trust")
-    cluster.create_nodes([FakeNode(name, gpus=gpus)])
-    publish_inventory(cluster, inventory_for(name, gpus))
-    return name
-
-
-def map_pod(name: str, map_name: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {MAP_LABEL: map_name}},
-        "spec": {"schedulerName": "gpuplace", "containers": [{"name": "main", "image": "busybox"}]},
-        **extra,
-    }
 
 
 def forged_annotations(namespace: str, node: str, devices: list[int]) -> dict[str, str]:
@@ -68,35 +55,6 @@ def forged_annotations(namespace: str, node: str, devices: list[int]) -> dict[st
         CUDA_ANNOTATION: ",".join(map(str, devices)),
         "gpuplace.io/model-generation": "1",
     }
-
-
-def bound(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
-    pod = get_pod(cluster, namespace, name)
-    return pod if pod and pod["spec"].get("nodeName") else None
-
-
-def events(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    status, body = cluster.request(
-        "GET",
-        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{name}",
-    )
-    assert status == 200, body
-    return list(body["items"])
-
-
-def status_row(cluster: LocalCluster, pod: str) -> str:
-    """The line of `gpuplace status` that shows the pod named `pod`."""
-    shown = gpuplace_status(cluster)
-    return next(line for line in shown.splitlines() if line.split()[1:2] == [pod])
-
-
-def metric(proc: ControllerProcess, name: str) -> float:
-    port = re.search(r"metrics on port (\d+)", proc.log())
-    assert port, proc.log()[-2000:]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
 
 
 def test_forged_bindings_are_refused_or_hold_nothing(
@@ -166,7 +124,7 @@ def test_forged_bindings_are_refused_or_hold_nothing(
         owner = wait_for("own-0 bound", lambda: bound(cluster, team, "own-0"))
         annotations = owner["metadata"]["annotations"]
         assert annotations[DEVICES_ANNOTATION] == f"{gpu_uuid(node, 0)},{gpu_uuid(node, 1)}"
-        assert annotations[SIGNATURE_ANNOTATION].startswith("v1:")
+        assert annotations[SIGNATURE_ANNOTATION].startswith("v2:")
     finally:
         proc.stop()
     # After a restart the cache is rebuilt from signed pods only: GPU 2 is free for index 1.
