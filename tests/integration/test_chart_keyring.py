@@ -1,0 +1,115 @@
+"""The binding key ring's Secret through the chart's lifecycle: `helm install`, `helm upgrade`,
+`helm uninstall` and `helm install` again, for real, against a control plane of its own (the chart's
+webhook configurations must not govern the pods of the other tests), with a controller filling the
+ring. The ring must come out of every step as the controller wrote it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuplace.localcluster import LocalCluster
+from tests.chartkit import CHART, NAMESPACE, RELEASE, helm
+from tests.integration.controllerkit import ControllerProcess, unique, wait_for
+from tests.integration.trustkit import gpuplace_key
+
+SECRET = f"/api/v1/namespaces/{NAMESPACE}/secrets/gpuplace-binding-key"
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("keyring-cluster"))
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+def helm_on(cluster: LocalCluster, *args: str) -> str:
+    result = helm(*args, check=False, env={"KUBECONFIG": str(cluster.kubeconfig)})
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def secret(cluster: LocalCluster) -> dict[str, Any] | None:
+    status, body = cluster.request("GET", SECRET)
+    return body if status == 200 else None
+
+
+def install(cluster: LocalCluster, *extra: str) -> str:
+    return helm_on(
+        cluster,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        *extra,
+    )
+
+
+def filled_by_a_controller(cluster: LocalCluster, tmp: Path) -> tuple[dict[str, str], str]:
+    """Runs a controller until it leads; the Secret's data and the signing key it reports."""
+    proc = ControllerProcess(cluster, unique("chart"), lease=unique("chart"))
+    try:
+        wait_for("the controller leads", lambda: "leading:" in proc.log(), timeout=60)
+        listed = gpuplace_key(cluster, "list")
+        assert listed.returncode == 0, listed.stderr
+        signing = re.search(r"^(\w{16})\s+\S+\s+yes\b", listed.stdout, re.MULTILINE)
+        assert signing, listed.stdout
+        stored = secret(cluster)
+        assert stored is not None
+        return dict(stored["data"]), signing.group(1)
+    finally:
+        proc.stop()
+        (tmp / "controller.log").write_text(proc.log())
+
+
+def test_the_ring_outlives_upgrade_uninstall_and_reinstall(
+    own_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    install(own_cluster)
+    rendered = secret(own_cluster)
+    assert rendered is not None and not rendered.get("data")  # the controller fills it
+    data, key = filled_by_a_controller(own_cluster, tmp_path)
+    assert "keyring.json" in data
+    assert "made a new binding key ring" in (tmp_path / "controller.log").read_text()
+
+    helm_on(
+        own_cluster,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "controller.replicas=3",
+    )
+    after_upgrade = secret(own_cluster)
+    assert after_upgrade is not None and after_upgrade["data"] == data
+
+    out = helm_on(own_cluster, "uninstall", RELEASE, "--namespace", NAMESPACE)
+    assert "gpuplace-binding-key" in out  # helm says what it kept
+    kept = secret(own_cluster)
+    assert kept is not None and kept["data"] == data
+    status, _ = own_cluster.request(
+        "GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/gpuplace-controller"
+    )
+    assert status == 404  # the rest of the release is gone
+
+    install(own_cluster)  # adopts the kept Secret, with its data
+    reinstalled = secret(own_cluster)
+    assert reinstalled is not None and reinstalled["data"] == data
+    # The keys never reach helm's own records of the release (readable by whoever deploys it).
+    manifest = helm_on(own_cluster, "get", "manifest", RELEASE, "--namespace", NAMESPACE)
+    assert data["keyring.json"] not in manifest
+    assert reinstalled["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    again, same_key = filled_by_a_controller(own_cluster, tmp_path)
+    assert again == data and same_key == key
+    assert "made a new binding key ring" not in (tmp_path / "controller.log").read_text()
