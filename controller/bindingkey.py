@@ -142,3 +142,25 @@ def load_or_create(kube: Kube, where: KeySecret) -> TrustView:
         log.info("%s in %s (signing key %s)", action, where, ring.signer.id)
         return written.view
     raise RuntimeError(f"{where}: could not store a binding key ring (conflicts)")
+
+
+def write_back(kube: Kube, where: KeySecret, held: TrustView) -> TrustView:
+    """The Secret was deleted, or rendered again empty, under a running leader: the ring and the
+    adoption records it holds are written back, so that no running pod's binding becomes
+    unverifiable for a Secret lost by accident (an uninstall, a prune). A ring found there in the
+    meantime wins. Revoking a key is `gpuplace key rotate`, not a deletion."""
+    for _attempt in range(5):
+        stored = fetch(kube, where)
+        if stored.ring is not None:
+            return load_or_create(kube, where)
+        try:
+            written = write(kube, where, stored, held.ring, tuple(held.adoptions.values()))
+        except APIConflictError:
+            continue
+        log.warning(
+            "%s was deleted or emptied: wrote back the key ring this leader holds (signing key %s)",
+            where,
+            held.ring.signer.id,
+        )
+        return written.view
+    raise RuntimeError(f"{where}: could not write the binding key ring back (conflicts)")

@@ -15,7 +15,7 @@ from typing import Any, assert_never
 
 from controller import podfacts
 from controller.binder import Binder
-from controller.bindingkey import KeySecret, load_or_create, read_stored
+from controller.bindingkey import KeySecret, load_or_create, read_stored, write_back
 from controller.changes import (
     Change,
     InventoryChanged,
@@ -82,6 +82,12 @@ Obj = dict[str, Any]
 _RING_HINT = (
     " (mend the Secret, or delete it to start a new key ring: pods bound under the old keys then"
     " keep their GPUs blocked until `gpuplace key adopt`)"
+)
+#: Installed by the chart, the controller may not create Secrets (RBAC cannot narrow `create` by
+#: name): the chart renders the Secret and the leader fills it.
+_CREATE_HINT = (
+    " (a controller installed by the chart cannot create the Secret: `helm upgrade` or an ArgoCD"
+    " sync renders it again, empty, and the leader writes back the ring it holds)"
 )
 
 
@@ -856,19 +862,22 @@ class Controller:
                 log.error(
                     "binding key ring not usable, not binding until it is: %s%s",
                     exc,
-                    _RING_HINT if isinstance(exc, RingError) else "",
+                    _RING_HINT if isinstance(exc, RingError) else _CREATE_HINT,
                 )
                 self._stop.wait(self.settings.retry_seconds)
 
     def _on_key_secret(self, event: str, obj: Obj, _old: Obj | None) -> None:
         """The ring's Secret changed (a rotation, an adoption, a deletion, an edit): the leader
         judges every bound pod again. An unreadable ring is reported and the last good one keeps
-        serving; a deleted one is made anew (its pods then fail closed until re-adopted)."""
-        if not self.binder.active.is_set() or self.binder.trust is None:
+        serving; a deleted or emptied one gets the ring this leader holds written back."""
+        held = self.binder.trust
+        if not self.binder.active.is_set() or held is None:
             return  # not leading: the leader's start-up reads the Secret itself
         try:
             stored = None if event == DELETED else read_stored(obj, self.key_secret)
-            if stored is None or stored.ring is None or _legacy_only(obj):
+            if stored is None or stored.ring is None:
+                view = write_back(self.kube, self.key_secret, held)
+            elif _legacy_only(obj):
                 view = load_or_create(self.kube, self.key_secret)
             else:
                 view = stored.view
@@ -879,9 +888,11 @@ class Controller:
             )
             return
         except APIError as exc:
-            log.warning("binding key ring not written: %s", exc)
+            log.warning(
+                "binding key ring not written, the last good one serves: %s%s", exc, _CREATE_HINT
+            )
             return
-        if view.version == self.binder.trust.version:
+        if view.version == held.version:
             return
         log.info(
             "binding key ring changed: %d key(s), signing with %s, %d adoption record(s)",

@@ -270,3 +270,33 @@ def test_a_corrupt_ring_keeps_the_last_good_one_serving_and_is_never_overwritten
     adopted = gpuplace_key(cluster, "adopt")
     assert adopted.returncode == 0, adopted.stderr
     assert f"adopting {team}/c-0" in adopted.stdout and f"adopting {team}/c-1" in adopted.stdout
+
+
+def test_a_key_deleted_under_a_running_leader_is_written_back(
+    cluster: LocalCluster, team: str, controller: list[ControllerProcess]
+) -> None:
+    node = node_with_gpus(cluster)
+    apply_map(cluster, team, "d", map_yaml(team, "d", [(0, node, [0]), (1, node, [1])]))
+    proc = start(cluster, controller)
+    create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("d-0", "d"))
+    first = wait_for("d-0 bound", lambda: bound(cluster, team, "d-0"))
+    status, before = cluster.request("GET", SECRET)
+    assert status == 200
+    cluster.request("DELETE", SECRET)
+    wait_for("the ring written back", lambda: "wrote back the key ring" in proc.log())
+    status, after = cluster.request("GET", SECRET)
+    assert status == 200 and after["data"] == before["data"]
+    assert signing_key(cluster) == key_of(first)
+    create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("d-1", "d"))
+    second = wait_for("d-1 bound", lambda: bound(cluster, team, "d-1"))
+    assert key_of(second) == key_of(first)
+    assert unverifiable(cluster, team) == [] and condition(cluster, team, "d-0") is None
+    # Rendered again empty (a chart re-sync): filled with the same ring.
+    status, _ = cluster.request(
+        "PUT", SECRET, {**after, "data": None, "metadata": after["metadata"]}
+    )
+    assert status == 200
+    wait_for(
+        "filled again",
+        lambda: (cluster.request("GET", SECRET)[1].get("data") or {}) == before["data"],
+    )

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.bindingkey import KeySecret, load_or_create
 from gpuplace.localcluster import FakeNode, LocalCluster
 from gpuplace.localcluster.policies import NODE_NAME_EXTRA, admission_policies
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError, APIForbiddenError
+from kubeio.paths import SECRETS
 from placement.annotations import PLACEMENT_MAP_LABEL
 from tests.chartkit import INVENTORY, NAMESPACE, SCENARIOS, render
 
@@ -236,3 +238,25 @@ def test_the_controller_patches_only_placement_maps(
     with pytest.raises(APIError):
         controller.create(base, configmap("new", workloads))  # RBAC: no create outside
     cluster.delete_namespace(workloads)
+
+
+def test_the_controller_reads_and_watches_its_binding_key_ring_by_name_only(
+    cluster: LocalCluster, chart: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    controller = as_token(cluster, token_for(cluster, "gpuplace-controller"), tmp_path)
+    where = KeySecret(NAMESPACE, "gpuplace-binding-key")
+    # The chart renders the Secret without data; a Secret already there is kept as it is.
+    cluster.request("POST", SECRETS.collection(NAMESPACE), {"metadata": {"name": where.name}})
+    view = load_or_create(controller, where)  # filled in (or read) with the controller's token
+    assert view.ring.signer.id
+    # Its informer lists and watches the one Secret, by name (fieldSelector metadata.name).
+    listed = controller.get(
+        SECRETS.collection(NAMESPACE), fieldSelector=f"metadata.name={where.name}"
+    )
+    assert [s["metadata"]["name"] for s in listed["items"]] == [where.name]
+    refused(lambda: controller.get(SECRETS.collection(NAMESPACE)))
+    refused(
+        lambda: controller.get(
+            SECRETS.collection(NAMESPACE), fieldSelector="metadata.name=gpuplace-webhook-ca"
+        )
+    )
