@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "gpuplace-binding-key; every key of the ring verifies. A pod signed with a key the "
             "ring no longer holds keeps its GPUs blocked for everyone until it is re-adopted."
         ),
+        epilog="adopt [NAMESPACE/POD ...] [--dry-run]: `gpuplace key adopt --help` for more.",
     )
     flags = EnvFlags(p)
     add_kubeconfig_flag(flags)

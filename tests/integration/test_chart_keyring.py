@@ -14,6 +14,7 @@ import pytest
 
 from gpuplace.localcluster import LocalCluster
 from tests.chartkit import CHART, NAMESPACE, RELEASE, helm
+from tests.integration import shellkit
 from tests.integration.controllerkit import ControllerProcess, unique, wait_for
 from tests.integration.trustkit import gpuplace_key
 
@@ -113,3 +114,11 @@ def test_the_ring_outlives_upgrade_uninstall_and_reinstall(
     again, same_key = filled_by_a_controller(own_cluster, tmp_path)
     assert again == data and same_key == key
     assert "made a new binding key ring" not in (tmp_path / "controller.log").read_text()
+
+    # Removed on purpose, with the README's commands as written.
+    env = shellkit.shell_env(own_cluster)
+    for command in shellkit.UNINSTALL:
+        shellkit.sh(command, tmp_path, env)
+    assert secret(own_cluster) is None
+    status, namespace = own_cluster.request("GET", "/api/v1/namespaces/gpuplace-inventory")
+    assert status == 404 or namespace["metadata"].get("deletionTimestamp")

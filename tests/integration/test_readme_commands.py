@@ -17,6 +17,8 @@ one of these ways (a command no rule covers fails the test, so a new one gets a 
   other tests created carry no helm annotations), and what it renders through `kubectl apply
   --dry-run=server`, so the apiserver judges every object; `--set KEY=VALUE` switches shown inline:
   `helm template` of the chart with that switch, so its values.schema.json judges the key;
+- the uninstall commands (what removes what `helm uninstall` keeps): run verbatim by
+  test_chart_keyring.py, after a real install and uninstall on a cluster of its own;
 - `make <target>`: the target exists in the Makefile. `make test` would run this test again, and
   `make demo` is what tests/e2e runs; neither is run here;
 - inline `gpuplace <command> [--flags]`: the command exists and `--help` lists every flag shown.
@@ -24,7 +26,6 @@ one of these ways (a command no rule covers fails the test, so a new one gets a 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -36,7 +37,9 @@ import git
 import pytest
 
 from gpuplace.localcluster import LocalCluster
-from tests.chartkit import helm, helm_binary
+from tests.chartkit import helm
+from tests.integration import shellkit
+from tests.integration.shellkit import UNINSTALL, sh
 
 pytestmark = pytest.mark.integration
 
@@ -89,36 +92,13 @@ def documented() -> tuple[list[str], list[str]]:
 
 def test_every_fenced_command_has_a_check() -> None:
     fenced, _ = documented()
-    known = IN_CHECKOUT | IN_GITOPS_REPO | MAKE_TARGETS | {HELM_INSTALL}
+    known = IN_CHECKOUT | IN_GITOPS_REPO | MAKE_TARGETS | {HELM_INSTALL} | set(UNINSTALL)
     assert set(fenced) == known, "commands in the READMEs without a check (or checks for none)"
 
 
 @pytest.fixture(scope="module")
 def shell_env(cluster: LocalCluster) -> dict[str, str]:
-    bins = [Path(sys.executable).parent, cluster.binaries.kubectl.parent, helm_binary().parent]
-    home = helm_binary().parent.parent / "helm-home"
-    return {
-        **os.environ,
-        "PATH": os.pathsep.join([*map(str, bins), os.environ.get("PATH", "/usr/bin:/bin")]),
-        "KUBECONFIG": str(cluster.kubeconfig),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
-
-
-def sh(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        ["bash", "-o", "pipefail", "-c", command],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"{command!r} in {cwd}:\n{result.stdout}\n{result.stderr}"
-    return result
+    return shellkit.shell_env(cluster)
 
 
 @pytest.fixture
