@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: help venv control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
+.PHONY: help venv image e2e-chart control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
 
 help:
-	@echo "make test | demo | demo-quick | lint | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
+	@echo "make test | demo | demo-quick | lint | image | e2e-chart | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ venv: $(STAMP)
 
 control-plane:
 	@hack/build-control-plane.sh >/dev/null
+
+# The gpuplace image from the Dockerfile, built with buildah on a Debian base made by mmdebstrap
+# (both installed with apt-get when missing), as a reproducible OCI archive under
+# $(GPUPLACE_CACHE)/image: prints its name, digest, size and path (about a minute the first time).
+image:
+	@hack/build-image.sh
 
 # The real node: kubelet, containerd, runc, CNI plugins (from Go modules) and the pause and
 # gpu-probe image payloads, into $(GPUPLACE_CACHE)/node (about 3 minutes the first time).
@@ -59,7 +65,13 @@ e2e: $(STAMP) control-plane node fakenvml
 	$(BIN)/pytest tests/e2e -q
 
 test: $(STAMP) control-plane node tools fakenvml
-	$(BIN)/pytest tests -q -m "not argocd"
+	$(BIN)/pytest tests -q -m "not argocd and not chart"
+
+# gpuplace installed as a platform team installs it: the image built here (make image), the chart
+# installed with helm on the local cluster's real node, then what a user does with it.
+e2e-chart: $(STAMP) control-plane node tools fakenvml image
+	@hack/ensure-apt.sh iptables
+	$(BIN)/pytest tests/e2e_chart -q -m chart -rP
 
 # The flow through real ArgoCD. -rP prints the scenario, with the Application's sync and health
 # status at each step.

@@ -9,7 +9,11 @@ included:
 - on UPDATE (of the pod, its status or its ephemeral containers) the `gpuplace.io/*` annotations and
   the legacy `gpu-scheduling-map` annotation stay exactly as they were;
 - a pod labelled `gpuplace.io/map` gets `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` only as the
-  webhook wires them (fieldRefs on its binding's annotations), in every kind of container.
+  webhook wires them (fieldRefs on its binding's annotations), in every kind of container;
+- a pod labelled `gpuplace.io/map` is created only with the binder's `schedulerName`, which the
+  mutating webhook sets: while gpuplace is not installed (between an uninstall and an install; the
+  chart keeps this policy) such a pod is refused, rather than started by another scheduler without
+  its GPU wiring.
 
 The Helm chart renders the same objects (a unit test compares them).
 """
@@ -65,7 +69,10 @@ def _env_ok() -> str:
     )
 
 
-def policy_spec() -> dict[str, Any]:
+DEFAULT_SCHEDULER = "gpuplace"
+
+
+def policy_spec(scheduler_name: str = DEFAULT_SCHEDULER) -> dict[str, Any]:
     return {
         "failurePolicy": "Fail",
         "matchConstraints": {
@@ -79,7 +86,21 @@ def policy_spec() -> dict[str, Any]:
             ]
         },
         "variables": _variables(),
-        "validations": _validations(),
+        "validations": [*_validations(), _scheduled_by_gpuplace(scheduler_name)],
+    }
+
+
+def _scheduled_by_gpuplace(scheduler_name: str) -> dict[str, str]:
+    return {
+        "expression": "request.operation != 'CREATE' || !variables.mapped || "
+        f"(has(object.spec.schedulerName) && object.spec.schedulerName == {_q(scheduler_name)})",
+        "messageExpression": f"'pods labelled {MAP_LABEL} are placed by gpuplace, and this one "
+        "was not admitted by its webhook (schedulerName ' + (has(object.spec.schedulerName) ? "
+        "object.spec.schedulerName : 'default-scheduler') + ', not "
+        f"{scheduler_name}'): gpuplace is not installed or its webhook is not running. Another "
+        "scheduler would start it without its GPU wiring; install gpuplace (helm install, or "
+        "sync its ArgoCD Application), or remove the label'",
+        "reason": "Forbidden",
     }
 
 
@@ -143,12 +164,16 @@ def _validations() -> list[dict[str, str]]:
     ]
 
 
-def policy(name: str = POLICY_NAME, labels: dict[str, str] | None = None) -> dict[str, Any]:
+def policy(
+    name: str = POLICY_NAME,
+    labels: dict[str, str] | None = None,
+    scheduler_name: str = DEFAULT_SCHEDULER,
+) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name, "labels": dict(labels or {})},
-        "spec": policy_spec(),
+        "spec": policy_spec(scheduler_name),
     }
 
 

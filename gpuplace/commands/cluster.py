@@ -9,6 +9,15 @@ With --real-node, containerd and a kubelet run on this machine too (built by hac
 the first time, a few minutes; then about 1.3 seconds to a Ready node): Node 'localhost', where pods
 really run (image gpuplace.local/gpu-probe:dev prints the GPU environment it got). It needs root;
 one real node runs per machine at a time. 'down' stops its containers and removes what it wrote.
+
+With --chart (implies --real-node and --scheduler), gpuplace itself is installed as a platform team
+installs it: the image is built from the Dockerfile (`make image`) and imported into the real node,
+and `helm install` of charts/gpuplace runs the controller (2 replicas), the webhook (2) and the
+agent DaemonSet as pods on 'localhost', the agent reading a fake NVML library of --real-node-gpus
+GPUs through the chart's agent.nvml mount. The pods reach the apiserver through the `kubernetes`
+Service and the apiserver reaches the webhook through its Service: one DNAT rule and the bridge's
+address on this machine, removed by 'down'. The local copies of the chart's admission policies
+are not installed (the chart owns them).
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ from gpuplace.localcluster import (
     ClusterLayout,
     LocalCluster,
     cache_root,
+    chart,
     fake_gpu_nodes,
 )
+from gpuplace.localcluster.chart import ChartError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,6 +81,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="also run kube-scheduler (for pods that use the default scheduler)",
     )
+    up.add_argument(
+        "--chart",
+        action="store_true",
+        help="install gpuplace's chart from the image built here, as pods on the real node",
+    )
+    up.add_argument(
+        "--real-node-gpus",
+        type=int,
+        default=4,
+        help="GPUs the real node's fake NVML reports with --chart (default 4)",
+    )
     up.set_defaults(handler=_up)
 
     down = commands.add_parser("down", help="stop the local cluster and remove its directory")
@@ -78,6 +100,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--keep-dir", action="store_true", help="keep the directory (logs, certificates)"
     )
     down.set_defaults(handler=_down)
+
+
+def _install_chart(cluster: LocalCluster, gpus: int) -> None:
+    print("building the image (make image)...", file=sys.stderr)
+    image = chart.build_image()
+    print(f"image {image.name} {image.digest}; installing the chart...", file=sys.stderr)
+    chart.import_image(cluster, image)
+    nvml = chart.nvml_directory(cluster, chart.fake_nvml(gpus))
+    chart.install(cluster, image, nvml)
+    for pod in chart.component_pods(cluster):
+        print(
+            f"  {pod['metadata']['name']}: {pod['status'].get('phase')} on "
+            f"{pod['spec'].get('nodeName')}",
+            file=sys.stderr,
+        )
 
 
 def _add_dir(parser: argparse.ArgumentParser) -> None:
@@ -110,24 +147,30 @@ def _up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         directory,
         detach=True,
-        scheduler=args.scheduler,
+        scheduler=args.scheduler or args.chart,
         namespaces=args.namespace,
-        real_nodes=1 if args.real_node else 0,
+        real_nodes=1 if args.real_node or args.chart else 0,
         real_node_labels=labels,
+        pod_network=args.chart,
+        policies=not args.chart,
     )
     try:
         cluster.start()
         nodes = cluster.create_nodes(
             fake_gpu_nodes(args.nodes, gpus=args.gpus, prefix=args.node_prefix)
         )
-    except (ClusterError, BinariesError) as error:
+        if args.chart:
+            _install_chart(cluster, args.real_node_gpus)
+    except (ClusterError, BinariesError, ChartError) as error:
         cluster.stop(keep_directory=True)
         print(f"gpuplace cluster up: {error}", file=sys.stderr)
         return 1
     except BaseException:
         cluster.stop(keep_directory=True)
         raise
-    real = f" and real node {REAL_NODE_NAME}" if args.real_node else ""
+    real = f" and real node {REAL_NODE_NAME}" if args.real_node or args.chart else ""
+    if args.chart:
+        real += " running gpuplace's chart"
     print(
         f"cluster up in {cluster.startup_seconds:.1f}s: {cluster.server}, "
         f"{len(nodes)} node(s) with {args.gpus} GPU(s) each{real}; logs in {cluster.logs_dir}\n"

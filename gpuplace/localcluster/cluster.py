@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl
 
 import yaml
 
+from gpuplace.localcluster import network
 from gpuplace.localcluster.binaries import ControlPlaneBinaries, find_binaries
 from gpuplace.localcluster.layout import ClusterLayout, ClusterState
 from gpuplace.localcluster.nodebinaries import NodeBinaries, find_node_binaries
@@ -41,6 +42,8 @@ from gpuplace.localcluster.process import (
     stop_records,
 )
 from gpuplace.localcluster.realnode import (
+    BRIDGE,
+    POD_GATEWAY,
     REAL_NODE_NAME,
     NodeLock,
     RealNode,
@@ -126,6 +129,10 @@ class LocalCluster:
     waits up to ``node_lock_timeout`` seconds for another to stop. ``real_node_labels`` are the
     Node's labels (kubelet ``--node-labels``), ``kubelet_args`` more kubelet flags.
     ``node_binaries`` overrides the built node components (default: `find_node_binaries`).
+    ``pod_network``: pods on the real node reach the apiserver through the `kubernetes` Service and
+    the apiserver reaches webhook Services' pods (gpuplace.localcluster.network), as an installed
+    chart needs; needs ``real_nodes=1`` and iptables. ``policies``: install the local copies of
+    the chart's admission policies (off when the chart itself is installed: it owns them).
     ``trace_endpoint``: an OTLP/gRPC collector (``host:port``) the apiserver sends the spans of
     requests that arrive with a sampled W3C ``traceparent`` from a ``system:masters`` client;
     it samples nothing else (a benchmark traces its own requests only).
@@ -147,11 +154,17 @@ class LocalCluster:
         node_binaries: NodeBinaries | None = None,
         node_lock_timeout: float = 900.0,
         trace_endpoint: str | None = None,
+        pod_network: bool = False,
+        policies: bool = True,
     ) -> None:
         if real_nodes not in (0, 1):
             raise ValueError(
                 f"real_nodes must be 0 or 1 (one real node per machine), got {real_nodes}"
             )
+        if pod_network and not real_nodes:
+            raise ValueError("pod_network needs the real node (real_nodes=1)")
+        self._pod_network = pod_network
+        self._policies = policies
         self._real_nodes = real_nodes
         self._real_node_labels = dict(real_node_labels or {})
         self._kubelet_args = tuple(kubelet_args)
@@ -571,8 +584,9 @@ class LocalCluster:
         for namespace in self._namespaces:
             self.create_namespace(namespace)
         self._phase("namespaces", began)
-        self.install_pod_binding_policy()
-        self._phase("pod binding policy", began)
+        if self._policies:
+            self.install_pod_binding_policy()
+            self._phase("pod binding policy", began)
 
     def _start_apiserver(
         self,
@@ -588,6 +602,9 @@ class LocalCluster:
         self._spawn("etcd", _etcd_args(binaries, layout, etcd_port, etcd_peer_port), env)
         layout.audit_policy.write_text(_AUDIT_POLICY)
         args = _apiserver_args(binaries, layout, apiserver_port, etcd_port)
+        if self._pod_network:
+            # Webhook Services are dialled at their endpoints (pod addresses on the bridge).
+            args.append("--enable-aggregator-routing=true")
         if self._trace_endpoint is not None:
             layout.tracing_config.write_text(_tracing_config(self._trace_endpoint))
             args.append(f"--tracing-config-file={layout.tracing_config}")
@@ -595,7 +612,8 @@ class LocalCluster:
         self._spawn("kube-apiserver", args, env)
         self.wait_for("kube-apiserver /readyz", lambda: self._status("/readyz") == 200)
         self._phase("apiserver ready", began)
-        self._install_policies()
+        if self._policies:
+            self._install_policies()
 
     def _start_controllers(
         self, binaries: ControlPlaneBinaries, env: dict[str, str], began: float
@@ -628,9 +646,21 @@ class LocalCluster:
         env = node_env(binaries, node)
         lock = () if self._node_lock.fd is None else (self._node_lock.fd,)
         node.containerd_config.write_text(containerd_config(node, binaries))
+        services = SERVICE_CIDR if self._pod_network else None
         (node.cni_conf_dir / "10-gpuplace.conflist").write_text(
-            json.dumps(cni_config(node), indent=2)
+            json.dumps(cni_config(node, services), indent=2)
         )
+        if self._pod_network:
+            try:
+                network.install(
+                    node.network_record,
+                    bridge=BRIDGE,
+                    gateway=POD_GATEWAY,
+                    service_ip=KUBERNETES_SERVICE_IP,
+                    apiserver_port=int(self._server.rsplit(":", 1)[1]),
+                )
+            except network.NetworkError as error:
+                raise ClusterError(f"the real node's pod network: {error}") from error
         # containerd and the kubelet hold the node lock too, so a detached node keeps it.
         self._spawn("containerd", containerd_args(binaries, node), env, pass_fds=lock)
 

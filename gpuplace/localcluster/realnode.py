@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuplace.localcluster import network
 from gpuplace.localcluster.images import (
     PAUSE_IMAGE,
     Image,
@@ -61,6 +62,8 @@ REAL_NODE_NAME = "localhost"
 REAL_NODE_LOCK = Path("/tmp/gpuplace-real-node.lock")  # noqa: S108
 #: The pod addresses of the real node: outside the service range and kwok's pod range.
 POD_SUBNET = "10.64.0.0/24"
+#: The bridge's own address, with a pod network (gpuplace.localcluster.network).
+POD_GATEWAY = "10.64.0.1/24"
 BRIDGE = "gpuplace0"
 #: Paths the kubelet and containerd write whatever their directories are configured to.
 SYSTEM_PATHS = (
@@ -104,6 +107,11 @@ class RealNodeLayout:
     @property
     def runc_root(self) -> Path:
         return self.directory / "runc"
+
+    @property
+    def network_record(self) -> Path:
+        """What gpuplace.localcluster.network installed, for its removal."""
+        return self.directory / "network.json"
 
     @property
     def cni_conf_dir(self) -> Path:
@@ -222,9 +230,21 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 """
 
 
-def cni_config(layout: RealNodeLayout) -> dict[str, Any]:
-    """One bridge, host-local addresses, no gateway and no masquerading: pods reach each other and
-    the kubelet reaches them through their network namespace; no iptables rule is touched."""
+def cni_config(layout: RealNodeLayout, services: str | None = None) -> dict[str, Any]:
+    """One bridge, host-local addresses, no masquerading: pods reach each other and the kubelet
+    reaches them through their network namespace. With ``services`` (the Service range; the pod
+    network of an installed chart, gpuplace.localcluster.network) the bridge holds
+    `POD_GATEWAY` and pods get one route, to ``services`` through it; never a default route."""
+    ipam: dict[str, Any] = {
+        "type": "host-local",
+        "ranges": [[{"subnet": POD_SUBNET}]],
+        "dataDir": str(layout.cni_ipam_dir),
+    }
+    if services is not None:
+        ipam["ranges"] = [
+            [{"subnet": POD_SUBNET, "gateway": POD_GATEWAY.split("/", maxsplit=1)[0]}]
+        ]
+        ipam["routes"] = [{"dst": services}]
     return {
         "cniVersion": "1.0.0",
         "name": "gpuplace",
@@ -232,13 +252,10 @@ def cni_config(layout: RealNodeLayout) -> dict[str, Any]:
             {
                 "type": "bridge",
                 "bridge": BRIDGE,
-                "isGateway": False,
+                "isGateway": services is not None,
+                "isDefaultGateway": False,
                 "ipMasq": False,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": POD_SUBNET}]],
-                    "dataDir": str(layout.cni_ipam_dir),
-                },
+                "ipam": ipam,
             }
         ],
     }
@@ -451,6 +468,7 @@ def cleanup(layout: RealNodeLayout) -> list[str]:
     problems: list[str] = []
     _kill_shims(layout)
     problems += _unmount_below(layout.directory)
+    problems += network.remove(layout.network_record)
     if Path("/sys/class/net", BRIDGE).exists() and shutil.which("ip"):
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
     try:

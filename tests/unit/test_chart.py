@@ -584,6 +584,15 @@ def test_pod_binding_policy_is_the_one_the_local_cluster_installs(
     assert policy["spec"] == podpolicy.policy_spec()
     binding = one(objects, "ValidatingAdmissionPolicyBinding", podpolicy.POLICY_NAME)
     assert binding["spec"] == podpolicy.policy_binding()["spec"]
+    # Kept between an uninstall and an install: a map's pod is refused meanwhile.
+    for kept in (policy, binding):
+        assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_pod_binding_policy_follows_the_scheduler_name(tmp_path: Path) -> None:
+    objects = render(SCENARIOS[0], tmp_path, "--set", "global.schedulerName=gpu-binder")
+    policy = one(objects, "ValidatingAdmissionPolicy", podpolicy.POLICY_NAME)
+    assert policy["spec"] == podpolicy.policy_spec("gpu-binder")
 
 
 def test_controller_reads_its_binding_key_by_name_only(

@@ -1,0 +1,54 @@
+"""Fixtures of the installed-chart tests (`make e2e-chart`): a local cluster with the real node
+and its pod network, gpuplace's image built here and its chart installed with helm.
+
+- ``installed`` (module): the cluster with the chart installed and every component's pods Ready on
+  node ``localhost``; the image it runs (``installed.image``).
+
+Every test here is marked ``chart`` and ``real_node``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuplace.localcluster import LocalCluster, chart
+
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in item.path.parents:
+            item.add_marker(pytest.mark.chart)
+            item.add_marker(pytest.mark.real_node)
+
+
+@dataclass
+class Installed:
+    cluster: LocalCluster
+    image: chart.BuiltImage
+    nvml: Path
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    image = chart.build_image()
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("chart-cluster"),
+        real_nodes=1,
+        scheduler=True,
+        pod_network=True,
+        policies=False,
+    )
+    try:
+        cluster.start()
+        chart.import_image(cluster, image)
+        nvml = chart.nvml_directory(cluster, chart.fake_nvml(4))
+        chart.install(cluster, image, nvml)
+        yield Installed(cluster, image, nvml)
+    finally:
+        cluster.stop()
