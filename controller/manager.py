@@ -79,6 +79,12 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 
+OPEN_GRANTS = (
+    "no placement policy (ConfigMap %s/%s): every namespace whose users may create ConfigMaps "
+    "and pods may place on every node and GPU, first come first served. Fine for a cluster of "
+    "one team; on a shared cluster write a policy (README, Grants) or deny by default "
+    "(--grants-default-deny, chart value global.grants.defaultDeny)"
+)
 _RING_HINT = (
     " (mend the Secret, or delete it to start a new key ring: pods bound under the old keys then"
     " keep their GPUs blocked until `gpuplace key adopt`)"
@@ -489,9 +495,16 @@ class Controller:
             self.compiler.set_map(pmap, version, provenance)
         self._status_dirty.add(pmap.key)
 
+    def _warn_if_open(self) -> None:
+        """Says, while no placement policy exists and deny-by-default is off, that every
+        namespace may claim every GPU (fine for one team, not for a shared cluster)."""
+        if not self.settings.grants_default_deny:
+            log.warning(OPEN_GRANTS, self.settings.system_namespace, POLICY_CONFIGMAP)
+
     def _apply_policy(self, obj: Obj | None) -> set[WakeKey] | None:
         if obj is None:
             self._policy = PlacementPolicy()
+            self._warn_if_open()
         else:
             text = (obj.get("data") or {}).get(POLICY_KEY, "")
             source = f"configmap {self.settings.system_namespace}/{POLICY_CONFIGMAP} {POLICY_KEY}"
@@ -759,6 +772,9 @@ class Controller:
             return
         self._compile_from_stored()
         self._sweep_inventories()
+        with self.informers["policy"].lock:
+            if not self.informers["policy"].store:
+                self._warn_if_open()
         # What a bound pod holds depends on what its signature proves: the ring before the rebuild.
         self.binder.trust = self._binding_trust()
         if not self._holds_lease():

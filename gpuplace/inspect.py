@@ -32,6 +32,7 @@ from placement.annotations import (
     name_ordinal,
 )
 from placement.errors import PlacementError
+from placement.grants import POLICY_CONFIGMAP
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
 from placement.legacy import parse_legacy, shared_gpus
 from placement.status import MapStatus
@@ -221,6 +222,14 @@ def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
             )
     headers = ("MAP", "PHASE", "SLOTS", "BOUND", "DRIFTED", "BLOCKED", "RENUMBERED", "MESSAGE")
     return table(headers, rows)
+
+
+def placement_policy_exists(kube: Kube, namespace: str = "gpuplace-system") -> bool:
+    try:
+        kube.get(CONFIGMAPS.item(POLICY_CONFIGMAP, namespace))
+    except APINotFoundError:
+        return False
+    return True
 
 
 def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[tuple[str, str]]:

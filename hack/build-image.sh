@@ -96,5 +96,6 @@ digest=$(python3 "$repo/hack/oci.py" digest "$out")
 size=$(du -h "$out" | cut -f1)
 echo "image:  $name"
 echo "digest: $digest"
+echo "id:     $(python3 "$repo/hack/oci.py" id "$out")"
 echo "size:   $size"
 echo "$out"

@@ -3,6 +3,7 @@
   python3 hack/oci.py base ROOTFS.tar NAME OUT.tar   a base image: one layer, the rootfs tar as it is
   python3 hack/oci.py pack LAYOUT_DIR NAME OUT.tar   an OCI layout directory packed as a tar
   python3 hack/oci.py digest OUT.tar                 the image's manifest digest
+  python3 hack/oci.py id OUT.tar                     its config's digest (the image ID kubelets show)
 
 Every entry of a packed archive is written in sorted order with mtime 0 and root ownership, so the
 same image gives the same bytes: `make image` twice from one commit gives one digest.
@@ -138,6 +139,18 @@ def digest(archive: Path) -> str:
     return str(index["manifests"][0]["digest"])
 
 
+def image_id(archive: Path) -> str:
+    with tarfile.open(archive) as tar:
+        index = tar.extractfile("index.json")
+        if index is None:
+            raise SystemExit(f"{archive}: no index.json")
+        digest = json.loads(index.read())["manifests"][0]["digest"]
+        manifest = tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
+        if manifest is None:
+            raise SystemExit(f"{archive}: no manifest {digest}")
+        return str(json.loads(manifest.read())["config"]["digest"])
+
+
 def main(argv: list[str]) -> int:
     match argv:
         case ["base", rootfs, name, out]:
@@ -146,6 +159,8 @@ def main(argv: list[str]) -> int:
             pack(Path(layout), name, Path(out))
         case ["digest", archive]:
             print(digest(Path(archive)))
+        case ["id", archive]:
+            print(image_id(Path(archive)))
         case _:
             print(__doc__, file=sys.stderr)
             return 2

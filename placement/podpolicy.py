@@ -97,7 +97,7 @@ def _scheduled_by_gpuplace(scheduler_name: str) -> dict[str, str]:
         "messageExpression": f"'pods labelled {MAP_LABEL} are placed by gpuplace, and this one "
         "was not admitted by its webhook (schedulerName ' + (has(object.spec.schedulerName) ? "
         "object.spec.schedulerName : 'default-scheduler') + ', not "
-        f"{scheduler_name}'): gpuplace is not installed or its webhook is not running. Another "
+        f"{scheduler_name}): gpuplace is not installed or its webhook is not running. Another "
         "scheduler would start it without its GPU wiring; install gpuplace (helm install, or "
         "sync its ArgoCD Application), or remove the label'",
         "reason": "Forbidden",

@@ -66,7 +66,20 @@ def decode_secret(obj: Obj) -> SharedCA | None:
     return SharedCA(ca, bundle, str(obj.get("metadata", {}).get("resourceVersion", "")))
 
 
-def encode_secret(namespace: str, name: str, shared: SharedCA) -> Obj:
+def encode_secret(namespace: str, name: str, shared: SharedCA, found: Obj | None = None) -> Obj:
+    """The CA Secret holding `shared`. Written over `found` (the Secret as read), only its data
+    changes: the type a Secret was created with is immutable, and the chart's (Opaque, rendered
+    without data) keeps helm's labels and annotations."""
+    data = {
+        CA_CERT_KEY: _b64(shared.ca.cert_pem),
+        CA_KEY_KEY: _b64(shared.ca.key_pem),
+        BUNDLE_KEY: _b64(shared.bundle),
+    }
+    if found is not None:
+        kept = dict(found.get("metadata") or {})
+        if shared.resource_version:
+            kept["resourceVersion"] = shared.resource_version
+        return {**found, "metadata": kept, "data": {**(found.get("data") or {}), **data}}
     metadata: dict[str, object] = {
         "name": name,
         "namespace": namespace,
@@ -77,13 +90,9 @@ def encode_secret(namespace: str, name: str, shared: SharedCA) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "type": "kubernetes.io/tls",
+        "type": "Opaque",
         "metadata": metadata,
-        "data": {
-            CA_CERT_KEY: _b64(shared.ca.cert_pem),
-            CA_KEY_KEY: _b64(shared.ca.key_pem),
-            BUNDLE_KEY: _b64(shared.bundle),
-        },
+        "data": data,
     }
 
 
@@ -137,7 +146,7 @@ class CASecret:
             try:
                 updated = self._kube.put(
                     self._path,
-                    encode_secret(self._settings.namespace, self._settings.ca_secret, rotated),
+                    encode_secret(self._settings.namespace, self._settings.ca_secret, rotated, obj),
                 )
             except APIConflictError:
                 continue  # someone rotated first: use theirs

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from placement.dra import DEFAULT_ATTRIBUTE, DEFAULT_DEVICE_CLASS, DEFAULT_DRIVER, Enforcement
 
@@ -30,14 +30,32 @@ def env_bool(name: str, default: bool) -> bool:
     return value in ("1", "true", "yes", "on")
 
 
+_N = TypeVar("_N", int, float)
+
+
 def env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
-    return int(value) if value else default
+    return _number(name, value, int) if value else default
 
 
 def env_float(name: str, default: float) -> float:
     value = os.environ.get(name, "").strip()
-    return float(value) if value else default
+    return _number(name, value, float) if value else default
+
+
+def _number(name: str, value: str, kind: type[_N]) -> _N:
+    try:
+        return kind(value)
+    except ValueError:
+        hint = ""
+        if value.startswith("tcp://"):
+            hint = (
+                " (a Kubernetes service-link variable of a Service with that name: set "
+                "enableServiceLinks: false on the pod)"
+            )
+        raise SystemExit(
+            f"gpuplace: environment variable {name}={value!r} is not a {kind.__name__}{hint}"
+        ) from None
 
 
 def env_list(name: str, default: list[str]) -> list[str]:

@@ -35,6 +35,12 @@ def run(args: argparse.Namespace) -> int:
             "GPUs stay blocked for every other pod. `gpuplace key list` shows them, `gpuplace key "
             "adopt` re-adopts them."
         )
+    if not inspect.placement_policy_exists(kube):
+        print(
+            "\nGrants: no placement policy (ConfigMap gpuplace-system/gpuplace-policy): unless the "
+            "controller denies by default, every namespace whose users may create ConfigMaps and "
+            "pods may place on every node and GPU. Write one for a shared cluster (README, Grants)."
+        )
     degraded = inspect.degraded_devices(kube)
     print("\nDegraded devices")
     print(inspect.table(("NODE", "DEVICE"), degraded) if degraded else "none")

@@ -57,7 +57,8 @@ def helm_binary() -> Path:
 @dataclass(frozen=True)
 class BuiltImage:
     name: str
-    digest: str
+    digest: str  # the manifest's: what a registry and `make image` name it by
+    id: str  # the config's: the image ID a kubelet reports for a locally imported image
     archive: Path
 
 
@@ -74,9 +75,8 @@ def build_image(*, force: bool = False) -> BuiltImage:
     if result.returncode != 0:
         raise ChartError(f"hack/build-image.sh failed:\n{result.stderr[-3000:]}")
     fields = dict(re.findall(r"^(\w+):\s+(\S+)$", result.stdout, re.MULTILINE))
-    return BuiltImage(
-        fields["image"], fields["digest"], Path(result.stdout.strip().splitlines()[-1])
-    )
+    archive = Path(result.stdout.strip().splitlines()[-1])
+    return BuiltImage(fields["image"], fields["digest"], fields["id"], archive)
 
 
 def import_image(cluster: LocalCluster, image: BuiltImage, *also: str) -> None:
@@ -172,9 +172,14 @@ class Helm:
         return result.stdout
 
 
+#: What NVIDIA's GPU feature discovery puts on a GPU node, and the chart's agent selects.
+GPU_NODE_LABEL = "nvidia.com/gpu.present=true"
+
+
 def prepare_namespace(cluster: LocalCluster, namespace: str = NAMESPACE) -> None:
     """The release namespace, with the privileged Pod Security level: the agent mounts NVML from
-    the host (hostPath)."""
+    the host (hostPath); and the real node labelled as a GPU node."""
+    cluster.kubectl("label", "--overwrite", "node", REAL_NODE_NAME, GPU_NODE_LABEL)
     cluster.create_namespace(namespace)
     cluster.kubectl(
         "label",

@@ -16,6 +16,8 @@ from tests.chartkit import helm_binary
 UNINSTALL = (
     "helm uninstall gpuplace -n gpuplace-system",
     "kubectl -n gpuplace-system delete secret gpuplace-binding-key",
+    "kubectl delete validatingadmissionpolicybinding gpuplace-pod-bindings",
+    "kubectl delete validatingadmissionpolicy gpuplace-pod-bindings",
     "kubectl delete namespace gpuplace-inventory",
 )
 

@@ -93,6 +93,8 @@ def test_install_renders_notes(chart_cluster: LocalCluster) -> None:
     assert "gpuplace 0.1.0 is installed in gpuplace-system." in notes
     assert "legacy mode on" in notes
     assert "kubectl -n gpuplace-inventory get configmaps,leases" in notes
+    assert "Grants: until a placement policy exists" in notes  # allow-all is the default
+    assert "binding key ring" in notes and "kept by `helm uninstall`" in notes
 
 
 # ------------------------------------------------------------------------------- RBAC

@@ -6,6 +6,8 @@ ring. The ring must come out of every step as the controller wrote it."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,7 +82,18 @@ def test_the_ring_outlives_upgrade_uninstall_and_reinstall(
     assert rendered is not None and not rendered.get("data")  # the controller fills it
     data, key = filled_by_a_controller(own_cluster, tmp_path)
     assert "keyring.json" in data
-    assert "made a new binding key ring" in (tmp_path / "controller.log").read_text()
+    log = (tmp_path / "controller.log").read_text()
+    assert "made a new binding key ring" in log
+    # No placement policy in this cluster: the controller and `gpuplace status` say what that means.
+    assert "no placement policy (ConfigMap gpuplace-system/gpuplace-policy)" in log
+    status = subprocess.run(
+        [sys.executable, "-m", "gpuplace", "status", f"--kubeconfig={own_cluster.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert "Grants: no placement policy" in status
 
     helm_on(
         own_cluster,

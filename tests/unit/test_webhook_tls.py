@@ -89,8 +89,23 @@ def test_secret_round_trip_and_broken_secrets() -> None:
     ca = generate_ca("ca", 365 * DAY)
     shared = SharedCA(ca, ca.cert_pem, "42")
     secret = encode_secret("gpuplace-system", "gpuplace-webhook-ca", shared)
-    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["type"] == "Opaque"  # as the chart renders it: a Secret's type is immutable
     assert decode_secret(secret) == shared
+    # Over the Secret as read (the chart's, with helm's metadata): only the data changes.
+    found = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": "gpuplace-webhook-ca",
+            "annotations": {"meta.helm.sh/release-name": "g"},
+        },
+        "data": {"other": "eA=="},
+    }
+    rewritten = encode_secret("gpuplace-system", "gpuplace-webhook-ca", shared, found)
+    assert rewritten["metadata"]["annotations"] == {"meta.helm.sh/release-name": "g"}
+    assert rewritten["metadata"]["resourceVersion"] == "42"
+    assert rewritten["data"]["other"] == "eA==" and decode_secret(rewritten) == shared
     assert decode_secret({"data": {}}) is None
     assert decode_secret({"data": {"tls.crt": "bm9wZQ==", "tls.key": "bm9wZQ=="}}) is None
 
