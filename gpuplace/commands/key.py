@@ -16,7 +16,7 @@ from controller.bindingkey import KeySecret, StoredRing, fetch, write
 from gpuplace import inspect, keys
 from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag
 from kubeio.client import ClientSettings, Kube
-from kubeio.errors import APIConflictError
+from kubeio.errors import APIConflictError, APIError
 from kubeio.paths import PODS
 from kubeio.times import now_time
 from placement.keyring import KEY_BYTES, Adoption, KeyRing, RingError, Trust, TrustView
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                 return _update(kube, where, _rotate)
             case _:
                 return _update(kube, where, _adopter(args.pods, args.dry_run))
-    except (RingError, LookupError) as exc:
+    except (RingError, LookupError, APIError) as exc:
         print(f"gpuplace key: {exc}", file=sys.stderr)
         return 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 import tomllib
@@ -21,6 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+CHROOT = shutil.which("chroot") or shutil.which("chroot", path="/usr/sbin:/sbin") or "chroot"
 BUILD_TOOLS = ("gcc", "cc", "c++", "make", "ld", "pip", "pip3", "apt-get", "dpkg-buildpackage")
 
 
@@ -124,7 +126,7 @@ def test_the_image_holds_gpuplace_and_no_build_tools(rootfs: Path) -> None:
 def test_the_image_runs_the_cli_as_its_user(rootfs: Path) -> None:
     def run(*argv: str) -> str:
         result = subprocess.run(
-            ["chroot", "--userspec=65532:65532", str(rootfs), *argv],
+            [CHROOT, "--userspec=65532:65532", str(rootfs), *argv],
             capture_output=True,
             text=True,
             check=False,
