@@ -133,38 +133,40 @@ def remove(record: Path) -> list[str]:
     return problems
 
 
+TABLES = ("mangle", "nat", "filter")
+
+
+def _listings() -> dict[str, list[str]]:
+    """`iptables -S` of each table (none when iptables is not installed)."""
+    binary = shutil.which("iptables")
+    if binary is None:
+        return {}
+    return {t: _run(binary, "-w", "-t", t, "-S", check=False).stdout.splitlines() for t in TABLES}
+
+
 def _remove_kubelet_chains() -> list[str]:
     """The kubelet creates canary chains in every table when it finds iptables: not ours, but
     the node's, so they go with it."""
-    binary = shutil.which("iptables")
-    if binary is None:
-        return []
     problems = []
-    for table in ("mangle", "nat", "filter"):
-        listed = _run(binary, "-w", "-t", table, "-S", check=False).stdout.splitlines()
+    for table, listed in _listings().items():
         for chain in KUBELET_CHAINS:
             if f"-N {chain}" not in listed:
                 continue
             for line in listed:
                 if line.startswith("-A ") and f"-j {chain}" in line:
-                    _run(binary, "-w", "-t", table, "-D", *line.split()[1:], check=False)
-            _run(binary, "-w", "-t", table, "-F", chain, check=False)
-            result = _run(binary, "-w", "-t", table, "-X", chain, check=False)
+                    _run("iptables", "-w", "-t", table, "-D", *line.split()[1:], check=False)
+            _run("iptables", "-w", "-t", table, "-F", chain, check=False)
+            result = _run("iptables", "-w", "-t", table, "-X", chain, check=False)
             if result.returncode != 0:
                 problems.append(f"iptables -t {table} -X {chain}: {result.stderr.strip()}")
     return problems
 
 
 def leftovers() -> list[str]:
-    """Rules of this module still in place (none after `remove`)."""
-    binary = shutil.which("iptables")
-    if binary is None:
-        return []
-    out = []
-    for table in ("nat", "filter", "mangle"):
-        lines = _run(binary, "-w", "-t", table, "-S", check=False).stdout.splitlines()
-        out += [f"{table}: {line}" for line in lines if COMMENT in line]
-        out += [
-            f"{table}: {line}" for line in lines if any(f"-N {c}" == line for c in KUBELET_CHAINS)
-        ]
-    return out
+    """Rules of this module, and the kubelet's chains, still in place (none after `remove`)."""
+    return [
+        f"{table}: {line}"
+        for table, lines in _listings().items()
+        for line in lines
+        if COMMENT in line or any(line == f"-N {c}" for c in KUBELET_CHAINS)
+    ]

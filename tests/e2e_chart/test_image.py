@@ -8,8 +8,6 @@ filesystem, unpacked, runs `gpuplace` under chroot as the image's user.
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 import subprocess
 import tarfile
@@ -20,35 +18,21 @@ from typing import Any
 
 import pytest
 
+from gpuplace.localcluster import chart
+
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 CHROOT = shutil.which("chroot") or shutil.which("chroot", path="/usr/sbin:/sbin") or "chroot"
 BUILD_TOOLS = ("gcc", "cc", "c++", "make", "ld", "pip", "pip3", "apt-get", "dpkg-buildpackage")
 
 
-def build(force: bool) -> tuple[Path, str]:
-    result = subprocess.run(
-        [str(REPO / "hack" / "build-image.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1500,
-        env={**os.environ, "IMAGE_FORCE": "1" if force else "0"},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    lines = result.stdout.strip().splitlines()
-    digest = re.search(r"^digest: (sha256:[0-9a-f]{64})$", result.stdout, re.MULTILINE)
-    assert digest, result.stdout
-    return Path(lines[-1]), digest.group(1)
-
-
 @pytest.fixture(scope="module")
 def image() -> tuple[Path, str]:
-    first, digest = build(force=True)
-    again, second = build(force=True)
-    assert again == first
-    assert second == digest, "two builds of the same commit gave two digests"
-    return first, digest
+    first = chart.build_image(force=True)
+    again = chart.build_image(force=True)
+    assert again.archive == first.archive
+    assert again.digest == first.digest, "two builds of the same commit gave two digests"
+    return first.archive, first.digest
 
 
 class Archive:

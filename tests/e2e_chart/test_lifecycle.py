@@ -38,22 +38,28 @@ def apply(cluster: LocalCluster, obj: dict[str, Any], check: bool = True) -> str
     return result.stdout + result.stderr
 
 
-def running_pod(cluster: LocalCluster, ns: str, name: str, map_name: str) -> dict[str, Any]:
+def admit(cluster: LocalCluster, ns: str, name: str, map_name: str) -> None:
+    """Applies a probe pod for `map_name`; again while the webhook has not seen the map yet."""
+    pod = json.dumps(probe_pod(name, ns, labels={MAP_LABEL: map_name}))
     wait_for(
         f"pod {name} admitted",
-        lambda: (
-            cluster.kubectl(
-                "apply",
-                "-f",
-                "-",
-                input=json.dumps(probe_pod(name, ns, labels={MAP_LABEL: map_name})),
-                check=False,
-            ).returncode
-            == 0
-        ),
+        lambda: cluster.kubectl("apply", "-f", "-", input=pod, check=False).returncode == 0,
         timeout=60,
     )
+
+
+def running_pod(cluster: LocalCluster, ns: str, name: str, map_name: str) -> dict[str, Any]:
+    admit(cluster, ns, name, map_name)
     return wait_running(cluster, ns, name)
+
+
+def map_with_a_running_pod(
+    cluster: LocalCluster, ns: str, name: str, gpus: list[int]
+) -> dict[str, Any]:
+    """Map `name` with slot i on GPU gpus[i] of the real node, and its pod `name`-0 running."""
+    entries = [(i, "localhost", [gpu]) for i, gpu in enumerate(gpus)]
+    apply(cluster, placement_configmap(ns, name, map_yaml(ns, name, entries)))
+    return running_pod(cluster, ns, f"{name}-0", name)
 
 
 @dataclass
@@ -95,13 +101,7 @@ def test_helm_upgrade_to_a_new_tag_and_values_rebinds_nothing(
     installed: Installed, ns: str
 ) -> None:
     cluster = installed.cluster
-    apply(
-        cluster,
-        placement_configmap(
-            ns, "m", map_yaml(ns, "m", [(0, "localhost", [0]), (1, "localhost", [1])])
-        ),
-    )
-    before = running_pod(cluster, ns, "m-0", "m")
+    before = map_with_a_running_pod(cluster, ns, "m", [0, 1])
     chart.import_image(cluster, installed.image, f"gpuplace.local/gpuplace:{NEXT_TAG}")
     changed = {
         "global": {"image": {"tag": NEXT_TAG}},
@@ -134,20 +134,7 @@ def test_helm_upgrade_to_a_new_tag_and_values_rebinds_nothing(
     second = running_pod(cluster, ns, "m-1", "m")
     assert second["metadata"]["annotations"][DEVICES_ANNOTATION] == chart.real_node_uuid(1)
     apply(cluster, placement_configmap(ns, "other", map_yaml(ns, "other", [(0, "localhost", [0])])))
-    wait_for(
-        "other-0 admitted",
-        lambda: (
-            cluster.kubectl(
-                "apply",
-                "-f",
-                "-",
-                input=json.dumps(probe_pod("other-0", ns, labels={MAP_LABEL: "other"})),
-                check=False,
-            ).returncode
-            == 0
-        ),
-        timeout=60,
-    )
+    admit(cluster, ns, "other-0", "other")
     wait_for(
         "other-0 waits: its map conflicts with m's slot 0",
         lambda: pending_reason(cluster, ns, "other-0") == "SlotConflict",
@@ -158,13 +145,7 @@ def test_uninstall_and_install_keep_running_pods_and_refuse_map_pods_meanwhile(
     installed: Installed, ns: str
 ) -> None:
     cluster = installed.cluster
-    apply(
-        cluster,
-        placement_configmap(
-            ns, "u", map_yaml(ns, "u", [(0, "localhost", [2]), (1, "localhost", [3])])
-        ),
-    )
-    before = running_pod(cluster, ns, "u-0", "u")
+    before = map_with_a_running_pod(cluster, ns, "u", [2, 3])
 
     chart.uninstall(cluster)
     wait_for("the release's pods gone", lambda: chart.component_pods(cluster) == [], timeout=60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,18 @@ def start(cluster: LocalCluster, procs: list[ControllerProcess]) -> ControllerPr
     procs.append(proc)
     wait_for("the controller leads", lambda: "leading:" in proc.log(), timeout=60)
     return proc
+
+
+def placed(
+    cluster: LocalCluster, team: str, controller: list[ControllerProcess], name: str, slots: int
+) -> tuple[str, ControllerProcess, dict[str, Any]]:
+    """A node, map `name` with `slots` slots (slot i on GPU i), a leader, and pod `name`-0 bound."""
+    node = node_with_gpus(cluster)
+    apply_map(cluster, team, name, map_yaml(team, name, [(i, node, [i]) for i in range(slots)]))
+    proc = start(cluster, controller)
+    create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod(f"{name}-0", name))
+    pod = wait_for(f"{name}-0 bound", lambda: bound(cluster, team, f"{name}-0"))
+    return node, proc, pod
 
 
 def condition(cluster: LocalCluster, namespace: str, name: str) -> dict[str, str] | None:
@@ -170,11 +183,7 @@ def test_a_lost_key_blocks_the_pods_gpus_until_re_adopted(
 def test_rotation_keeps_every_bound_pod_verified_and_retires_unused_keys(
     cluster: LocalCluster, team: str, controller: list[ControllerProcess]
 ) -> None:
-    node = node_with_gpus(cluster)
-    apply_map(cluster, team, "r", map_yaml(team, "r", [(0, node, [0]), (1, node, [1])]))
-    proc = start(cluster, controller)
-    create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("r-0", "r"))
-    first = wait_for("r-0 bound", lambda: bound(cluster, team, "r-0"))
+    _node, proc, first = placed(cluster, team, controller, "r", 2)
     k1 = key_of(first)
     assert signing_key(cluster) == k1
 
@@ -205,11 +214,7 @@ def test_rotation_keeps_every_bound_pod_verified_and_retires_unused_keys(
 def test_a_replaced_key_fails_closed_for_the_running_pods(
     cluster: LocalCluster, team: str, controller: list[ControllerProcess]
 ) -> None:
-    node = node_with_gpus(cluster)
-    apply_map(cluster, team, "p", map_yaml(team, "p", [(0, node, [0])]))
-    proc = start(cluster, controller)
-    create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("p-0", "p"))
-    wait_for("p-0 bound", lambda: bound(cluster, team, "p-0"))
+    node, proc, _pod = placed(cluster, team, controller, "p", 1)
     # Replaced while the controller runs, in the format of the releases before the ring.
     secret = {
         "apiVersion": "v1",
@@ -231,13 +236,7 @@ def test_a_replaced_key_fails_closed_for_the_running_pods(
 def test_a_corrupt_ring_keeps_the_last_good_one_serving_and_is_never_overwritten(
     cluster: LocalCluster, team: str, controller: list[ControllerProcess]
 ) -> None:
-    node = node_with_gpus(cluster)
-    apply_map(
-        cluster, team, "c", map_yaml(team, "c", [(0, node, [0]), (1, node, [1]), (2, node, [2])])
-    )
-    proc = start(cluster, controller)
-    create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("c-0", "c"))
-    good = wait_for("c-0 bound", lambda: bound(cluster, team, "c-0"))
+    _node, proc, good = placed(cluster, team, controller, "c", 3)
     status, secret = cluster.request("GET", SECRET)
     assert status == 200
     secret["data"][KEYRING_FIELD] = base64.b64encode(b"{truncated").decode()
@@ -275,11 +274,7 @@ def test_a_corrupt_ring_keeps_the_last_good_one_serving_and_is_never_overwritten
 def test_a_key_deleted_under_a_running_leader_is_written_back(
     cluster: LocalCluster, team: str, controller: list[ControllerProcess]
 ) -> None:
-    node = node_with_gpus(cluster)
-    apply_map(cluster, team, "d", map_yaml(team, "d", [(0, node, [0]), (1, node, [1])]))
-    proc = start(cluster, controller)
-    create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("d-0", "d"))
-    first = wait_for("d-0 bound", lambda: bound(cluster, team, "d-0"))
+    _node, proc, first = placed(cluster, team, controller, "d", 2)
     status, before = cluster.request("GET", SECRET)
     assert status == 200
     cluster.request("DELETE", SECRET)
