@@ -290,6 +290,9 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
             drifted = drift_condition(pod)
             if drifted is not None:
                 lines.append(f"  Drifted ({drifted.get('reason')}): {drifted.get('message')}")
+            unverifiable = true_condition(pod, UNVERIFIABLE_CONDITION)
+            if unverifiable is not None:
+                lines.append(f"  BindingUnverifiable: {unverifiable.get('message')}")
         else:
             lines.append(f"  bound to node {row.node}, not by gpuplace (no placement annotations)")
     else:

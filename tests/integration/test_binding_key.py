@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -143,6 +145,21 @@ def test_a_lost_key_blocks_the_pods_gpus_until_re_adopted(
     blocked = metric(second, "gpuplace_unverifiable_bindings")
     assert blocked >= 1
     assert "BindingUnverifiable" in status_row(cluster, "m-0")
+    explained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuplace",
+            "explain",
+            f"{team}/m-0",
+            f"--kubeconfig={cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert "BindingUnverifiable: pod" in explained and "gpuplace key adopt" in explained
     shown = wait_for(
         "the map status counts it",
         lambda: (
