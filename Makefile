@@ -74,8 +74,10 @@ e2e-chart: $(STAMP) control-plane node tools fakenvml image
 	$(BIN)/pytest tests/e2e_chart -q -m chart -rP
 
 # The flow through real ArgoCD. -rP prints the scenario, with the Application's sync and health
-# status at each step.
-e2e-argocd: $(STAMP) control-plane node fakenvml argocd redis
+# status at each step; then ArgoCD deploys gpuplace itself (the chart's Application, the image built
+# here) on the real node, and an Application deleted and created again keeps the running pods.
+e2e-argocd: $(STAMP) control-plane node tools fakenvml argocd redis image
+	@hack/ensure-apt.sh iptables
 	$(BIN)/pytest tests/e2e_argocd -q -m argocd -rP
 
 # The whole flow through real ArgoCD, with gpu-probe pods on a real node next to the kwok nodes.

@@ -23,6 +23,7 @@ from typing import Any
 
 from gpuplace.localargocd.binaries import ArgoCDBinaries, find_argocd
 from gpuplace.localcluster import LocalCluster
+from gpuplace.localcluster.chart import helm_binary
 from gpuplace.localcluster.process import ManagedProcess, spawn, stop_all
 from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS
 
@@ -260,8 +261,13 @@ class LocalArgoCD:
         for name in ("tls", "ssh", "gpg-keys", "gpg-source", "cmp", "tmp"):
             data[name] = self.workdir / name
             data[name].mkdir(parents=True, exist_ok=True)
+        # The repo-server renders Helm sources with the helm on its PATH (hack/build-tools.sh's).
+        helm = helm_binary().parent
+        path = os.pathsep.join(
+            [str(binaries.bin_dir), str(helm), os.environ.get("PATH", "/usr/bin:/bin")]
+        )
         return {
-            "PATH": f"{binaries.bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PATH": path,
             "HOME": str(self.workdir),
             "TMPDIR": str(data["tmp"]),
             "KUBECONFIG": str(kubeconfig),
