@@ -114,10 +114,16 @@ def test_helm_upgrade_to_a_new_tag_and_values_rebinds_nothing(
         chart.install(cluster, installed.image, installed.nvml, values=[changed], verb="upgrade")
         took = time.monotonic() - started
         time.sleep(2)
-    pods = chart.component_pods(cluster)
-    assert pods and all(
-        p["spec"]["containers"][0]["image"] == f"gpuplace.local/gpuplace:{NEXT_TAG}" for p in pods
-    )
+
+    def upgraded() -> bool:
+        # The rollouts are done; replaced pods may still be terminating.
+        live = [
+            p for p in chart.component_pods(cluster) if not p["metadata"].get("deletionTimestamp")
+        ]
+        images = {p["spec"]["containers"][0]["image"] for p in live}
+        return len(live) == 5 and images == {f"gpuplace.local/gpuplace:{NEXT_TAG}"}
+
+    wait_for("only pods of the new tag left", upgraded, timeout=60)
     gap = probe.longest_gap()
     print(
         f"helm upgrade: rolled out in {took:.1f}s; {len(probe.answered)} admissions answered, "
