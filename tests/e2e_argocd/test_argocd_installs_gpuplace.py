@@ -21,7 +21,7 @@ from gpuplace.localargocd.apps import APPLICATIONS, AppState
 from gpuplace.localcluster import LocalCluster, chart
 from placement.annotations import DEVICES_ANNOTATION, MAP_LABEL
 from tests.integration.controllerkit import map_yaml, placement_configmap, wait_for
-from tests.integration.test_real_node import probe_pod, wait_running
+from tests.integration.test_real_node import admit, probe_pod, wait_running
 
 pytestmark = [pytest.mark.argocd, pytest.mark.real_node]
 
@@ -113,15 +113,6 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     finally:
         argocd.stop()
         cluster.stop()
-
-
-def admit(cluster: LocalCluster, ns: str, name: str, map_name: str) -> None:
-    pod = json.dumps(probe_pod(name, ns, labels={MAP_LABEL: map_name}))
-    wait_for(
-        f"pod {name} admitted",
-        lambda: cluster.kubectl("apply", "-f", "-", input=pod, check=False).returncode == 0,
-        timeout=60,
-    )
 
 
 def test_argocd_deploys_gpuplace_and_a_prune_and_resync_keeps_running_pods(

@@ -3,12 +3,14 @@ and its pod network, gpuplace's image built here and its chart installed with he
 
 - ``installed`` (module): the cluster with the chart installed and every component's pods Ready on
   node ``localhost``; the image it runs (``installed.image``).
+- ``ns`` (function): a fresh namespace on that cluster, deleted after the test.
 
 Every test here is marked ``chart`` and ``real_node``.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,3 +54,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         yield Installed(cluster, image, nvml)
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def ns(installed: Installed) -> Iterator[str]:
+    name = f"chart-{uuid.uuid4().hex[:6]}"
+    installed.cluster.create_namespace(name)
+    yield name
+    installed.cluster.delete_namespace(name)

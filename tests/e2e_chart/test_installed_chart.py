@@ -5,10 +5,6 @@ controller and its container printing the declared GPUs."""
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
-
-import pytest
 
 from gpuplace.localcluster import chart
 from placement.annotations import CUDA_ANNOTATION, DEVICES_ANNOTATION, MAP_LABEL
@@ -18,14 +14,6 @@ from tests.integration.controllerkit import map_yaml, placement_configmap, wait_
 from tests.integration.test_real_node import logs, probe_pod, report, wait_running
 
 COMPONENTS = {"controller": 2, "webhook": 2, "agent": 1}
-
-
-@pytest.fixture
-def ns(installed: Installed) -> Iterator[str]:
-    name = f"chart-{uuid.uuid4().hex[:6]}"
-    installed.cluster.create_namespace(name)
-    yield name
-    installed.cluster.delete_namespace(name)
 
 
 def test_every_component_runs_as_pods_of_the_image_built_here(installed: Installed) -> None:

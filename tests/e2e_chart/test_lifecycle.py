@@ -9,43 +9,21 @@ import itertools
 import json
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from gpuplace.localcluster import LocalCluster, chart
 from placement.annotations import DEVICES_ANNOTATION, MAP_LABEL
 from tests.e2e_chart.conftest import Installed
 from tests.integration.controllerkit import map_yaml, pending_reason, placement_configmap, wait_for
-from tests.integration.test_real_node import probe_pod, wait_running
+from tests.integration.test_real_node import admit, probe_pod, wait_running
 
 NEXT_TAG = "0.1.0-next"
-
-
-@pytest.fixture
-def ns(installed: Installed) -> Iterator[str]:
-    name = f"life-{uuid.uuid4().hex[:6]}"
-    installed.cluster.create_namespace(name)
-    yield name
-    installed.cluster.delete_namespace(name)
 
 
 def apply(cluster: LocalCluster, obj: dict[str, Any], check: bool = True) -> str:
     result = cluster.kubectl("apply", "-f", "-", input=json.dumps(obj), check=check)
     return result.stdout + result.stderr
-
-
-def admit(cluster: LocalCluster, ns: str, name: str, map_name: str) -> None:
-    """Applies a probe pod for `map_name`; again while the webhook has not seen the map yet."""
-    pod = json.dumps(probe_pod(name, ns, labels={MAP_LABEL: map_name}))
-    wait_for(
-        f"pod {name} admitted",
-        lambda: cluster.kubectl("apply", "-f", "-", input=pod, check=False).returncode == 0,
-        timeout=60,
-    )
 
 
 def running_pod(cluster: LocalCluster, ns: str, name: str, map_name: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ shows, and what it serves through ``kubectl port-forward``.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -113,6 +114,17 @@ def probe_pod(
         },
         "spec": spec,
     }
+
+
+def admit(cluster: LocalCluster, ns: str, name: str, map_name: str) -> None:
+    """`kubectl apply` of a probe pod for `map_name`; again while the webhook has not seen the
+    map yet (a webhook running in the cluster, reached through its Service)."""
+    pod = json.dumps(probe_pod(name, ns, labels={MAP_LABEL: map_name}))
+    wait_for(
+        f"pod {name} admitted",
+        lambda: cluster.kubectl("apply", "-f", "-", input=pod, check=False).returncode == 0,
+        timeout=60,
+    )
 
 
 def create_pod(cluster: LocalCluster, body: dict[str, Any]) -> None:
