@@ -80,8 +80,10 @@ e2e-argocd: $(STAMP) control-plane node tools fakenvml argocd redis image
 	@hack/ensure-apt.sh iptables
 	$(BIN)/pytest tests/e2e_argocd -q -m argocd -rP
 
-# The whole flow through real ArgoCD, with gpu-probe pods on a real node next to the kwok nodes.
-demo: $(STAMP) control-plane node fakenvml argocd redis
+# The whole flow through real ArgoCD: ArgoCD deploys gpuplace (its chart, the image built here) onto
+# the real node, then the maps; gpu-probe pods on the real node next to the kwok nodes.
+demo: $(STAMP) control-plane node tools fakenvml argocd redis image
+	@hack/ensure-apt.sh iptables
 	$(BIN)/gpuplace demo
 
 # The same scenario synced with kustomize + kubectl apply, all pods on kwok nodes.

@@ -19,8 +19,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action=argparse.BooleanOptionalAction,
         default=True,
         help="sync through real ArgoCD (application-controller, repo-server, "
-        "applicationset-controller, built the first time; default); --no-argocd syncs with "
-        "kustomize and kubectl apply instead",
+        "applicationset-controller, built the first time; default): with the real node, ArgoCD "
+        "first installs gpuplace's chart from git (the image built here), then syncs the maps; "
+        "--no-argocd syncs with kustomize and kubectl apply, controller and webhook as local "
+        "processes",
     )
     p.add_argument(
         "--kwok-only",

@@ -1,12 +1,17 @@
-"""The demo's GitOps sync through real ArgoCD: the ApplicationSet of `argocd/` pointed at the
-demo's git repository (file://), one registered destination cluster `dev`, and every sync read
-back from the generated Application's status."""
+"""The demo's GitOps sync through real ArgoCD: the files of `argocd/` pointed at the demo's git
+repository (file://), one registered destination cluster `dev`, and every sync read back from an
+Application's status.
+
+With the real node, the demo's repository holds gpuplace itself too, as a platform team's does:
+the chart (`charts/gpuplace`) and `argocd/` (project, the chart's Application, the maps'
+ApplicationSet), synced by the app of apps `argocd/root.yaml` in sync-wave order, chart first."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +19,12 @@ import yaml
 
 from gpuplace.demo.components import REPO_ROOT
 from gpuplace.demo.gitops import SyncResult
-from gpuplace.localargocd.apps import APPLICATIONS, REFRESH_ANNOTATION, AppState
+from gpuplace.localargocd.apps import (
+    APPLICATIONS,
+    APPLICATIONSETS,
+    REFRESH_ANNOTATION,
+    AppState,
+)
 from gpuplace.localargocd.launcher import NAMESPACE, LocalArgoCD
 from gpuplace.localcluster import LocalCluster
 from kubeio.client import ClientSettings, Kube
@@ -26,6 +36,11 @@ APPLICATIONSET = "gpuplace-placement-maps"
 #: after it and sends it to the destination cluster of the same name.
 CLUSTER = "dev"
 APPLICATION = f"gpuplace-maps-{CLUSTER}"
+#: The chart's Application (argocd/application-gpuplace.yaml) and the app of apps (root.yaml).
+CHART_APPLICATION = "gpuplace"
+ROOT_APPLICATION = "gpuplace-root"
+#: Where the chart's Application installs it.
+RELEASE_NAMESPACE = "gpuplace-system"
 
 
 def argocd_settings() -> dict[str, str]:
@@ -56,6 +71,68 @@ def applicationset(repo_url: str, clusters_dir: str, skip: tuple[str, ...]) -> d
     ]
     spec["template"]["spec"]["source"]["repoURL"] = repo_url
     return document
+
+
+def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` laid over `base` the way helm merges values files: maps key by key, all else
+    replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(below, Mapping) and isinstance(value, Mapping):
+            out[key] = merged(below, value)
+        else:
+            out[key] = value
+    return out
+
+
+def chart_application(repo_url: str, values: Mapping[str, Any], destination: str) -> dict[str, Any]:
+    """argocd/application-gpuplace.yaml as shipped, pointed at `repo_url` and the destination
+    cluster named `destination`, with `values` over its own."""
+    app: dict[str, Any] = yaml.safe_load((ARGOCD_DIR / "application-gpuplace.yaml").read_text())
+    source = app["spec"]["source"]
+    source["repoURL"] = repo_url
+    source["helm"]["valuesObject"] = merged(source["helm"]["valuesObject"], values)
+    app["spec"]["destination"] = {"name": destination, "namespace": RELEASE_NAMESPACE}
+    return app
+
+
+def root_application(repo_url: str, destination: str) -> dict[str, Any]:
+    """argocd/root.yaml, the app of apps, pointed at `repo_url` and `destination`."""
+    root: dict[str, Any] = yaml.safe_load((ARGOCD_DIR / "root.yaml").read_text())
+    root["spec"]["source"]["repoURL"] = repo_url
+    root["spec"]["destination"] = {"name": destination, "namespace": NAMESPACE}
+    return root
+
+
+def write_platform(
+    repo: Path, values: Mapping[str, Any], clusters_dir: str, skip: tuple[str, ...]
+) -> None:
+    """Puts gpuplace into the git repository at `repo`: the chart under charts/gpuplace and the
+    files root.yaml syncs under argocd/, pointed at this repository and at cluster `dev`."""
+    url = f"file://{repo}"
+    shutil.copytree(REPO_ROOT / "charts" / "gpuplace", repo / "charts" / "gpuplace")
+    target = repo / "argocd"
+    target.mkdir(exist_ok=True)
+    files = {
+        "project.yaml": project(url),
+        "application-gpuplace.yaml": chart_application(url, values, CLUSTER),
+        "applicationset-placement-maps.yaml": applicationset(url, clusters_dir, skip),
+        "root.yaml": root_application(url, CLUSTER),
+    }
+    for name, document in files.items():
+        (target / name).write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def set_chart_value(repo: Path, path: tuple[str, ...], value: Any) -> None:
+    """Sets one value of the chart's Application in the repository (a commit then changes it)."""
+    target = repo / "argocd" / "application-gpuplace.yaml"
+    app = yaml.safe_load(target.read_text())
+    node = app["spec"]["source"]["helm"]["valuesObject"]
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    target.write_text(yaml.safe_dump(app, sort_keys=False))
 
 
 class ArgoCDSync:
@@ -89,17 +166,28 @@ class ArgoCDSync:
         objects = [project(self.repo_url), applicationset(self.repo_url, clusters_dir, skip)]
         self.cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
 
-    # -- reading the Application ----------------------------------------------------------------
-    def application(self) -> dict[str, Any] | None:
-        path = APPLICATIONS.item(APPLICATION, NAMESPACE)
-        status, body = self.cluster.request("GET", path)
+    def bootstrap(self, repo: Path) -> None:
+        """`kubectl apply -f argocd/root.yaml`: the one object applied by hand; ArgoCD syncs the
+        rest from git."""
+        self.cluster.kubectl("apply", "--server-side", "-f", str(repo / "argocd" / "root.yaml"))
+
+    # -- reading an Application -----------------------------------------------------------------
+    def application(self, name: str = APPLICATION) -> dict[str, Any] | None:
+        status, body = self.cluster.request("GET", APPLICATIONS.item(name, NAMESPACE))
         return body if status == 200 else None
 
-    def state(self) -> AppState | None:
-        app = self.application()
+    def applicationset(self) -> dict[str, Any] | None:
+        status, body = self.cluster.request("GET", APPLICATIONSETS.item(APPLICATIONSET, NAMESPACE))
+        return body if status == 200 else None
+
+    def state(self, name: str = APPLICATION) -> AppState | None:
+        app = self.application(name)
         return AppState.from_object(app) if app else None
 
-    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 180.0) -> Any:
+    def wait(
+        self, what: str, probe: Callable[[], Any], timeout: float = 180.0, name: str = APPLICATION
+    ) -> Any:
+        """Until `probe` returns something true; a timeout describes the Application `name`."""
         deadline = time.monotonic() + timeout
         while True:
             self._check_alive()
@@ -108,21 +196,21 @@ class ArgoCDSync:
             if result:
                 return result
             if time.monotonic() > deadline:
-                state = self.state()
+                state = self.state(name)
                 raise TimeoutError(
                     f"timed out after {timeout:.0f}s waiting for {what}; "
-                    + (state.describe() if state else f"no Application {APPLICATION}")
+                    + (state.describe() if state else f"no Application {name}")
                 )
             time.sleep(0.5)
 
     # -- syncing --------------------------------------------------------------------------------
-    def refresh(self) -> None:
+    def refresh(self, name: str = APPLICATION) -> None:
         """Asks ArgoCD to compare with git now (nothing to do before the Application exists)."""
-        path = APPLICATIONS.item(APPLICATION, NAMESPACE)
+        path = APPLICATIONS.item(name, NAMESPACE)
         patch = {"metadata": {"annotations": {REFRESH_ANNOTATION: "normal"}}}
         status, body = self.cluster.request("PATCH", path, patch)
         if status not in (200, 404):
-            raise RuntimeError(f"refreshing {APPLICATION}: {status} {body}")
+            raise RuntimeError(f"refreshing {name}: {status} {body}")
 
     def sync(self, revision: str, *, rejected: bool = False) -> SyncResult:
         """Waits for ArgoCD's sync of `revision` (a SHA or its prefix) to end; ok when it
@@ -152,17 +240,21 @@ class ArgoCDSync:
         writes, however briefly, is missed)."""
         return HealthRecorder(self.cluster).start()
 
-    def settled(self, revision: str, health: str) -> AppState:
-        """Waits until the Application is Synced at `revision` with the given health."""
+    def settled(
+        self, revision: str, health: str, name: str = APPLICATION, timeout: float = 180.0
+    ) -> AppState:
+        """Waits until the Application `name` is Synced at `revision` with the given health."""
         state: AppState = self.wait(
-            f"{APPLICATION} Synced at {revision[:7]} and {health}",
+            f"{name} Synced at {revision[:7]} and {health}",
             lambda: (
-                (s := self.state())
+                (s := self.state(name))
                 and s.sync == "Synced"
                 and s.revision.startswith(revision)
                 and s.health == health
                 and s
             ),
+            timeout,
+            name,
         )
         self.out(f"    {state.line()}")
         return state

@@ -12,8 +12,16 @@ from typing import Any
 
 from gpuplace import inspect
 from gpuplace.demo import realnode
-from gpuplace.demo.argocd import APPLICATION, APPLICATIONSET, ArgoCDSync
-from gpuplace.demo.components import REPO_ROOT, Components, demo_uuid
+from gpuplace.demo.argocd import (
+    APPLICATION,
+    APPLICATIONSET,
+    CHART_APPLICATION,
+    ROOT_APPLICATION,
+    ArgoCDSync,
+    set_chart_value,
+    write_platform,
+)
+from gpuplace.demo.components import REPO_ROOT, Components, demo_uuid, fake_gpus
 from gpuplace.demo.gitops import GitOpsRepo, SyncResult, run_cli
 from gpuplace.localargocd import binaries as argocd_binaries
 from gpuplace.localargocd.binaries import ArgoCDBinariesError
@@ -25,6 +33,7 @@ from gpuplace.localcluster import (
     FakeNode,
     KubectlError,
     LocalCluster,
+    chart,
     find_binaries,
 )
 from kubeio.client import ClientSettings, Kube
@@ -66,6 +75,9 @@ class Demo:
             Path()
         )  # the real node's fake NVML configuration (agent and DRA driver)
         self.use_argocd = argocd
+        #: gpuplace installed by ArgoCD from its chart and image, running as pods on the real node;
+        #: otherwise its controller and webhook run as local processes.
+        self.in_cluster = argocd and real_node
         self.argocd: ArgoCDSync | None = None
         self.out = out
         self.workdir = Path(tempfile.mkdtemp(prefix="gpuplace-demo-"))
@@ -116,9 +128,13 @@ class Demo:
     def run(self) -> None:
         self._start_cluster()
         self._start_agents()
-        self._start_components()
         repo = GitOpsRepo(self.workdir / "gitops", REPO_ROOT / "examples" / "gitops")
-        commit = self._maps_step(repo)
+        if self.in_cluster:
+            commit = self._install_step(repo)
+        else:
+            self._start_components()
+            commit = self._commit_maps(repo)
+        self._maps_step(repo, commit)
         self._workloads_step()
         if self.real_node:
             self._real_node_step(repo)
@@ -128,7 +144,7 @@ class Demo:
             self._degraded_step(repo)
         self._operator_step(moved)
         if self.real_node:
-            self._dra_step()
+            self._dra_step(repo)
         self.step(f"All {len(self.checks)} checks passed")
 
     def _start_cluster(self) -> None:
@@ -140,11 +156,21 @@ class Demo:
                 "    and the real node's containerd, runc, CNI plugins and kubelet "
                 "(hack/build-node.sh)"
             )
+        labels = {"gpu-node-name": realnode.REAL_NODE_ALIAS}
+        if self.in_cluster:  # the chart's agent runs on GPU nodes
+            key, _, value = chart.GPU_NODE_LABEL.partition("=")
+            labels[key] = value
         self.cluster = LocalCluster(
             self.workdir / "cluster",
             detach=self.keep,
             real_nodes=1 if self.real_node else 0,
-            real_node_labels={"gpu-node-name": realnode.REAL_NODE_ALIAS},
+            real_node_labels=labels,
+            # gpuplace's own pods: kube-scheduler places them, they reach the apiserver through the
+            # `kubernetes` Service and the apiserver reaches the webhook through its Service; the
+            # chart brings its admission policies.
+            scheduler=self.in_cluster,
+            pod_network=self.in_cluster,
+            policies=not self.in_cluster,
         )
         self.cluster.start()
         self.out(
@@ -157,7 +183,12 @@ class Demo:
                 f"{phases['real node Ready'] - phases['controller-manager ready']:.1f}s after "
                 "the control plane"
             )
-        for ns in ("gpuplace-system", "gpuplace-inventory"):
+        # The kwok nodes' agents publish into the inventory namespace before gpuplace is installed;
+        # the chart's Application creates the release namespace with its Pod Security label.
+        namespaces = (
+            [INVENTORY_NAMESPACE] if self.in_cluster else [MODEL_NAMESPACE, INVENTORY_NAMESPACE]
+        )
+        for ns in namespaces:
             self.cluster.create_namespace(ns)
 
     def _start_agents(self) -> None:
@@ -174,7 +205,16 @@ class Demo:
         for name in names:
             self.components.agent(name, GPUS)
         inventories = NODES
-        if self.real_node:
+        if self.in_cluster:
+            directory = chart.nvml_directory(
+                self.cluster, fake_gpus(REAL_NODE_NAME, GPUS, realnode.REAL_NODE_NUMBER)
+            )
+            self.real_nvml_config = directory / "nvml.json"
+            self.out(
+                f"    the real node {REAL_NODE_NAME}'s agent is the chart's DaemonSet (below), on "
+                f"{GPUS} fake GPUs: {directory} is its agent.nvml.hostPath"
+            )
+        elif self.real_node:
             self.out(f"    and an agent for the real node {REAL_NODE_NAME}, {GPUS} fake GPUs")
             self.real_nvml_config = self.components.agent(
                 REAL_NODE_NAME, GPUS, number=realnode.REAL_NODE_NUMBER
@@ -191,8 +231,8 @@ class Demo:
         self.wait("webhook registration", self._webhook_registered)
         self.check(True, "webhook configurations registered with the apiserver")
 
-    def _maps_step(self, repo: GitOpsRepo) -> str:
-        """Commit the example maps and sync them; returns the commit."""
+    def _commit_maps(self, repo: GitOpsRepo) -> str:
+        """Commits the example maps (and, through ArgoCD, applies the ApplicationSet)."""
         if self.use_argocd:
             self._start_argocd(repo)
             self.step("Commit the placement maps; ArgoCD's ApplicationSet generates and syncs them")
@@ -208,6 +248,96 @@ class Demo:
                 f"    kubectl apply: AppProject gpuplace and ApplicationSet {APPLICATIONSET} "
                 f"(argocd/, repoURL file://{repo.path}, cluster directories clusters/*, prod excluded)"
             )
+        return commit
+
+    def _install_step(self, repo: GitOpsRepo) -> str:
+        """gpuplace installed as a platform team installs it: its image, and its chart synced by
+        ArgoCD from git before any map; returns the commit that holds chart, Applications and maps."""
+        assert self.cluster is not None
+        self.step(
+            "The gpuplace image: make image (hack/build-image.sh, buildah; built again only when "
+            "its sources change)"
+        )
+        image = chart.build_image()
+        chart.import_image(self.cluster, image)
+        self.out(
+            f"    {image.name}  digest {image.digest}\n"
+            f"    imported into {REAL_NODE_NAME}'s containerd (ctr -n k8s.io images import)"
+        )
+        self._start_argocd(repo)
+        assert self.argocd is not None
+        self.step(
+            "Commit gpuplace itself (charts/gpuplace, argocd/) with the placement maps; ArgoCD's "
+            "app of apps syncs the chart first (sync wave -10), then the maps (wave 0)"
+        )
+        values = chart.local_values(image, self.real_nvml_config.parent)
+        write_platform(repo.path, values, "clusters", skip=("prod",))
+        commit = repo.commit("gpuplace for the dev cluster: its chart, its Applications, the maps")
+        self.out(
+            f"    committed {commit}: charts/gpuplace; argocd/ with AppProject gpuplace, "
+            f"Application {CHART_APPLICATION} (image {image.name}, pullPolicy Never) and "
+            f"ApplicationSet {APPLICATIONSET}; clusters/dev"
+        )
+        self.argocd.bootstrap(repo.path)
+        self.out(
+            f"    kubectl apply -f argocd/root.yaml  (Application {ROOT_APPLICATION}: the only "
+            "object applied by hand)"
+        )
+        early: list[str] = []
+
+        def chart_healthy() -> Any:
+            assert self.argocd is not None
+            maps_first = self.argocd.applicationset() is not None
+            state = self.argocd.state(CHART_APPLICATION)
+            healthy = (
+                state is not None
+                and state.sync == "Synced"
+                and state.revision.startswith(commit)
+                and state.health == "Healthy"
+            )
+            if maps_first and not healthy:
+                early.append(state.line() if state else f"no Application {CHART_APPLICATION}")
+            return healthy and state
+
+        state = self.argocd.wait(
+            f"Application {CHART_APPLICATION} Synced and Healthy",
+            chart_healthy,
+            300,
+            CHART_APPLICATION,
+        )
+        self.out(f"    {state.line()}")
+        self.check(
+            not early,
+            f"the ApplicationSet {APPLICATIONSET} (wave 0) was applied only once Application "
+            f"{CHART_APPLICATION} (wave -10) was Healthy",
+        )
+        pods = chart.wait_ready(self.cluster)
+        self.out(_indent(_component_table(pods)))
+        components = sorted(p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods)
+        self.check(
+            components == ["agent", "controller", "controller", "webhook", "webhook"],
+            "controller (2 replicas), webhook (2 replicas) and the agent DaemonSet are Ready",
+        )
+        self.check(
+            all(
+                p["spec"].get("nodeName") == REAL_NODE_NAME
+                and all(c.get("imageID") == image.id for c in p["status"]["containerStatuses"])
+                for p in pods
+            ),
+            f"every one runs on {REAL_NODE_NAME} from the image built here ({image.id[:19]})",
+        )
+        self.wait(
+            f"the agent pod's inventory of {REAL_NODE_NAME}",
+            lambda: self._inventories() == NODES + 1,
+        )
+        self.check(True, f"the agent pod published {REAL_NODE_NAME}'s inventory (fake NVML)")
+        return commit
+
+    def _maps_step(self, repo: GitOpsRepo, commit: str) -> None:
+        """Syncs `commit`'s maps and checks the controller validated every one."""
+        if self.in_cluster:
+            self.step(f"The ApplicationSet generates Application {APPLICATION}; it syncs the maps")
+        if self.argocd is not None:
             self.argocd.wait(
                 f"the ApplicationSet to generate {APPLICATION}", self.argocd.application
             )
@@ -230,7 +360,6 @@ class Demo:
             self.check(
                 True, f"{APPLICATION} is Synced and Healthy (the Lua check reads every map Valid)"
             )
-        return commit
 
     def _workloads_step(self) -> None:
         assert self.cluster is not None
@@ -469,7 +598,7 @@ class Demo:
             "kubectl exec sees the same environment in the running container",
         )
 
-    def _dra_step(self) -> None:
+    def _dra_step(self, repo: GitOpsRepo) -> None:
         """dra enforcement: the controller and the webhook restarted with --enforcement=dra, the
         fake GPU DRA driver on the real node, one map; the pod's claim, its allocation, and what
         the container saw."""
@@ -478,7 +607,10 @@ class Demo:
             "dra enforcement: the binder allocates the pod's ResourceClaim, the kubelet has the "
             "DRA driver prepare exactly those GPUs"
         )
-        self._restart_for_dra()
+        if self.in_cluster:
+            self._commit_dra(repo)
+        else:
+            self._restart_for_dra()
         self._create_dra_map()
         self.wait("the webhook in dra enforcement", self._webhook_adds_claims)
         self.cluster.kubectl("apply", "-f", "-", input=realnode.DRA_POD_YAML)
@@ -494,6 +626,44 @@ class Demo:
         self.check(
             seen.get("NVIDIA_VISIBLE_DEVICES") == uuid == seen.get("CUDA_VISIBLE_DEVICES"),
             f"the container saw only GPU {uuid} (from the DRA driver's CDI edits and the binding)",
+        )
+
+    def _commit_dra(self, repo: GitOpsRepo) -> None:
+        """The chart's value global.enforcement.mode=dra, committed: the app of apps updates the
+        chart's Application, ArgoCD rolls the controller and the webhook over to it."""
+        assert self.components is not None and self.argocd is not None and self.cluster is not None
+        self.components.dra_driver(self.real_nvml_config)
+        self.out(
+            f"    started hack/dra-driver on {REAL_NODE_NAME} (its ResourceSlice: the node's fake "
+            "NVML GPUs)"
+        )
+        set_chart_value(repo.path, ("global", "enforcement", "mode"), "dra")
+        commit = repo.commit("gpuplace: dra enforcement")
+        self.out(
+            f"    committed {commit}: argocd/application-gpuplace.yaml sets "
+            "global.enforcement.mode: dra"
+        )
+        self.argocd.refresh(ROOT_APPLICATION)
+
+        def takes_values() -> bool:
+            assert self.argocd is not None
+            app = self.argocd.application(CHART_APPLICATION) or {}
+            values = app.get("spec", {}).get("source", {}).get("helm", {}).get("valuesObject", {})
+            return bool(values.get("global", {}).get("enforcement", {}).get("mode") == "dra")
+
+        self.argocd.wait(f"{ROOT_APPLICATION} to update {CHART_APPLICATION}", takes_values)
+        self.argocd.refresh(CHART_APPLICATION)
+        self.argocd.settled(commit, "Healthy", CHART_APPLICATION, timeout=300)
+        pods = chart.wait_ready(self.cluster)
+        self.out(_indent(_component_table(pods)))
+        self.check(
+            all(
+                "--enforcement=dra" in p["spec"]["containers"][0].get("args", [])
+                for p in pods
+                if p["metadata"]["labels"]["app.kubernetes.io/component"]
+                in ("controller", "webhook")
+            ),
+            "ArgoCD rolled the controller and the webhook over to --enforcement=dra",
         )
 
     def _restart_for_dra(self) -> None:
@@ -635,12 +805,29 @@ class Demo:
                 f"{key} on {node}, GPUs {cvd}, CUDA_VISIBLE_DEVICES={cvd}",
             )
 
+    def _print_chart_logs(self) -> None:
+        """The last lines of every gpuplace pod's log (the demo failed)."""
+        assert self.cluster is not None
+        try:
+            pods = chart.component_pods(self.cluster)
+        except chart.ChartError as exc:
+            self.out(f"--- gpuplace's pods: {exc}")
+            return
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            log = self.cluster.kubectl(
+                "-n", chart.NAMESPACE, "logs", name, "--tail=15", check=False
+            )
+            self.out(f"--- pod {name} log (tail) ---\n{log.stdout}{log.stderr}")
+
     def close(self, failed: bool) -> None:
         if self.components is not None and (failed or not self.keep):
             if failed:
                 for component in self.components.items:
                     self.out(f"--- {component.name} log (tail) ---\n{component.log_tail(15)}")
             self.components.stop()
+        if failed and self.in_cluster and self.cluster is not None:
+            self._print_chart_logs()
         if self.argocd is not None and (failed or not self.keep):
             if failed:
                 for process in self.argocd.argocd.processes:
@@ -655,6 +842,24 @@ class Demo:
                 return
             self.cluster.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _component_table(pods: list[dict[str, Any]]) -> str:
+    rows = [("POD", "NODE", "READY", "IMAGE ID")]
+    for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
+        statuses = pod["status"].get("containerStatuses") or []
+        rows.append(
+            (
+                pod["metadata"]["name"],
+                pod["spec"].get("nodeName", ""),
+                f"{sum(1 for s in statuses if s.get('ready'))}/{len(pod['spec']['containers'])}",
+                ",".join(str(s.get("imageID", ""))[:19] for s in statuses),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
 
 
 def _runs(values: Any) -> list[str]:
@@ -688,6 +893,7 @@ def main(keep: bool = False, argocd: bool | None = None, real_node: bool = True)
         TimeoutError,
         ClusterError,
         BinariesError,
+        chart.ChartError,
     ) as exc:
         print(f"\nDEMO FAILED: {exc}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ from typing import Any
 from kubeio.paths import Resource
 
 APPLICATIONS = Resource("argoproj.io", "v1alpha1", "applications")
+APPLICATIONSETS = Resource("argoproj.io", "v1alpha1", "applicationsets")
 REFRESH_ANNOTATION = "argocd.argoproj.io/refresh"
 
 

@@ -193,7 +193,8 @@ class LocalArgoCD:
     # ----------------------------------------------------------------------------- setup
 
     def _install(self, binaries: ArgoCDBinaries) -> None:
-        """CRDs, the namespace, ArgoCD's settings and the destination cluster secrets."""
+        """CRDs, the namespace, ArgoCD's settings, the default project and the destination cluster
+        secrets."""
         cluster = self.cluster
         cluster.kubectl("apply", "--server-side", "-f", str(binaries.crds_dir))
         self.wait("ArgoCD's CRDs Established", lambda: all(map(self._established, CRDS)), 60.0)
@@ -213,6 +214,18 @@ class LocalArgoCD:
             _configmap("argocd-ssh-known-hosts-cm"),
             _configmap("argocd-gpg-keys-cm"),
             secret,
+            # What argocd-server creates at its start (it does not run here): the project that an
+            # app of apps, such as argocd/root.yaml, belongs to.
+            {
+                "apiVersion": "argoproj.io/v1alpha1",
+                "kind": "AppProject",
+                "metadata": {"name": "default", "namespace": NAMESPACE},
+                "spec": {
+                    "sourceRepos": ["*"],
+                    "destinations": [{"server": "*", "namespace": "*"}],
+                    "clusterResourceWhitelist": [{"group": "*", "kind": "*"}],
+                },
+            },
         ]
         # `argocd cluster add` creates a ServiceAccount with cluster-admin; a client certificate in
         # system:masters gives the same rights without a token controller round trip.

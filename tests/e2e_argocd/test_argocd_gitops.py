@@ -1,10 +1,11 @@
 """The users' flow with ArgoCD itself: git commit -> ApplicationSet -> Application sync -> pods
 placed as declared (`make e2e-argocd`).
 
-Runs `gpuplace demo --argocd`: the local control plane, gpuplace's controller, webhook and agents,
-Redis and ArgoCD's application-controller, repo-server and applicationset-controller (built from
-the argo-cd Go module by hack/build-argocd.sh), and a file:// git repository made from
-examples/gitops that the ApplicationSet of argocd/ points at. The demo checks every claim it prints
+Runs `gpuplace demo --argocd`: the local control plane with a real node, Redis and ArgoCD's
+application-controller, repo-server and applicationset-controller (built from the argo-cd Go module
+by hack/build-argocd.sh), and a file:// git repository made from examples/gitops that holds
+gpuplace too (its chart and argocd/): the app of apps installs the chart from the image built here,
+then the ApplicationSet syncs the maps, and the in-cluster controller places the pods. The demo checks every claim it prints
 and exits non-zero on the first that fails; this test also asserts that each step happened and
 that the Application's sync and health status was shown at each one.
 """
@@ -41,6 +42,14 @@ def test_git_commits_reach_the_cluster_through_argocd() -> None:
     # Each step, in order, with the Application status ArgoCD reported there.
     steps = [
         "ok  ArgoCD components running, destination cluster dev registered",
+        # the app of apps installs gpuplace before any map
+        "kubectl apply -f argocd/root.yaml",
+        "Application gpuplace: sync Synced @ ",
+        "ok  the ApplicationSet gpuplace-placement-maps (wave 0) was applied only once Application "
+        "gpuplace (wave -10) was Healthy",
+        "ok  controller (2 replicas), webhook (2 replicas) and the agent DaemonSet are Ready",
+        "ok  every one runs on localhost from the image built here",
+        "ok  the agent pod published localhost's inventory (fake NVML)",
         "ok  the ApplicationSet generated Application gpuplace-maps-dev",
         # the first commit syncs, the maps are validated, and the Lua check turns them Healthy
         "ok  every map is Valid",
@@ -62,6 +71,10 @@ def test_git_commits_reach_the_cluster_through_argocd() -> None:
         "ConfigMap inference/embeddings: Degraded",
         "ok  the Lua health check marks inference/embeddings Degraded, the other maps Healthy",
         "ok  the map's status names the missing GPU",
+        # a values commit: ArgoCD rolls gpuplace over to dra enforcement
+        "sets global.enforcement.mode: dra",
+        "ok  ArgoCD rolled the controller and the webhook over to --enforcement=dra",
+        "ok  the claim holds exactly localhost gpu-2, reserved for dra-probe-0",
     ]
     position = 0
     for step in steps:

@@ -16,6 +16,7 @@ import git
 import pytest
 import yaml
 
+from gpuplace.demo.argocd import chart_application, project
 from gpuplace.localargocd import LocalArgoCD
 from gpuplace.localargocd.apps import APPLICATIONS, AppState
 from gpuplace.localcluster import LocalCluster, chart
@@ -27,28 +28,6 @@ pytestmark = [pytest.mark.argocd, pytest.mark.real_node]
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "gpuplace"
-
-
-def application(repo_url: str, nvml: Path, image: chart.BuiltImage) -> dict[str, Any]:
-    """argocd/application-gpuplace.yaml as shipped, pointed at the local repository and given the
-    local cluster's values on top of its own."""
-    app = yaml.safe_load((REPO / "argocd" / "application-gpuplace.yaml").read_text())
-    source = app["spec"]["source"]
-    source["repoURL"] = repo_url
-    source["targetRevision"] = "main"
-    values = source["helm"]["valuesObject"]
-    local = chart.local_values(image, nvml)
-    values["global"] = {**values.get("global", {}), **local["global"]}
-    for component in ("controller", "webhook", "agent"):
-        values[component] = {**values.get(component, {}), **local[component]}
-    app["spec"]["destination"] = {"name": "in-cluster", "namespace": chart.NAMESPACE}
-    return app
-
-
-def project(repo_url: str) -> dict[str, Any]:
-    document = yaml.safe_load((REPO / "argocd" / "project.yaml").read_text())
-    document["spec"]["sourceRepos"] = [repo_url]
-    return document
 
 
 class Deployment:
@@ -105,7 +84,8 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         argocd.start()
         url = f"file://{repo_dir}"
         cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(project(url)))
-        deployment = Deployment(cluster, argocd, application(url, nvml, image))
+        app = chart_application(url, chart.local_values(image, nvml), "in-cluster")
+        deployment = Deployment(cluster, argocd, app)
         deployment.apply()
         deployment.healthy()
         chart.wait_ready(cluster)

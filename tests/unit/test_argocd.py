@@ -48,6 +48,14 @@ def test_argocd_cm_embeds_the_health_script_verbatim() -> None:
     assert data["resource.customizations.useOpenLibs.ConfigMap"] == "true"
 
 
+def test_argocd_cm_gives_applications_their_own_health() -> None:
+    """Without it ArgoCD reports every Application Healthy, and root.yaml's sync waves would apply
+    the maps before the chart's webhook is up."""
+    data = only("ConfigMap", "argocd-cm")["data"]
+    script = ARGOCD / "health" / "application.lua"
+    assert data["resource.customizations.health.argoproj.io_Application"] == script.read_text()
+
+
 @pytest.fixture(scope="module")
 def chart_kinds(tmp_path_factory: pytest.TempPathFactory) -> set[tuple[str, str]]:
     tmp = tmp_path_factory.mktemp("values")
@@ -150,7 +158,8 @@ def test_placement_maps_applicationset_reads_the_gitops_cluster_directories() ->
 def test_sync_waves_put_the_chart_before_the_maps_before_the_workloads() -> None:
     chart = only("Application", "gpuplace")
     maps = only("ApplicationSet", "gpuplace-placement-maps")
-    assert wave(chart) < wave(maps)
+    project = only("AppProject", "gpuplace")
+    assert wave(project) < wave(chart) < wave(maps)
     # Inside each maps Application: namespaces, then maps; workload Applications use wave 10.
     patches = maps["spec"]["template"]["spec"]["source"]["kustomize"]["patches"]
     by_kind = {

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from placement.errors import Diagnostic, Location
 from placement.status import MapStatus, Phase, SlotCounts, data_hash
 
-SCRIPT = (Path(__file__).resolve().parents[2] / "argocd" / "health" / "configmap.lua").read_text()
+HEALTH = Path(__file__).resolve().parents[2] / "argocd" / "health"
+SCRIPT = (HEALTH / "configmap.lua").read_text()
+APPLICATION_SCRIPT = (HEALTH / "application.lua").read_text()
 
 #: What ArgoCD's VM offers a script with useOpenLibs (base, table, string, math); we also remove
 #: what a health check has no business using, so a script that reaches for it fails here.
@@ -43,13 +45,13 @@ def to_lua(runtime: Any, value: Any) -> Any:
     return value
 
 
-def health(obj: dict[str, Any]) -> dict[str, Any]:
+def health(obj: dict[str, Any], script: str = SCRIPT) -> dict[str, Any]:
     runtime = lua51.LuaRuntime(unpack_returned_tuples=True, register_eval=False)
     g = runtime.globals()
     for name in _REMOVED_GLOBALS:
         g[name] = None
     g.obj = to_lua(runtime, obj)
-    result = runtime.execute(SCRIPT)
+    result = runtime.execute(script)
     assert lua51.lua_type(result) == "table"
     out = dict(result)
     assert set(out) <= {"status", "message"}
@@ -213,3 +215,27 @@ def test_status_round_trips_with_drift_provenance_and_fingerprint() -> None:
         rollout="evict, maxUnavailable 1",
     )
     assert MapStatus.from_json(status.to_json()) == status
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (None, ("Progressing", "waiting for the Application's own health")),
+        ({}, ("Progressing", "waiting for the Application's own health")),
+        ({"health": {"status": "Healthy"}}, ("Healthy", "")),
+        (
+            {"health": {"status": "Progressing", "message": "1 of 2 pods"}},
+            ("Progressing", "1 of 2 pods"),
+        ),
+        ({"health": {"status": "Degraded", "message": "crash loop"}}, ("Degraded", "crash loop")),
+        ({"health": {"status": "Missing"}}, ("Missing", "")),
+    ],
+)
+def test_an_application_is_as_healthy_as_what_it_deployed(
+    status: dict[str, Any] | None, expected: tuple[str, str]
+) -> None:
+    app: dict[str, Any] = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application"}
+    if status is not None:
+        app["status"] = status
+    out = health(app, APPLICATION_SCRIPT)
+    assert (out["status"], out.get("message")) == expected
