@@ -11,10 +11,11 @@ export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 help:
 	@echo "make test | demo | demo-quick | lint | image | e2e-chart | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
 
-$(STAMP): pyproject.toml
+# The product (editable) and, from dev/, its development environment (gpuplace cluster|demo).
+$(STAMP): pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,workflows]'
+	$(BIN)/pip install --quiet -e '.[dev,workflows]' -e ./dev
 	touch $@
 
 venv: $(STAMP)
@@ -87,19 +88,19 @@ demo: $(STAMP) control-plane node tools fakenvml argocd redis image
 	$(BIN)/gpuplace demo
 
 # The same scenario synced with kustomize + kubectl apply, all pods on kwok nodes.
-demo-quick: $(STAMP) control-plane fakenvml
+demo-quick: $(STAMP) control-plane tools fakenvml
 	$(BIN)/gpuplace demo --no-argocd --kwok-only
 
 # Includes the GitOps latency through real ArgoCD (bench/gitops.py), hence argocd and redis.
-bench: $(STAMP) control-plane fakenvml argocd redis
+bench: $(STAMP) control-plane tools fakenvml argocd redis
 	$(BIN)/python -m bench
 
 # The placement benchmark at the design's scale (5,000 nodes, 10,000 pods, every agent's
 # heartbeat, a leader failover); about an hour on two cores, so not part of `make bench`.
-bench-scale: $(STAMP) control-plane fakenvml
+bench-scale: $(STAMP) control-plane tools fakenvml
 	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
 
-cluster-up: $(STAMP) control-plane fakenvml
+cluster-up: $(STAMP) control-plane tools fakenvml
 	$(BIN)/gpuplace cluster up
 
 cluster-down: $(STAMP)

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench._proc import BenchError, start_ready
 from bench._stats import busy_seconds, cpu_seconds, status_kib
 from bench._traces import traceparent
-from gpuplace.localcluster import LocalCluster
-from gpuplace.localcluster.process import die_with_parent
+from gpuplace_dev.localcluster import LocalCluster
 from kubeio import bodies
 from kubeio.client import Kube
 from kubeio.paths import PODS
@@ -32,10 +32,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 Obj = dict[str, Any]
 _TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class BenchError(RuntimeError):
-    """The workload could not run as planned (a request failed, pods did not bind in time)."""
 
 
 def concurrently(items: Sequence[T], call: Callable[[T], R], threads: int) -> list[R]:
@@ -181,23 +177,6 @@ class Observed:
     events: int
     restarts: int  # watches the apiserver ended and the watcher resumed
     cpu: float  # the watcher's own CPU seconds
-
-
-def start_ready(argv: Sequence[str], what: str) -> subprocess.Popen[str]:
-    """A helper process that prints ``ready`` when it is; it dies with this process."""
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - prctl only
-    )
-    assert proc.stdout is not None
-    first = proc.stdout.readline().strip()
-    if first != "ready":
-        proc.kill()
-        proc.wait()
-        raise BenchError(f"{what} did not start: {first!r}")
-    return proc
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from bench._proc import start_ready
+
 #: The apiserver's span around one mutating webhook call (k8s.io/apiserver, mutating dispatcher).
 WEBHOOK_SPAN = "Call mutating webhook"
 #: The apiserver's span around the same create's write to etcd (k8s.io/apiserver, etcd3 store):
@@ -171,7 +173,6 @@ class SpanSink:
 
     def start(self) -> str:
         """Starts the receiving process; returns its endpoint (`127.0.0.1:port`)."""
-        from bench._kube import start_ready  # noqa: PLC0415 - bench._kube imports this module
 
         self._proc = start_ready([sys.executable, "-m", "bench._traces", str(self._file)], "spans")
         assert self._proc.stdout is not None

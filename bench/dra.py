@@ -53,7 +53,6 @@ from pathlib import Path
 
 from bench import Measurement, above, below
 from bench._kube import (
-    BenchError,
     Obj,
     PodWatch,
     call,
@@ -62,6 +61,7 @@ from bench._kube import (
     process_cpu,
     profiling,
 )
+from bench._proc import BenchError
 from bench._stats import counter_delta, counter_totals, percentile
 from bench.placement import (
     CREATE_THREADS,

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import Measurement, below, describe, machine, print_tables
-from bench._kube import BenchError, Obj, call
+from bench._kube import Obj, call
+from bench._proc import BenchError
 from bench.placement import (
     NAMESPACE,
     PlacementBench,
@@ -44,10 +45,10 @@ from bench.placement import (
     node_name,
     running,
 )
-from gpuplace.demo.argocd import ArgoCDSync
-from gpuplace.demo.gitops import GitOpsRepo
-from gpuplace.localargocd.apps import APPLICATIONS, AppState
-from gpuplace.localargocd.launcher import NAMESPACE as ARGOCD_NAMESPACE
+from gpuplace_dev.demo.argocd import ArgoCDSync
+from gpuplace_dev.demo.gitops import GitOpsRepo
+from gpuplace_dev.localargocd.apps import APPLICATIONS, AppState
+from gpuplace_dev.localargocd.launcher import NAMESPACE as ARGOCD_NAMESPACE
 from kubeio.client import Kube
 from kubeio.errors import APIError
 from kubeio.paths import CONFIGMAPS, PODS, Resource

@@ -55,7 +55,6 @@ from bench import Measurement, above, below, describe, machine, print_tables
 from bench._kube import (
     MACHINE,
     OTHERS,
-    BenchError,
     CpuMeter,
     CpuSampler,
     Obj,
@@ -72,6 +71,7 @@ from bench._kube import (
     profiling,
     run_queue_wait,
 )
+from bench._proc import BenchError
 from bench._stats import (
     Buckets,
     bucket_delta,
@@ -84,9 +84,9 @@ from bench._stats import (
     share_at_most,
 )
 from bench._traces import ETCD_SPAN, WEBHOOK_SPAN, SpanSink, trace_id
-from gpuplace.demo.components import Component, Components
-from gpuplace.localcluster import GPU_RESOURCE, FakeNode, LocalCluster
-from gpuplace.localcluster.layout import ClusterState
+from gpuplace_dev.demo.components import Component, Components
+from gpuplace_dev.localcluster import GPU_RESOURCE, FakeNode, LocalCluster
+from gpuplace_dev.localcluster.layout import ClusterState
 from kubeio import bodies
 from kubeio.client import Kube
 from kubeio.errors import APIError

@@ -54,7 +54,7 @@ DEFAULT = Scale(nodes=5000, pods=10000, gpus=8, slots_per_map=100)
 #: The Binding ceiling's concurrency is searched among fewer candidates than in `make bench`:
 #: each try is a run of 10,000 pods.
 SEARCH = (128, 256)
-#: The bench's controllers hold their Lease for 5 s (see `gpuplace.demo.components`).
+#: The bench's controllers hold their Lease for 5 s (see `gpuplace_dev.demo.components`).
 LEASE_SECONDS = 5.0
 TARGET_FAILOVER_S = LEASE_SECONDS + 5.0
 #: The processes whose CPU the heartbeats cost.

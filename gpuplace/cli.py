@@ -1,4 +1,6 @@
-"""`gpuplace`: one command line with a subcommand per module in `gpuplace.commands`."""
+"""`gpuplace`: one command line with a subcommand per module in `gpuplace.commands`, and one per
+entry point of the group `gpuplace.commands` (the development environment, dev/, adds `cluster` and
+`demo` that way; the shipped command line lacks them)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
+from importlib.metadata import entry_points
 from typing import Protocol, cast
 
 import gpuplace.commands
@@ -18,17 +22,24 @@ class CommandModule(Protocol):
 
 Handler = Callable[[argparse.Namespace], int]
 
+#: Entry point group of subcommand modules other distributions add.
+ENTRY_POINT_GROUP = "gpuplace.commands"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuplace", description="GitOps-driven, declarative GPU placement for Kubernetes."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(gpuplace.commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = cast(CommandModule, importlib.import_module(f"gpuplace.commands.{info.name}"))
-        module.register(subparsers)
+    modules: dict[str, Callable[[], object]] = {
+        info.name: partial(importlib.import_module, f"gpuplace.commands.{info.name}")
+        for info in pkgutil.iter_modules(gpuplace.commands.__path__)
+        if not info.name.startswith("_")
+    }
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        modules.setdefault(point.name, point.load)
+    for name in sorted(modules):
+        cast(CommandModule, modules[name]()).register(subparsers)
     return parser
 
 

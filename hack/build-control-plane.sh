@@ -15,7 +15,7 @@
 #
 # Progress goes to stderr. Concurrent runs wait for each other (flock), and binaries are moved into
 # place only when complete, so an interrupted build never leaves a half-written binary behind.
-# gpuplace.localcluster.binaries resolves binaries by the same rules.
+# gpuplace_dev.localcluster.binaries resolves binaries by the same rules.
 set -euo pipefail
 
 k8s_components=(kube-apiserver kube-controller-manager kube-scheduler kubectl)

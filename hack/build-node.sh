@@ -12,12 +12,12 @@
 #   cni-plugins-<v>/{bridge,host-local,loopback}           hack/node.versions
 #   pause-<k8s>/pause                     the pod sandbox: Kubernetes' build/pause/linux/pause.c, static
 #   gpu-probe-<hash>/gpu-probe            the workload (hack/gpu-probe; <hash> is of its sources)
-# gpuplace.localcluster.images packs the last two into OCI images when a node starts.
+# gpuplace_dev.localcluster.images packs the last two into OCI images when a node starts.
 #
 # runc is built with seccomp (containerd gives every pod sandbox a seccomp profile), which needs
 # gcc and libseccomp's C headers; as root on Debian/Ubuntu the script installs libseccomp-dev and
 # pkg-config with apt-get when they are missing.
-# gpuplace.localcluster.nodebinaries resolves the binaries by the same layout. Progress goes to
+# gpuplace_dev.localcluster.nodebinaries resolves the binaries by the same layout. Progress goes to
 # stderr; concurrent runs wait for each other (flock); binaries move into place only when complete.
 set -euo pipefail
 

@@ -16,10 +16,10 @@ import git
 import pytest
 import yaml
 
-from gpuplace.demo.argocd import chart_application, project
-from gpuplace.localargocd import LocalArgoCD
-from gpuplace.localargocd.apps import APPLICATIONS, AppState
-from gpuplace.localcluster import LocalCluster, chart
+from gpuplace_dev.demo.argocd import chart_application, project
+from gpuplace_dev.localargocd import LocalArgoCD
+from gpuplace_dev.localargocd.apps import APPLICATIONS, AppState
+from gpuplace_dev.localcluster import LocalCluster, chart
 from placement.annotations import DEVICES_ANNOTATION, MAP_LABEL
 from tests.integration.controllerkit import map_yaml, placement_configmap, wait_for
 from tests.integration.test_real_node import admit, probe_pod, wait_running

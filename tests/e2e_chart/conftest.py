@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace.localcluster import LocalCluster, chart
+from gpuplace_dev.localcluster import LocalCluster, chart
 
 _HERE = Path(__file__).parent
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuplace.localcluster import chart, find_binaries, network
-from gpuplace.localcluster.realnode import BRIDGE
+from gpuplace_dev.localcluster import chart, find_binaries, network
+from gpuplace_dev.localcluster.realnode import BRIDGE
 from tests.integration.controllerkit import map_yaml, placement_configmap
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import chart
+from gpuplace_dev.localcluster import chart
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -107,6 +107,17 @@ def test_the_image_holds_gpuplace_and_no_build_tools(rootfs: Path) -> None:
     assert "gpuplace:x:65532:65532:" in (rootfs / "etc/passwd").read_text()
 
 
+def test_the_image_holds_no_development_environment(rootfs: Path) -> None:
+    """The local cluster, the ArgoCD launcher and the demo (dev/, gpuplace_dev) are not shipped."""
+    site = next((rootfs / "opt/gpuplace/lib").glob("python3.*/site-packages"))
+    assert (site / "gpuplace" / "cli.py").is_file()
+    assert not (site / "gpuplace_dev").exists()
+    assert not list(site.glob("gpuplace_dev-*"))
+    for name in ("localcluster", "localargocd", "demo"):
+        assert not (site / "gpuplace" / name).exists(), name
+    assert not list(rootfs.glob("opt/gpuplace/**/dev/pyproject.toml"))
+
+
 def test_the_image_runs_the_cli_as_its_user(rootfs: Path) -> None:
     def run(*argv: str) -> str:
         result = subprocess.run(
@@ -120,7 +131,10 @@ def test_the_image_runs_the_cli_as_its_user(rootfs: Path) -> None:
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    assert "controller" in run("gpuplace", "--help")
+    commands = run("gpuplace", "--help")
+    assert "controller" in commands
+    # The shipped command line lacks the development environment's subcommands.
+    assert "cluster" not in commands and "demo" not in commands
     version = run("python", "-c", "import importlib.metadata as m; print(m.version('gpuplace'))")
     assert version.strip() == VERSION
     # Bytecode was compiled at build time: the read-only root filesystem needs no writes.

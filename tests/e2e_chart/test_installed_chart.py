@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gpuplace.localcluster import chart
+from gpuplace_dev.localcluster import chart
 from placement.annotations import CUDA_ANNOTATION, DEVICES_ANNOTATION, MAP_LABEL
 from placement.inventory import INVENTORY_KEY
 from tests.e2e_chart.conftest import Installed

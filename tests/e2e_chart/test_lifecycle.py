@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuplace.localcluster import LocalCluster, chart
+from gpuplace_dev.localcluster import LocalCluster, chart
 from placement.annotations import DEVICES_ANNOTATION, MAP_LABEL
 from tests.e2e_chart.conftest import Installed
 from tests.integration.controllerkit import map_yaml, pending_reason, placement_configmap, wait_for

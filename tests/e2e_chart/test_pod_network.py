@@ -1,4 +1,4 @@
-"""The real node's pod network (gpuplace.localcluster.network): what it adds while the cluster runs,
+"""The real node's pod network (gpuplace_dev.localcluster.network): what it adds while the cluster runs,
 that nothing routes pod traffic off the machine, and that stopping the cluster removes all of it."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from gpuplace.localcluster import LocalCluster, network
-from gpuplace.localcluster.cluster import KUBERNETES_SERVICE_IP, SERVICE_CIDR
-from gpuplace.localcluster.realnode import BRIDGE, POD_GATEWAY
+from gpuplace_dev.localcluster import LocalCluster, network
+from gpuplace_dev.localcluster.cluster import KUBERNETES_SERVICE_IP, SERVICE_CIDR
+from gpuplace_dev.localcluster.realnode import BRIDGE, POD_GATEWAY
 
 
 def nat_rules() -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from placement.inventory import (
     CHECKS_KEY,
     INVENTORY_KEY,

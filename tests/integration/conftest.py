@@ -1,4 +1,4 @@
-"""Fixtures for integration tests: one real control plane per session (`gpuplace.localcluster`).
+"""Fixtures for integration tests: one real control plane per session (`gpuplace_dev.localcluster`).
 
 - ``cluster`` (session): a started `LocalCluster`: etcd, kube-apiserver, kube-controller-manager
   and kwok on loopback. Use ``cluster.kubectl(...)``, ``cluster.kube``,
@@ -34,7 +34,7 @@ from pathlib import Path
 import kubernetes.client
 import pytest
 
-from gpuplace.localcluster import LocalCluster, fake_gpu_nodes
+from gpuplace_dev.localcluster import LocalCluster, fake_gpu_nodes
 from tests.integration.controllerkit import create_system_namespaces, unique
 
 _HERE = Path(__file__).parent

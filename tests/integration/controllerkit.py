@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuplace.localcluster import FakeNode, LocalCluster
-from gpuplace.localcluster.process import die_with_parent
+from gpuplace_dev.localcluster import FakeNode, LocalCluster
+from gpuplace_dev.localcluster.process import die_with_parent
 from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
 from placement.types import GpuUuid, NodeName

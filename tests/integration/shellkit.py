@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from tests.chartkit import helm_binary
 
 #: README.md, Install: what removes what `helm uninstall` keeps (run by test_chart_keyring.py on a

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 
 
 class Tenant:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace.localcluster import FakeNode, LocalCluster
+from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from placement.annotations import CUDA_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, DeviceCheck, NodeInventory
 from placement.model import MODEL_NAMESPACE

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from tests.chartkit import ARGOCD, dry_run, install_crds
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuplace.localcluster import LocalCluster
 from gpuplace.preflight import PreflightSettings, workflow_manifest
+from gpuplace_dev.localcluster import LocalCluster
 from placement.validate import load_maps
 from tests.chartkit import REPO, dry_run, install_crds
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from placement.annotations import DEVICES_ANNOTATION, SIGNATURE_ANNOTATION
 from placement.keyring import KEYRING_FIELD
 from tests.integration.controllerkit import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from tests.chartkit import (
     CHART,
     INVENTORY,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from tests.chartkit import CHART, NAMESPACE, RELEASE, helm
 from tests.integration import shellkit
 from tests.integration.controllerkit import ControllerProcess, unique, wait_for

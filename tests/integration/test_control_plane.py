@@ -19,7 +19,7 @@ import kubernetes.client
 import kubernetes.watch
 import pytest
 
-from gpuplace.localcluster import (
+from gpuplace_dev.localcluster import (
     COMPONENTS,
     GPU_RESOURCE,
     BinariesError,
@@ -27,7 +27,7 @@ from gpuplace.localcluster import (
     find_binaries,
     kubernetes_version,
 )
-from gpuplace.localcluster.layout import ClusterState
+from gpuplace_dev.localcluster.layout import ClusterState
 
 BUILD_SCRIPT = Path(__file__).parents[2] / "hack" / "build-control-plane.sh"
 #: A scheduler nobody runs: pods that name it stay unbound until a test binds them.

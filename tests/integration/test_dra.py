@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import FakeNode, LocalCluster
+from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from kubeio.client import ClientSettings, Kube
 from placement.annotations import (
     CUDA_ANNOTATION,

@@ -20,7 +20,7 @@ import git
 import pytest
 
 from gpuplace import inspect
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
 from placement.annotations import (

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import FencedError
 from placement.annotations import DEVICES_ANNOTATION

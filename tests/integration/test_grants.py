@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpuplace.demo.components import Components
-from gpuplace.localcluster import FakeNode, LocalCluster
+from gpuplace_dev.demo.components import Components
+from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
 from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, POLICY_CONFIGMAP, POLICY_KEY
 from tests.integration.controllerkit import (

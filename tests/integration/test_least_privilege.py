@@ -17,11 +17,15 @@ import pytest
 import yaml
 
 from controller.bindingkey import KeySecret, load_or_create
-from gpuplace.localcluster import FakeNode, LocalCluster
-from gpuplace.localcluster.policies import NODE_NAME_EXTRA, admission_policies
+from gpuplace_dev.localcluster import FakeNode, LocalCluster
+from gpuplace_dev.localcluster.policies import LOCAL_PREFIX
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError, APIForbiddenError
-from kubeio.paths import SECRETS
+from kubeio.paths import (
+    SECRETS,
+    VALIDATING_ADMISSION_POLICIES,
+    VALIDATING_ADMISSION_POLICY_BINDINGS,
+)
 from placement.annotations import PLACEMENT_MAP_LABEL
 from tests.chartkit import INVENTORY, NAMESPACE, SCENARIOS, render
 
@@ -29,6 +33,8 @@ pytestmark = pytest.mark.integration
 
 RBAC_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+#: What the apiserver puts into a pod-bound token's identity: the name of the pod's node.
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{INVENTORY}/leases"
 CONFIGMAPS = f"/api/v1/namespaces/{INVENTORY}/configmaps"
 
@@ -140,15 +146,43 @@ def refused(call: Any) -> str:
     return str(caught.value)
 
 
-def test_the_chart_renders_the_policies_the_local_cluster_installs(
-    chart: list[dict[str, Any]],
+def test_the_local_cluster_enforces_the_policies_the_chart_renders(
+    cluster: LocalCluster, chart: list[dict[str, Any]]
 ) -> None:
-    ours = {"gpuplace-agent", "gpuplace-controller"}
-    rendered = [o for o in chart if o["kind"] in POLICY_KINDS and o["metadata"]["name"] in ours]
-    for obj in rendered:
-        obj["metadata"].pop("labels", None)
-    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
-    assert sorted(rendered, key=key) == sorted(admission_policies(prefix=""), key=key)
+    """What the apiserver holds under the local prefix is the chart's render, spec for spec."""
+    ours = {"gpuplace-agent", "gpuplace-controller", "gpuplace-pod-bindings"}
+    rendered = {
+        (o["kind"], o["metadata"]["name"]): o["spec"]
+        for o in chart
+        if o["kind"] in POLICY_KINDS and o["metadata"]["name"] in ours
+    }
+    assert len(rendered) == 6
+    paths = {
+        "ValidatingAdmissionPolicy": VALIDATING_ADMISSION_POLICIES,
+        "ValidatingAdmissionPolicyBinding": VALIDATING_ADMISSION_POLICY_BINDINGS,
+    }
+    for (kind, name), spec in rendered.items():
+        status, body = cluster.request("GET", paths[kind].item(LOCAL_PREFIX + name))
+        assert status == 200, (kind, name, body)
+        installed = body["spec"]
+        if kind == "ValidatingAdmissionPolicyBinding":
+            assert installed.pop("policyName") == LOCAL_PREFIX + spec.pop("policyName")
+        # The apiserver fills in defaults the chart leaves out; what the chart says is kept.
+        assert_subset(spec, installed, f"{kind} {name}")
+
+
+def assert_subset(want: Any, have: Any, where: str) -> None:
+    if isinstance(want, dict):
+        assert isinstance(have, dict), where
+        for key, value in want.items():
+            assert key in have, f"{where}.{key}"
+            assert_subset(value, have[key], f"{where}.{key}")
+    elif isinstance(want, list):
+        assert isinstance(have, list) and len(have) == len(want), where
+        for i, (w, h) in enumerate(zip(want, have, strict=True)):
+            assert_subset(w, h, f"{where}[{i}]")
+    else:
+        assert want == have, f"{where}: {want!r} != {have!r}"
 
 
 def test_an_agent_writes_only_its_own_nodes_inventory_and_lease(

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import FakeNode, LocalCluster
+from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from kubeio.client import ClientSettings, Kube
 from placement.annotations import CUDA_ANNOTATION, DEVICES_ANNOTATION, LEGACY_ANNOTATION, MAP_LABEL
 from tests.integration.controllerkit import (

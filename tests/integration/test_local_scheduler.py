@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from gpuplace.localcluster import LocalCluster, fake_gpu_nodes
-from gpuplace.localcluster.layout import ClusterState
+from gpuplace_dev.localcluster import LocalCluster, fake_gpu_nodes
+from gpuplace_dev.localcluster.layout import ClusterState
 
 NAMESPACE = "sched"
 

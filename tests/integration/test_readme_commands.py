@@ -36,7 +36,7 @@ from pathlib import Path
 import git
 import pytest
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from tests.chartkit import helm
 from tests.integration import shellkit
 from tests.integration.shellkit import UNINSTALL, sh

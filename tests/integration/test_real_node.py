@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from gpuplace.demo.components import Components, demo_uuid
-from gpuplace.localcluster import GPU_PROBE_IMAGE, REAL_NODE_NAME, LocalCluster
+from gpuplace_dev.demo.components import Components, demo_uuid
+from gpuplace_dev.localcluster import GPU_PROBE_IMAGE, REAL_NODE_NAME, LocalCluster
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,

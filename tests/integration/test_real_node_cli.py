@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace.localcluster import (
+from gpuplace_dev.localcluster import (
     GPU_PROBE_IMAGE,
     REAL_NODE_LOCK,
     REAL_NODE_NAME,
@@ -21,7 +21,7 @@ from gpuplace.localcluster import (
     RealNodeError,
     find_binaries,
 )
-from gpuplace.localcluster.realnode import SYSTEM_PATHS, NodeLock
+from gpuplace_dev.localcluster.realnode import SYSTEM_PATHS, NodeLock
 
 pytestmark = pytest.mark.real_node
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuplace.demo.components import Components, demo_uuid
-from gpuplace.localcluster import REAL_NODE_NAME, LocalCluster
+from gpuplace_dev.demo.components import Components, demo_uuid
+from gpuplace_dev.localcluster import REAL_NODE_NAME, LocalCluster
 from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL
 from placement.inventory import INVENTORY_NAMESPACE
 from placement.model import MODEL_NAMESPACE

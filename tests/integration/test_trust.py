@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,

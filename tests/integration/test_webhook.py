@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from kubeio.client import ClientSettings, Kube
 from placement.annotations import (
     CUDA_ANNOTATION,

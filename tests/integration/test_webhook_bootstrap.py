@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from kubeio.client import ClientSettings, Kube
 from placement.annotations import MAP_LABEL
 from tests.integration.test_webhook import create_pod, free_port, pod, wait_for

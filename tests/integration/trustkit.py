@@ -8,7 +8,7 @@ import sys
 import urllib.request
 from typing import Any
 
-from gpuplace.localcluster import FakeNode, LocalCluster
+from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from placement.annotations import MAP_LABEL
 from tests.integration.controllerkit import (
     ControllerProcess,

@@ -13,7 +13,16 @@ import pytest
 import yaml
 
 from gpuplace.cli import build_parser
-from placement import podpolicy
+from placement.annotations import (
+    CUDA_ANNOTATION,
+    DEVICES_ANNOTATION,
+    ENV_CUDA_DEVICE_ORDER,
+    ENV_CUDA_VISIBLE_DEVICES,
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    LEGACY_ANNOTATION,
+    MAP_LABEL,
+    PREFIX,
+)
 from tests.chartkit import (
     CHART,
     INVENTORY,
@@ -576,23 +585,43 @@ def test_controller_evicts_only_when_allowed_and_cleans_up_deleted_nodes_invento
     }
 
 
-def test_pod_binding_policy_is_the_one_the_local_cluster_installs(
+POD_BINDINGS = "gpuplace-pod-bindings"
+
+
+def test_pod_binding_policy_names_the_annotations_and_variables_the_components_use(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
+    """The chart is the one source of the policy (the local cluster installs what it renders, and
+    the integration tests forge against it); its CEL names what the webhook and binder write."""
     objects = rendered["default"]
-    policy = one(objects, "ValidatingAdmissionPolicy", podpolicy.POLICY_NAME)
-    assert policy["spec"] == podpolicy.policy_spec()
-    binding = one(objects, "ValidatingAdmissionPolicyBinding", podpolicy.POLICY_NAME)
-    assert binding["spec"] == podpolicy.policy_binding()["spec"]
+    policy = one(objects, "ValidatingAdmissionPolicy", POD_BINDINGS)
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", POD_BINDINGS)
+    assert binding["spec"] == {"policyName": POD_BINDINGS, "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    cel = json.dumps(policy["spec"])
+    for name in (PREFIX, LEGACY_ANNOTATION, MAP_LABEL, ENV_CUDA_VISIBLE_DEVICES):
+        assert json.dumps(name)[1:-1] in cel, name
+    for name in (ENV_NVIDIA_VISIBLE_DEVICES, ENV_CUDA_DEVICE_ORDER):
+        assert json.dumps(name)[1:-1] in cel, name
+    # The fieldRef paths the webhook wires the environment from.
+    for annotation in (CUDA_ANNOTATION, DEVICES_ANNOTATION):
+        assert f"metadata.annotations['{annotation}']" in policy_text(policy), annotation
     # Kept between an uninstall and an install: a map's pod is refused meanwhile.
     for kept in (policy, binding):
         assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
+def policy_text(policy: dict[str, Any]) -> str:
+    return "\n".join(
+        str(v) for item in policy["spec"].get("validations", []) for v in item.values()
+    ) + "\n".join(str(v["expression"]) for v in policy["spec"].get("variables", []))
+
+
 def test_pod_binding_policy_follows_the_scheduler_name(tmp_path: Path) -> None:
     objects = render(SCENARIOS[0], tmp_path, "--set", "global.schedulerName=gpu-binder")
-    policy = one(objects, "ValidatingAdmissionPolicy", podpolicy.POLICY_NAME)
-    assert policy["spec"] == podpolicy.policy_spec("gpu-binder")
+    text = policy_text(one(objects, "ValidatingAdmissionPolicy", POD_BINDINGS))
+    assert 'object.spec.schedulerName == "gpu-binder"' in text
+    assert 'schedulerName == "gpuplace"' not in text
 
 
 def test_controller_reads_its_binding_key_by_name_only(

@@ -14,7 +14,7 @@ import yaml
 
 from gpuplace.cli import main
 from gpuplace.commands._tree import read_paths
-from gpuplace.localcluster import find_binaries
+from gpuplace_dev.localcluster import find_binaries
 from placement.compile import Compiler
 from placement.inventory import GpuDevice, NodeInventory
 from placement.model import Model

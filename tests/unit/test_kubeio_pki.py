@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpuplace.localcluster.pki import CertificateAuthority
+from gpuplace_dev.localcluster.pki import CertificateAuthority
 from kubeio.pki import CLIENT_AUTH, SERVER_AUTH, KeyPair, issue, self_signed_ca
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

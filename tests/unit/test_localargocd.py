@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuplace.demo.argocd import applicationset, argocd_settings, project
-from gpuplace.localargocd.apps import AppState
-from gpuplace.localargocd.binaries import ArgoCDBinaries, argocd_version
+from gpuplace_dev.demo.argocd import applicationset, argocd_settings, project
+from gpuplace_dev.localargocd.apps import AppState
+from gpuplace_dev.localargocd.binaries import ArgoCDBinaries, argocd_version
 
 
 def application(**status: Any) -> dict[str, Any]:

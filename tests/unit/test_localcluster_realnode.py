@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace.localcluster.images import GPU_PROBE_IMAGE, gpu_probe_image, oci_archive
-from gpuplace.localcluster.nodebinaries import NodeBinaries
-from gpuplace.localcluster.realnode import (
+from gpuplace_dev.localcluster.images import GPU_PROBE_IMAGE, gpu_probe_image, oci_archive
+from gpuplace_dev.localcluster.nodebinaries import NodeBinaries
+from gpuplace_dev.localcluster.realnode import (
     POD_SUBNET,
     NodeLock,
     RealNodeError,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace.localcluster import LocalCluster
-from gpuplace.localcluster.cluster import scheduler_configuration
+from gpuplace_dev.localcluster import LocalCluster
+from gpuplace_dev.localcluster.cluster import scheduler_configuration
 
 
 def test_scheduler_configuration_raises_client_qps_and_burst() -> None:

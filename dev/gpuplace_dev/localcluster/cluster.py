@@ -27,21 +27,20 @@ from urllib.parse import parse_qsl
 
 import yaml
 
-from gpuplace.localcluster import network
-from gpuplace.localcluster.binaries import ControlPlaneBinaries, find_binaries
-from gpuplace.localcluster.layout import ClusterLayout, ClusterState
-from gpuplace.localcluster.nodebinaries import NodeBinaries, find_node_binaries
-from gpuplace.localcluster.nodes import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, FakeNode
-from gpuplace.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
-from gpuplace.localcluster.policies import admission_policies
-from gpuplace.localcluster.process import (
+from gpuplace_dev.localcluster import network, policies
+from gpuplace_dev.localcluster.binaries import ControlPlaneBinaries, find_binaries
+from gpuplace_dev.localcluster.layout import ClusterLayout, ClusterState
+from gpuplace_dev.localcluster.nodebinaries import NodeBinaries, find_node_binaries
+from gpuplace_dev.localcluster.nodes import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, FakeNode
+from gpuplace_dev.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
+from gpuplace_dev.localcluster.process import (
     ManagedProcess,
     ProcessRecord,
     spawn,
     stop_all,
     stop_records,
 )
-from gpuplace.localcluster.realnode import (
+from gpuplace_dev.localcluster.realnode import (
     BRIDGE,
     POD_GATEWAY,
     REAL_NODE_NAME,
@@ -74,7 +73,6 @@ from kubeio.paths import (
     VALIDATING_ADMISSION_POLICY_BINDINGS,
 )
 from kubeio.requests import prepare
-from placement import podpolicy
 from placement.annotations import NODE_ANNOTATION
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -112,7 +110,7 @@ class KubectlError(RuntimeError):
 
 
 class LocalCluster:
-    """A control plane on random loopback ports; see `gpuplace.localcluster` for the API.
+    """A control plane on random loopback ports; see `gpuplace_dev.localcluster` for the API.
 
     ``directory``: where certificates, kubeconfigs, etcd data and logs go; a new temporary
     directory (removed by `stop`) when None, else created if needed and left in place.
@@ -123,14 +121,14 @@ class LocalCluster:
     ``detach``: children outlive this Python process (``gpuplace cluster up``); otherwise they are
     killed when it exits, however it exits (atexit, SIGTERM, and the kernel's parent-death signal,
     which fires when the *thread* that started the cluster ends: start it from the main thread).
-    ``real_nodes``: 1 adds a real node (`gpuplace.localcluster.realnode`): containerd and a
+    ``real_nodes``: 1 adds a real node (`gpuplace_dev.localcluster.realnode`): containerd and a
     kubelet on this machine, registered as Node ``localhost`` and Ready when `start` returns;
     ``real_node`` then gives its files and ``ctr``. Only one runs on a machine at a time; `start`
     waits up to ``node_lock_timeout`` seconds for another to stop. ``real_node_labels`` are the
     Node's labels (kubelet ``--node-labels``), ``kubelet_args`` more kubelet flags.
     ``node_binaries`` overrides the built node components (default: `find_node_binaries`).
     ``pod_network``: pods on the real node reach the apiserver through the `kubernetes` Service and
-    the apiserver reaches webhook Services' pods (gpuplace.localcluster.network), as an installed
+    the apiserver reaches webhook Services' pods (gpuplace_dev.localcluster.network), as an installed
     chart needs; needs ``real_nodes=1`` and iptables. ``policies``: install the local copies of
     the chart's admission policies (off when the chart itself is installed: it owns them).
     ``trace_endpoint``: an OTLP/gRPC collector (``host:port``) the apiserver sends the spans of
@@ -396,11 +394,14 @@ class LocalCluster:
 
     def _install_policies(self) -> None:
         """The chart's ValidatingAdmissionPolicies, so every test runs under them."""
+        self._create_policies(policies.local_copies(policies.AGENT, policies.CONTROLLER))
+
+    def _create_policies(self, objects: list[dict[str, Any]]) -> None:
         resources = {
             "ValidatingAdmissionPolicy": VALIDATING_ADMISSION_POLICIES,
             "ValidatingAdmissionPolicyBinding": VALIDATING_ADMISSION_POLICY_BINDINGS,
         }
-        for obj in admission_policies():
+        for obj in objects:
             status, body = self.request("POST", resources[obj["kind"]].collection(), obj)
             if status not in (201, 409):
                 raise ClusterError(f"installing {obj['kind']} {obj['metadata']['name']}: {body}")
@@ -456,19 +457,7 @@ class LocalCluster:
     def install_pod_binding_policy(self, *, timeout: float = 60.0) -> None:
         """Installs the ValidatingAdmissionPolicy that the Helm chart ships (bindings nobody can
         forge or rewrite) and waits until the apiserver enforces it."""
-        for path, body in (
-            (
-                VALIDATING_ADMISSION_POLICIES.collection(),
-                podpolicy.policy(podpolicy.LOCAL_POLICY_NAME),
-            ),
-            (
-                VALIDATING_ADMISSION_POLICY_BINDINGS.collection(),
-                podpolicy.policy_binding(podpolicy.LOCAL_POLICY_NAME),
-            ),
-        ):
-            status, response = self.request("POST", path, body)
-            if status not in {201, 409}:
-                raise ClusterError(f"creating {body['kind']}: HTTP {status}: {_message(response)}")
+        self._create_policies(policies.local_copies(policies.POD_BINDINGS))
         probe = {
             "apiVersion": "v1",
             "kind": "Pod",

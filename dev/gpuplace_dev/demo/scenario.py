@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import inspect
-from gpuplace.demo import realnode
-from gpuplace.demo.argocd import (
+from gpuplace_dev.demo import realnode
+from gpuplace_dev.demo.argocd import (
     APPLICATION,
     APPLICATIONSET,
     CHART_APPLICATION,
@@ -21,12 +21,12 @@ from gpuplace.demo.argocd import (
     set_chart_value,
     write_platform,
 )
-from gpuplace.demo.components import REPO_ROOT, Components, demo_uuid, fake_gpus
-from gpuplace.demo.gitops import GitOpsRepo, SyncResult, run_cli
-from gpuplace.localargocd import binaries as argocd_binaries
-from gpuplace.localargocd.binaries import ArgoCDBinariesError
-from gpuplace.localargocd.launcher import ArgoCDError
-from gpuplace.localcluster import (
+from gpuplace_dev.demo.components import REPO_ROOT, Components, demo_uuid, fake_gpus
+from gpuplace_dev.demo.gitops import GitOpsRepo, SyncResult, run_cli
+from gpuplace_dev.localargocd import binaries as argocd_binaries
+from gpuplace_dev.localargocd.binaries import ArgoCDBinariesError
+from gpuplace_dev.localargocd.launcher import ArgoCDError
+from gpuplace_dev.localcluster import (
     REAL_NODE_NAME,
     BinariesError,
     ClusterError,

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gpuplace.localcluster import LocalCluster
-from gpuplace.localcluster.process import die_with_parent
+from gpuplace_dev.localcluster import LocalCluster
+from gpuplace_dev.localcluster.process import die_with_parent
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 FAKE_NVML_DIR = REPO_ROOT / "tests" / "fakenvml"
 
 

@@ -8,9 +8,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuplace.localcluster.binaries import cache_root
+from gpuplace_dev.localcluster.binaries import cache_root
 
-_HACK = Path(__file__).resolve().parents[2] / "hack"
+_HACK = Path(__file__).resolve().parents[3] / "hack"
 _BUILD_SCRIPT = _HACK / "build-argocd.sh"
 _WRAPPER_MOD = _HACK / "argocd" / "go.mod"
 _REQUIRE = re.compile(r"^\s*(?:require\s+)?github\.com/argoproj/argo-cd/v3\s+(v\S+)", re.MULTILINE)

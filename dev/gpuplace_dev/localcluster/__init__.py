@@ -12,7 +12,7 @@ Binaries come from `find_binaries` (built into ``~/.cache/gpuplace/k8s-<version>
 
 Use::
 
-    from gpuplace.localcluster import LocalCluster, FakeNode, fake_gpu_nodes
+    from gpuplace_dev.localcluster import LocalCluster, FakeNode, fake_gpu_nodes
 
     with LocalCluster(namespaces=["inference"]) as cluster:      # start() ... stop()
         cluster.create_nodes(fake_gpu_nodes(3, gpus=8))          # gpu-node-01..03, Ready
@@ -42,7 +42,7 @@ Use::
   ``wait_for(what, condition, timeout)`` polls a condition and fails early when one died.
 - ``LocalCluster.attach(directory)``: the cluster that ``gpuplace cluster up`` left running.
 
-A real node (``LocalCluster(real_nodes=1)``, `gpuplace.localcluster.realnode`): containerd, runc,
+A real node (``LocalCluster(real_nodes=1)``, `gpuplace_dev.localcluster.realnode`): containerd, runc,
 CNI plugins and a kubelet on this machine (built by ``hack/build-node.sh`` into
 ``~/.cache/gpuplace/node``), registered as Node ``localhost``, Ready when ``start()`` returns
 (about 1.3 s after the control plane). Pods bound to it run: image ``GPU_PROBE_IMAGE``
@@ -67,7 +67,7 @@ pytest: ``tests/integration/conftest.py`` provides the session fixture ``cluster
 and the per-test fixture ``namespace`` (a fresh namespace name).
 """
 
-from gpuplace.localcluster.binaries import (
+from gpuplace_dev.localcluster.binaries import (
     COMPONENTS,
     BinariesError,
     ControlPlaneBinaries,
@@ -76,26 +76,26 @@ from gpuplace.localcluster.binaries import (
     find_binaries,
     kubernetes_version,
 )
-from gpuplace.localcluster.cluster import (
+from gpuplace_dev.localcluster.cluster import (
     POD_CIDR,
     SERVICE_CIDR,
     ClusterError,
     KubectlError,
     LocalCluster,
 )
-from gpuplace.localcluster.images import GPU_PROBE_IMAGE, PAUSE_IMAGE
-from gpuplace.localcluster.layout import ClusterLayout, ClusterState
-from gpuplace.localcluster.nodebinaries import NodeBinaries, find_node_binaries
-from gpuplace.localcluster.nodes import (
+from gpuplace_dev.localcluster.images import GPU_PROBE_IMAGE, PAUSE_IMAGE
+from gpuplace_dev.localcluster.layout import ClusterLayout, ClusterState
+from gpuplace_dev.localcluster.nodebinaries import NodeBinaries, find_node_binaries
+from gpuplace_dev.localcluster.nodes import (
     GPU_RESOURCE,
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_VALUE,
     FakeNode,
     fake_gpu_nodes,
 )
-from gpuplace.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
-from gpuplace.localcluster.process import ManagedProcess, spawn, stop_all
-from gpuplace.localcluster.realnode import (
+from gpuplace_dev.localcluster.pki import CertificateAuthority, CertKeyPair, SigningKey
+from gpuplace_dev.localcluster.process import ManagedProcess, spawn, stop_all
+from gpuplace_dev.localcluster.realnode import (
     REAL_NODE_LOCK,
     REAL_NODE_NAME,
     RealNode,

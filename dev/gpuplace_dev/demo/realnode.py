@@ -3,7 +3,7 @@ what each container printed next to the binder's table."""
 
 from __future__ import annotations
 
-from gpuplace.localcluster import GPU_PROBE_IMAGE, REAL_NODE_NAME
+from gpuplace_dev.localcluster import GPU_PROBE_IMAGE, REAL_NODE_NAME
 
 #: The real node's agent reports GPUs with UUIDs demo_uuid(REAL_NODE_NUMBER, index).
 REAL_NODE_NUMBER = 5

@@ -23,11 +23,10 @@ from typing import Any
 
 import yaml
 
-from gpuplace.localcluster.cluster import LocalCluster
-from gpuplace.localcluster.realnode import REAL_NODE_NAME
+from gpuplace_dev.localcluster.cluster import LocalCluster
+from gpuplace_dev.localcluster.realnode import REAL_NODE_NAME
+from gpuplace_dev.localcluster.tools import CHART, REPO_ROOT, helm_binary, helm_env
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CHART = REPO_ROOT / "charts" / "gpuplace"
 RELEASE = "gpuplace"
 NAMESPACE = "gpuplace-system"
 INVENTORY_NAMESPACE = "gpuplace-inventory"
@@ -38,20 +37,6 @@ NVML_CONFIG = "/opt/gpuplace/nvml/nvml.json"
 
 class ChartError(RuntimeError):
     pass
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("GPUPLACE_CACHE") or Path.home() / ".cache" / "gpuplace")
-
-
-def helm_binary() -> Path:
-    """helm from hack/build-tools.sh (`make tools`)."""
-    path = cache_dir() / "tools" / "bin" / "helm"
-    if not path.is_file():
-        subprocess.run(
-            [str(REPO_ROOT / "hack" / "build-tools.sh")], check=True, capture_output=True
-        )
-    return path
 
 
 @dataclass(frozen=True)
@@ -148,15 +133,7 @@ class Helm:
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
-        home = cache_dir() / "tools" / "helm-home"
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(home),
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-            "KUBECONFIG": str(cluster.kubeconfig),
-        }
+        self.env = helm_env(cluster.kubeconfig)
 
     def __call__(self, *args: str, timeout: float = 300) -> str:
         result = subprocess.run(

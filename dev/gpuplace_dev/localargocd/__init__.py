@@ -11,9 +11,9 @@ local development does, with a loopback Redis::
 `AppState` reads an Application's sync and health status.
 """
 
-from gpuplace.localargocd.apps import AppState
-from gpuplace.localargocd.binaries import ArgoCDBinaries, ArgoCDBinariesError, find_argocd
-from gpuplace.localargocd.launcher import ArgoCDError, LocalArgoCD
+from gpuplace_dev.localargocd.apps import AppState
+from gpuplace_dev.localargocd.binaries import ArgoCDBinaries, ArgoCDBinariesError, find_argocd
+from gpuplace_dev.localargocd.launcher import ArgoCDError, LocalArgoCD
 
 __all__ = [
     "AppState",

@@ -28,7 +28,7 @@ COMPONENTS = (
     "kwok",
 )
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 _HACK = _REPO_ROOT / "hack"
 _BUILD_SCRIPT = _HACK / "build-control-plane.sh"
 _K8S_GO_MOD = _HACK / "k8s" / "go.mod"

@@ -17,16 +17,16 @@ from typing import Any
 
 import yaml
 
-from gpuplace.demo.components import REPO_ROOT
-from gpuplace.demo.gitops import SyncResult
-from gpuplace.localargocd.apps import (
+from gpuplace_dev.demo.components import REPO_ROOT
+from gpuplace_dev.demo.gitops import SyncResult
+from gpuplace_dev.localargocd.apps import (
     APPLICATIONS,
     APPLICATIONSETS,
     REFRESH_ANNOTATION,
     AppState,
 )
-from gpuplace.localargocd.launcher import NAMESPACE, LocalArgoCD
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localargocd.launcher import NAMESPACE, LocalArgoCD
+from gpuplace_dev.localcluster import LocalCluster
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
 

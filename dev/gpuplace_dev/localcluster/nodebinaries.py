@@ -12,9 +12,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuplace.localcluster.binaries import BinariesError, cache_root, kubernetes_version
+from gpuplace_dev.localcluster.binaries import BinariesError, cache_root, kubernetes_version
 
-_HACK = Path(__file__).resolve().parents[2] / "hack"
+_HACK = Path(__file__).resolve().parents[3] / "hack"
 _BUILD_SCRIPT = _HACK / "build-node.sh"
 _VERSIONS = _HACK / "node.versions"
 _PROBE_SOURCES = _HACK / "gpu-probe"

@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuplace.localargocd.binaries import ArgoCDBinaries, find_argocd
-from gpuplace.localcluster import LocalCluster
-from gpuplace.localcluster.chart import helm_binary
-from gpuplace.localcluster.process import ManagedProcess, spawn, stop_all
+from gpuplace_dev.localargocd.binaries import ArgoCDBinaries, find_argocd
+from gpuplace_dev.localcluster import LocalCluster
+from gpuplace_dev.localcluster.process import ManagedProcess, spawn, stop_all
+from gpuplace_dev.localcluster.tools import helm_binary
 from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS
 
 NAMESPACE = "argocd"

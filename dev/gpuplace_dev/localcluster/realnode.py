@@ -1,6 +1,6 @@
 """A real node for the local cluster: containerd, runc, CNI plugins and a kubelet on this machine.
 
-Pods bound to it really run (images from `gpuplace.localcluster.images`), so tests read what a
+Pods bound to it really run (images from `gpuplace_dev.localcluster.images`), so tests read what a
 container printed and what ``kubectl exec`` shows. The node is named ``localhost``: the apiserver
 reaches a kubelet by the node's host name first, the kubelet refuses a loopback node IP, and
 ``localhost`` resolves to 127.0.0.1 without touching /etc/hosts; the kubelet listens on 127.0.0.1
@@ -47,22 +47,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuplace.localcluster import network
-from gpuplace.localcluster.images import (
+from gpuplace_dev.localcluster import network
+from gpuplace_dev.localcluster.images import (
     PAUSE_IMAGE,
     Image,
     gpu_probe_image,
     oci_archive,
     pause_image,
 )
-from gpuplace.localcluster.nodebinaries import NodeBinaries
+from gpuplace_dev.localcluster.nodebinaries import NodeBinaries
 
 REAL_NODE_NAME = "localhost"
 # A fixed name on purpose: every checkout and user on the machine must agree on it.
 REAL_NODE_LOCK = Path("/tmp/gpuplace-real-node.lock")  # noqa: S108
 #: The pod addresses of the real node: outside the service range and kwok's pod range.
 POD_SUBNET = "10.64.0.0/24"
-#: The bridge's own address, with a pod network (gpuplace.localcluster.network).
+#: The bridge's own address, with a pod network (gpuplace_dev.localcluster.network).
 POD_GATEWAY = "10.64.0.1/24"
 BRIDGE = "gpuplace0"
 #: Paths the kubelet and containerd write whatever their directories are configured to.
@@ -110,7 +110,7 @@ class RealNodeLayout:
 
     @property
     def network_record(self) -> Path:
-        """What gpuplace.localcluster.network installed, for its removal."""
+        """What gpuplace_dev.localcluster.network installed, for its removal."""
         return self.directory / "network.json"
 
     @property
@@ -233,7 +233,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 def cni_config(layout: RealNodeLayout, services: str | None = None) -> dict[str, Any]:
     """One bridge, host-local addresses, no masquerading: pods reach each other and the kubelet
     reaches them through their network namespace. With ``services`` (the Service range; the pod
-    network of an installed chart, gpuplace.localcluster.network) the bridge holds
+    network of an installed chart, gpuplace_dev.localcluster.network) the bridge holds
     `POD_GATEWAY` and pods get one route, to ``services`` through it; never a default route."""
     ipam: dict[str, Any] = {
         "type": "host-local",

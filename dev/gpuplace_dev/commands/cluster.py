@@ -28,7 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpuplace.localcluster import (
+from gpuplace_dev.localcluster import (
     REAL_NODE_NAME,
     BinariesError,
     ClusterError,
@@ -38,7 +38,7 @@ from gpuplace.localcluster import (
     chart,
     fake_gpu_nodes,
 )
-from gpuplace.localcluster.chart import ChartError
+from gpuplace_dev.localcluster.chart import ChartError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -43,7 +43,7 @@ class Routing:
     route_localnet_before: str
 
 
-ENSURE_APT = Path(__file__).resolve().parents[2] / "hack" / "ensure-apt.sh"
+ENSURE_APT = Path(__file__).resolve().parents[3] / "hack" / "ensure-apt.sh"
 
 
 def iptables() -> str:

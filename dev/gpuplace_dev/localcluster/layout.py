@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuplace.localcluster.process import ProcessRecord
+from gpuplace_dev.localcluster.process import ProcessRecord
 
 STATE_VERSION = 1
 

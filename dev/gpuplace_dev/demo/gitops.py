@@ -13,7 +13,7 @@ from pathlib import Path
 import git
 import yaml
 
-from gpuplace.localcluster import LocalCluster
+from gpuplace_dev.localcluster import LocalCluster
 from placement.annotations import (
     PLACEMENT_MAP_LABEL,
     REVISION_ANNOTATION,

@@ -78,7 +78,7 @@ def oci_archive(image: Image) -> bytes:
                 "WorkingDir": "/",
             },
             "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-            "history": [{"created_by": "gpuplace.localcluster.images"}],
+            "history": [{"created_by": "gpuplace_dev.localcluster.images"}],
         }
     )
     manifest = _json(

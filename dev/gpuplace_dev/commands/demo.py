@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpuplace.demo.scenario import main
+from gpuplace_dev.demo.scenario import main
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
