@@ -1,8 +1,5 @@
-"""The compiled model as the controller last wrote it, read through a watch (read-only).
-
-The controller writes the model as a manifest and shards; what a half-written model means is
-`placement.model.read_model`'s to say (the last complete model stays in use).
-"""
+"""The compiled model as the controller last wrote it (the model watch, `kubeio.modelwatch`), narrowed
+to the maps with a slot on this agent's node."""
 
 from __future__ import annotations
 
@@ -11,16 +8,16 @@ from collections.abc import Callable
 
 from kubeio.client import Kube
 from kubeio.informer import Informer
-from kubeio.paths import CONFIGMAPS
-from placement.model import MODEL_LABEL, CompiledMap, CompiledSlot, model_data, read_model
+from kubeio.modelwatch import ModelWatch as SharedModelWatch
+from placement.model import CompiledMap, CompiledSlot
 from placement.types import MapKey, NodeName
 
 log = logging.getLogger(__name__)
 
-_Versions = tuple[tuple[str, str], ...]
-
 
 class ModelWatch:
+    """The maps with a slot on this agent's node, from `kubeio.modelwatch.ModelWatch`."""
+
     def __init__(
         self,
         kube: Kube,
@@ -29,44 +26,28 @@ class ModelWatch:
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.node = node
-        self.informer = Informer(
-            kube,
-            CONFIGMAPS.collection(namespace),
-            label_selector=f"{MODEL_LABEL}=true",
-            name="model",
-        )
-        self.informer.add_handler(lambda _event, _obj, _old: on_change())
+        self.watch = SharedModelWatch(kube, namespace)
+        self.watch.add_handler(lambda _event, _obj, _old: on_change())
         self.generation: int | None = None
-        self._versions: _Versions | None = None
         self._maps: tuple[CompiledMap, ...] | None = None
 
+    @property
+    def informer(self) -> Informer:
+        return self.watch.informer
+
     def start(self) -> None:
-        self.informer.start()
+        self.watch.start()
 
     def stop(self) -> None:
-        self.informer.stop()
+        self.watch.stop()
 
     def maps(self) -> tuple[CompiledMap, ...] | None:
         """The maps with a slot on this node from the newest complete model, the same tuple
         while nothing changed; None until a model (or the absence of one) has been read."""
-        if not self.informer.synced.is_set():
+        if not self.watch.informer.synced.is_set():
             return self._maps
-        with self.informer.lock:
-            objects = list(self.informer.store.values())
-        versions = tuple(
-            sorted(
-                (str(o["metadata"]["name"]), str(o["metadata"].get("resourceVersion", "")))
-                for o in objects
-            )
-        )
-        if versions == self._versions:
-            return self._maps
-        self._versions = versions
-        try:
-            model = read_model(model_data(objects))
-        except ValueError as exc:
-            kept = "none yet" if self.generation is None else f"generation {self.generation}"
-            log.info("model not readable now (%s); checking against %s", exc, kept)
+        model = self.watch.read()
+        if model is None or model.generation == self.generation:
             return self._maps
         self.generation = model.generation
         mine = tuple(

@@ -1,8 +1,5 @@
-"""The compiled model as the webhook sees it: fed by a watch on the model ConfigMaps.
-
-The controller writes a manifest and shards; what a half-written model means is
-`placement.model.read_model`'s to say (the last complete model keeps serving).
-"""
+"""The compiled model as the webhook sees it: fed by the model watch (`kubeio.modelwatch`); the last
+complete model keeps serving while a write is seen half-way."""
 
 from __future__ import annotations
 
@@ -13,9 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kubeio.client import Kube
-from kubeio.informer import Informer
-from kubeio.paths import CONFIGMAPS
-from placement.model import MODEL_LABEL, Model, model_data, read_model
+from kubeio.modelwatch import ModelWatch
+from placement.model import Model
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +40,13 @@ class StaticModel:
 
 
 class ModelCache:
-    """Watches `gpuplace-system` ConfigMaps labelled `gpuplace.io/model=true`.
-
-    Decoding runs on its own thread, off the informer's: a burst of shard events (one model write)
-    collapses into one rebuild.
-    """
+    """The model as `kubeio.modelwatch.ModelWatch` reads it (ConfigMaps labelled
+    `gpuplace.io/model=true` in the system namespace), decoded on a thread of its own, off the
+    informer's: a burst of shard events (one model write) collapses into one rebuild."""
 
     def __init__(self, kube: Kube, namespace: str) -> None:
-        self._informer = Informer(
-            kube,
-            CONFIGMAPS.collection(namespace),
-            label_selector=f"{MODEL_LABEL}=true",
-            name="model",
-        )
-        self._informer.add_handler(lambda _event, _obj, _old: self._dirty.set())
+        self._watch = ModelWatch(kube, namespace)
+        self._watch.add_handler(lambda _event, _obj, _old: self._dirty.set())
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._loaded = threading.Event()
@@ -74,17 +63,17 @@ class ModelCache:
         return self._loaded.wait(timeout)
 
     def start(self) -> ModelCache:
-        self._informer.start()
+        self._watch.start()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self._dirty.set()
-        self._informer.stop()
+        self._watch.stop()
 
     def _run(self) -> None:
-        while not self._informer.wait_synced(0.5):
+        while not self._watch.informer.wait_synced(0.5):
             if self._stop.is_set():
                 return
         while not self._stop.is_set():
@@ -93,13 +82,9 @@ class ModelCache:
             self._dirty.wait()
 
     def rebuild(self) -> None:
-        with self._informer.lock:
-            snapshot = model_data(self._informer.store.values())
         started = time.perf_counter()
-        try:
-            model = read_model(snapshot)
-        except ValueError as exc:
-            log.info("model not complete, keeping generation %d: %s", self._model.generation, exc)
+        model = self._watch.read()
+        if model is None:
             return
         if model.generation != self._model.generation or not self._loaded.is_set():
             log.info(

@@ -1,0 +1,145 @@
+"""The controller's shared informers: one per resource, each a named field (no string keys). Every
+replica runs them, leading or not, so that a standby takes over with warm caches; the reconcilers
+register their handlers on them and read their stores."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from controller.dra import CLAIMS_PATH, SLICES_PATH, TEMPLATE_SELECTOR, TEMPLATES_PATH
+from controller.settings import ControllerSettings
+from kubeio.client import Kube, Obj
+from kubeio.informer import Informer
+from kubeio.modelwatch import ModelWatch
+from kubeio.paths import CONFIGMAPS, LEASES, NODES, PODS, SECRETS
+from placement.annotations import PLACEMENT_MAP_LABEL
+from placement.dra import Enforcement
+from placement.grants import POLICY_CONFIGMAP
+
+
+@dataclass(frozen=True)
+class DraInformers:
+    """dra enforcement: the driver's ResourceSlices, the claims, gpuplace's claim templates."""
+
+    slices: Informer
+    claims: Informer
+    templates: Informer
+
+
+@dataclass(frozen=True)
+class SharedInformers:
+    #: Source ConfigMaps (placement maps); None when maps come from git.
+    sources: Informer | None
+    nodes: Informer
+    inventories: Informer
+    leases: Informer
+    model: ModelWatch
+    policy: Informer
+    binding_key: Informer
+    #: One per schedulerName the binder serves (gpuplace's, and the legacy ones).
+    pods: tuple[Informer, ...]
+    dra: DraInformers | None
+
+    @classmethod
+    def create(cls, kube: Kube, settings: ControllerSettings) -> SharedInformers:
+        s = settings
+        resync = s.resync_seconds
+        sources = None
+        if s.source == "configmap":
+            sources = Informer(
+                kube,
+                CONFIGMAPS.collection(),
+                name="sources",
+                label_selector=f"{PLACEMENT_MAP_LABEL}=true",
+                resync_seconds=resync,
+            )
+        names = [s.binder.scheduler_name]
+        if s.binder.legacy:
+            names += [n for n in s.binder.legacy_scheduler_names if n not in names]
+        pods = tuple(
+            Informer(
+                kube,
+                PODS.collection(),
+                name=f"pods:{name}",
+                field_selector=f"spec.schedulerName={name}",
+                resync_seconds=resync,
+            )
+            for name in names
+        )
+        dra = None
+        if s.enforcement is Enforcement.DRA:
+            dra = DraInformers(
+                Informer(
+                    kube,
+                    SLICES_PATH,
+                    name="resourceslices",
+                    field_selector=f"spec.driver={s.dra.driver}",
+                ),
+                Informer(kube, CLAIMS_PATH, name="resourceclaims"),
+                Informer(
+                    kube, TEMPLATES_PATH, name="claimtemplates", label_selector=TEMPLATE_SELECTOR
+                ),
+            )
+        return cls(
+            sources=sources,
+            nodes=Informer(kube, NODES.collection(), name="nodes"),
+            inventories=Informer(
+                kube, CONFIGMAPS.collection(s.inventory_namespace), name="inventories"
+            ),
+            leases=Informer(kube, LEASES.collection(s.inventory_namespace), name="leases"),
+            model=ModelWatch(kube, s.system_namespace),
+            policy=Informer(
+                kube,
+                CONFIGMAPS.collection(s.system_namespace),
+                name="policy",
+                field_selector=f"metadata.name={POLICY_CONFIGMAP}",
+            ),
+            binding_key=Informer(
+                kube,
+                SECRETS.collection(s.system_namespace),
+                name="bindingkey",
+                field_selector=f"metadata.name={s.binder.key_secret_name}",
+            ),
+            pods=pods,
+            dra=dra,
+        )
+
+    def all(self) -> Iterator[Informer]:
+        if self.sources is not None:
+            yield self.sources
+        yield from (self.nodes, self.inventories, self.leases, self.model.informer)
+        yield from self.pods
+        if self.dra is not None:
+            yield from (self.dra.slices, self.dra.claims, self.dra.templates)
+        yield from (self.policy, self.binding_key)
+
+    def start(self) -> None:
+        for informer in self.all():
+            informer.start()
+
+    def stop(self) -> None:
+        for informer in self.all():
+            informer.stop()
+
+    def wait_synced(self) -> None:
+        for informer in self.all():
+            informer.wait_synced()
+
+    def failing(self, grace_seconds: float) -> list[str]:
+        """Names of the informers that have failed to list or watch for over `grace_seconds`."""
+        return [i.name for i in self.all() if not i.healthy(grace_seconds)]
+
+    def pod_objects(self) -> list[Obj]:
+        """Every pod the pod informers hold (a snapshot)."""
+        out: list[Obj] = []
+        for informer in self.pods:
+            with informer.lock:
+                out.extend(informer.store.values())
+        return out
+
+
+def snapshot(informer: Informer) -> dict[tuple[str, str], Obj]:
+    """A copy of an informer's store, taken under its lock."""
+    with informer.lock:
+        return dict(informer.store)

@@ -1,0 +1,230 @@
+"""Sources -> compile -> model: the one writer of the model. Applies the typed changes the informers
+queue (maps, the policy, nodes, inventories), compiles once per pass when something changed, and on
+the leader publishes the model ConfigMaps and wakes the binder. Runs on the reconcile loop, and on
+the thread that starts a leadership; both hold the controller's lock."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import assert_never
+
+from controller.changes import (
+    Change,
+    InventoryChanged,
+    NodeChanged,
+    PolicyChanged,
+    SourceChanged,
+    SourceDeleted,
+)
+from controller.dirty import DirtyMaps
+from controller.grantkeeper import GrantKeeper
+from controller.inventories import InventoryTracker
+from controller.metrics import ControllerMetrics
+from controller.nodekeeper import NodeKeeper
+from controller.renumber import RenumberTracker
+from controller.sources import SourceState, read_source, restore
+from controller.writer import ModelWriter
+from kubeio.client import Obj
+from placement.binding import Cluster
+from placement.compile import Compiler
+from placement.inventory import NodeInventory
+from placement.model import Model, read_model
+from placement.restore import declared_map
+from placement.types import MapKey, NodeName, Sharing
+from placement.wake import WakeKey
+
+log = logging.getLogger(__name__)
+
+
+class ModelKeeper:
+    def __init__(
+        self,
+        compiler: Compiler,
+        grants: GrantKeeper,
+        nodes: NodeKeeper,
+        tracker: InventoryTracker,
+        renumber: RenumberTracker,
+        writer: ModelWriter,
+        metrics: ControllerMetrics,
+        statuses: DirtyMaps,
+        *,
+        require_inventory: bool,
+        alias_label: str,
+    ) -> None:
+        self.compiler = compiler
+        self.grants = grants
+        self.nodes = nodes
+        self.tracker = tracker
+        self.renumber = renumber
+        self.writer = writer
+        self.metrics = metrics
+        self.statuses = statuses
+        self.require_inventory = require_inventory
+        self.alias_label = alias_label
+        self.model = Model()
+        #: Maps with sharing: shared, in the current model (read on every pod event).
+        self.shared: set[str] = set()
+        self.sources: dict[MapKey, SourceState] = {}
+        self._uncompiled = False  # changes applied to the compiler and not compiled yet
+        self._unblocked: set[WakeKey] = set()  # binder keys those changes may unblock
+        #: Called with the maps a newly published model changed (drift, claim templates).
+        self.on_published: Callable[[set[MapKey]], None] = lambda _maps: None
+        #: Called when a map's source is deleted (its status bookkeeping goes).
+        self.on_deleted: Callable[[MapKey], None] = lambda _key: None
+        #: Wakes the binder's waiting pods for these keys.
+        self.wake: Callable[[set[WakeKey]], None] = lambda _keys: None
+        #: Whether this replica leads (a deleted node's inventory is then removed).
+        self.leading: Callable[[], bool] = lambda: False
+        #: Whether the lease is held right now (checked before the model is written).
+        self.holds_lease: Callable[[], bool] = lambda: False
+
+    @property
+    def uncompiled(self) -> bool:
+        return self._uncompiled
+
+    def cluster(self) -> Cluster:
+        return Cluster(
+            self.model,
+            self.nodes.nodes,
+            self.nodes.aliases,
+            self.tracker.states,
+            self.require_inventory,
+            self.alias_label,
+        )
+
+    # -- applying changes -------------------------------------------------------------------
+    def apply_all(self, batch: Iterable[Change]) -> None:
+        """Feeds a batch of changes to the compiler; compiled by the next `publish`."""
+        for change in batch:
+            unblocked = self.apply(change)
+            if unblocked is not None:
+                self._uncompiled = True
+                self._unblocked |= unblocked
+        self.nodes.refresh_aliases()
+        regranted = self.grants.regrant()
+        if regranted is not None:
+            self.statuses.update(regranted)
+            self._uncompiled = True
+            self._unblocked.add(WakeKey.model())
+
+    def apply(self, change: Change) -> set[WakeKey] | None:
+        """One change; returns the binder keys it may unblock, or None when nothing changed (a
+        node heartbeat, our own status patch coming back)."""
+        match change:
+            case SourceChanged(obj):
+                return self._apply_source(obj)
+            case SourceDeleted(obj):
+                return self._apply_source_deleted(obj)
+            case PolicyChanged(obj):
+                return set() if self.grants.apply_policy(obj) else None
+            case NodeChanged(obj, deleted):
+                return self.nodes.apply(obj, deleted, self.leading())
+            case InventoryChanged(node, inventory):
+                return self._apply_inventory(node, inventory)
+            case _:
+                assert_never(change)
+
+    def _apply_source(self, obj: Obj) -> set[WakeKey] | None:
+        key = MapKey(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        known = self.sources.get(key)
+        state = read_source(obj, known)
+        if state is known:
+            return None  # same text: e.g. our own status patch came back
+        self.sources[state.key] = state
+        if state.valid is not None and (
+            known is None or known.valid != state.valid or known.provenance != state.provenance
+        ):
+            self.grants.offer(state.valid, state.valid_version, state.provenance)
+        self.statuses.add(state.key)
+        return set()
+
+    def _apply_source_deleted(self, obj: Obj) -> set[WakeKey]:
+        key = MapKey(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        self.sources.pop(key, None)
+        self.grants.forget(key)
+        self.compiler.remove_map(key)
+        self.on_deleted(key)
+        return set()
+
+    def _apply_inventory(self, node: NodeName, inventory: NodeInventory | None) -> set[WakeKey]:
+        if inventory is None:
+            self.compiler.remove_inventory(node)
+        else:
+            self.compiler.set_inventory(inventory)
+        self.statuses.update(self.renumber.check(node, inventory))
+        return {WakeKey.inventory(node)}
+
+    # -- compiling and publishing -------------------------------------------------------------
+    def publish(self, current: Callable[[], Mapping[str, Mapping[str, str]]], first: bool) -> bool:
+        """Compiles what changed and, when the model did (or on a leadership's `first` pass),
+        writes it (`current`: the model ConfigMaps' data by name) and wakes the binder. Only
+        while the lease is held (returns False otherwise: what is pending stays pending)."""
+        if not self.holds_lease():
+            return False
+        keys, self._uncompiled, self._unblocked = self._unblocked, False, set()
+        started = time.perf_counter()
+        model, reports = self.compiler.build()
+        self.metrics.compile_seconds.observe(time.perf_counter() - started)
+        if model.generation != self.model.generation or first:
+            self.writer.write(model, current())
+            changed = {
+                k
+                for k in set(model.maps) | set(self.model.maps)
+                if model.maps.get(k) is not self.model.maps.get(k)
+            }
+            self.model = model
+            self.shared = {str(k) for k, m in model.maps.items() if m.sharing is Sharing.SHARED}
+            self.metrics.model_generation.set(model.generation)
+            self.statuses.update(changed)
+            self.on_published(changed)
+            keys.add(WakeKey.model())
+            keys |= {WakeKey.map(k) for k in changed}
+        self.statuses.update(set(reports) & set(self.sources))
+        if keys:
+            self.wake(keys)
+        return True
+
+    def seed(self, stored: Mapping[str, Mapping[str, str]]) -> Model | None:
+        """Seeds the compiler with the stored model (earlier `count` picks stay); returns it, or
+        None when there is none or it cannot be read."""
+        try:
+            seeded = read_model(stored) if stored else None
+        except ValueError as exc:
+            log.warning("stored model unreadable, compiling from scratch: %s", exc)
+            return None
+        if seeded is not None:
+            self.compiler.seed(seeded)
+        return seeded
+
+    def restore_last_valid(self, stored: Model) -> None:
+        """Sources that are invalid now and had no valid version in this process keep serving
+        the version the stored model holds, as they would have without the restart. A map whose
+        source is gone is not restored: deleting it is meant."""
+        for key, cmap in stored.maps.items():
+            state = self.sources.get(key)
+            if state is None:
+                continue
+            if state.valid is not None:
+                if (
+                    state.valid_version == cmap.source_version
+                    and state.provenance != cmap.provenance
+                ):
+                    # The same text, re-stamped by later commits that left it alone: it still
+                    # came from the revision the model recorded (and no shard is rewritten).
+                    self.sources[key] = replace(state, provenance=cmap.provenance)
+                    self.grants.offer(state.valid, state.valid_version, cmap.provenance)
+                    self.statuses.add(key)
+                continue
+            pmap = declared_map(cmap)
+            restored = restore(state, pmap, cmap.source_version, cmap.provenance)
+            self.sources[key] = restored
+            self.grants.offer(pmap, cmap.source_version, cmap.provenance)
+            self.statuses.add(key)
+            log.info(
+                "map %s is invalid; serving version %s from the stored model",
+                key,
+                cmap.source_version,
+            )

@@ -1,0 +1,109 @@
+"""Bound pods after their binding: whether each runs (rollouts wait for it), the envMode-index
+bindings the renumbering tracker follows, and which maps' pods to judge for drift again. Pod events
+arrive on the informer threads; the binder sees each first. Drift and rollouts are judged on the
+reconcile loop, from the maps marked here and by the model's changes."""
+
+from __future__ import annotations
+
+from controller import podfacts
+from controller.binder import Binder
+from controller.dirty import DirtyMaps
+from controller.drift import DriftTracker
+from controller.renumber import RenumberTracker, bound_indices
+from controller.rollout import Rollouts
+from kubeio.client import Obj
+from kubeio.events import ObjectRef
+from kubeio.informer import DELETED
+from placement.annotations import LEGACY_MAP_PREFIX, decode_binding
+from placement.model import Model
+from placement.types import MapKey
+
+
+class PodWatch:
+    def __init__(
+        self,
+        binder: Binder,
+        drift: DriftTracker,
+        rollouts: Rollouts,
+        renumber: RenumberTracker,
+        statuses: DirtyMaps,
+    ) -> None:
+        self.binder = binder
+        self.drift = drift
+        self.rollouts = rollouts
+        self.renumber = renumber
+        self.statuses = statuses
+        #: Maps whose bound pods to judge for drift again.
+        self.drift_dirty = DirtyMaps()
+        self._running: dict[str, bool] = {}  # bound pod uid -> Running (informer threads write)
+        #: bound pod uid -> (key ring version, annotations) last decoded and judged for it, so
+        #: that the pod's later events (kwok or the kubelet writing its status) cost a comparison.
+        self._bindings_seen: dict[str, tuple[str, dict[str, str]]] = {}
+
+    def is_running(self, uid: str) -> bool:
+        return self._running.get(uid, False)
+
+    def on_pod(self, event: str, obj: Obj, shared: set[str]) -> None:
+        """One pod event (informer thread): the binder first, then what follows a binding."""
+        if self.binder.active.is_set():
+            self.binder.on_pod(event, obj, shared)
+        if not podfacts.is_bound(obj):
+            return
+        uid = podfacts.uid_of(obj)
+        gone = event == DELETED or podfacts.is_finished(obj)
+        meta = obj["metadata"]
+        annotations = meta.get("annotations") or {}
+        if gone:
+            self._running.pop(uid, None)
+            self._bindings_seen.pop(uid, None)
+        else:
+            self._running[uid] = obj.get("status", {}).get("phase") == "Running"
+            if self.binder.active.is_set():
+                trust = self.binder.trust
+                seen = (trust.version if trust is not None else "", annotations)
+                if self._bindings_seen.get(uid) == seen:
+                    return  # the same binding as the pod's last event: nothing to judge again
+                self._bindings_seen[uid] = seen
+        decision = decode_binding(meta["namespace"], annotations)
+        if decision is not None and not decision.map.name.startswith(LEGACY_MAP_PREFIX):
+            self.drift_dirty.add(decision.map)
+        self.track_indices(obj, gone)
+
+    def track_indices(self, pod: Obj, gone: bool) -> None:
+        """Feeds the renumbering tracker: bound pods with a verified envMode-index binding."""
+        uid = podfacts.uid_of(pod)
+        if gone:
+            key = self.renumber.forget(uid)
+            if key is not None:
+                self.statuses.add(key)
+            return
+        if not self.binder.active.is_set():
+            return
+        meta = pod["metadata"]
+        trust = self.binder.trust
+        if trust is None or not podfacts.verdict(pod, trust).trust.holds:
+            return
+        decision = decode_binding(meta["namespace"], meta.get("annotations") or {})
+        if decision is None:
+            return
+        ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
+        tracked = bound_indices(ref, pod["spec"]["nodeName"], decision)
+        if tracked is not None:
+            self.renumber.track(uid, tracked)
+
+    def rebuild(self, pods: list[Obj]) -> None:
+        """After the binder rebuilt its cache at the start of a leadership: the renumbering
+        tracker from the bound pods, and every held map to judge for drift."""
+        for pod in pods:
+            if podfacts.is_bound(pod):
+                self.track_indices(pod, podfacts.is_finished(pod))
+        self.drift_dirty.update(h.slot.map for h in self.binder.cache.holdings())
+
+    def judge(self, model: Model) -> None:
+        """Drift of the bound pods of maps that changed or whose pods did, then rollouts; the
+        maps whose counts changed get their status written again."""
+        dirty: set[MapKey] = self.drift_dirty.take()
+        changed = self.drift.check(dirty, model, self.binder.cache) if dirty else set()
+        changed |= self.rollouts.step(model, self.drift, self.binder.cache)
+        if changed:
+            self.statuses.update(changed)

@@ -1,0 +1,182 @@
+"""Map status: the one writer of `gpuplace.io/status` on source ConfigMaps, of the map Events on
+phase transitions, and of the map and slot gauges. Takes the maps marked dirty (by any part of the
+controller) at most twice a second on the leader; a status whose only news is the bound count is
+held back while one was written recently, so that a burst of binds costs one patch per map."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from controller.binder import Binder
+from controller.dirty import DirtyMaps
+from controller.drift import DriftTracker
+from controller.grantkeeper import GrantKeeper
+from controller.metrics import ControllerMetrics
+from controller.renumber import RenumberTracker
+from controller.rollout import Rollouts
+from controller.sources import SourceState, map_status, only_bound_changed
+from controller.writer import patch_status
+from kubeio.client import Kube, Obj
+from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from kubeio.informer import Informer
+from placement.annotations import STATUS_ANNOTATION
+from placement.compile import Compiler
+from placement.model import Model
+from placement.status import MapStatus, Phase
+from placement.types import MapKey, RolloutStrategy
+
+
+class StatusWriter:
+    def __init__(
+        self,
+        kube: Kube,
+        events: EventRecorder,
+        metrics: ControllerMetrics,
+        dirty: DirtyMaps,
+        *,
+        sources: Informer | None,
+        bound_seconds: float,
+    ) -> None:
+        self.kube = kube
+        self.events = events
+        self.metrics = metrics
+        self.dirty = dirty
+        #: The source ConfigMaps' informer; None when maps come from git (no object to patch).
+        self.sources = sources
+        self.bound_seconds = bound_seconds
+        self._statuses: dict[MapKey, str] = {}
+        self._written: dict[MapKey, tuple[MapStatus, float]] = {}  # last patched, and when
+        self._phases: dict[MapKey, Phase] = {}
+
+    def forget(self, key: MapKey) -> None:
+        """The map's source is gone."""
+        self._statuses.pop(key, None)
+        self._written.pop(key, None)
+
+    def write(
+        self,
+        states: Mapping[MapKey, SourceState],
+        model: Model,
+        compiler: Compiler,
+        grants: GrantKeeper,
+        pods: PodFacts,
+    ) -> None:
+        """Writes the status of every dirty map whose status changed."""
+        reports = compiler.reports
+        deferred: set[MapKey] = set()
+        for key in sorted(self.dirty.take()):
+            state = states.get(key)
+            if state is None:
+                continue
+            cmap = model.maps.get(key)
+            denied = grants.denied.get(key)
+            if denied:
+                state = replace(state, valid=None, valid_version="", errors=denied)
+            status = map_status(
+                state,
+                reports.get(key),
+                model.generation,
+                pods.binder.cache.bound_count(key),
+                pods.drift.count(key),
+                cmap.provenance.revision if cmap else "",
+                rollout_note(key, model, pods),
+                pods.renumber.count(key),
+                pods.binder.report.count(key),
+            )
+            if not self._write_one(key, status):
+                deferred.add(key)
+        self.dirty.update(deferred)
+        phases: dict[str, int] = {p.value: 0 for p in Phase}
+        for key in states:
+            phase = self._phases.get(key)
+            if phase is not None:
+                phases[phase.value] += 1
+        for phase_name, count in phases.items():
+            self.metrics.maps.labels(phase_name).set(count)
+        self._count_slots(compiler, pods)
+
+    def _write_one(self, key: MapKey, status: MapStatus) -> bool:
+        """Patches one status if it changed; False when it is held back for later."""
+        text = status.to_json()
+        obj = self.sources.get(key.namespace, key.name) if self.sources else None
+        on_object = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(
+            STATUS_ANNOTATION
+        )
+        if self._statuses.get(key) == text and on_object == text:
+            return True
+        if self.sources is None:  # git source: no ConfigMap to carry the status
+            self._statuses[key] = text
+            self._phases[key] = status.phase
+            return True
+        if self._coalesce(key, status, on_object):
+            return False
+        if patch_status(self.kube, key, status):
+            self._statuses[key] = text
+            self._written[key] = (status, time.monotonic())
+            self._event_on_transition(key, obj, status)
+        return True
+
+    def _coalesce(self, key: MapKey, status: MapStatus, on_object: str | None) -> bool:
+        """Whether to hold back a status whose only news is the bound count, written recently."""
+        written = self._written.get(key)
+        if written is None or on_object != self._statuses.get(key):
+            return False
+        last, when = written
+        recent = time.monotonic() - when < self.bound_seconds
+        return recent and only_bound_changed(last, status)
+
+    def _event_on_transition(self, key: MapKey, obj: Obj | None, status: MapStatus) -> None:
+        before = self._phases.get(key)
+        self._phases[key] = status.phase
+        if before == status.phase and status.phase is Phase.VALID:
+            return
+        if obj is None:
+            return
+        ref = ObjectRef.of({**obj, "kind": "ConfigMap", "apiVersion": "v1"})
+        kind = NORMAL if status.phase is Phase.VALID else WARNING
+        self.events.emit(ref, kind, status.phase.value, status.message)
+
+    def _count_slots(self, compiler: Compiler, pods: PodFacts) -> None:
+        reports = compiler.reports.values()
+        total = sum(r.total for r in reports)
+        served = sum(r.served for r in reports)
+        self.metrics.slots.labels("total").set(total)
+        self.metrics.slots.labels("served").set(served)
+        self.metrics.slots.labels("blocked").set(total - served)
+        self.metrics.slots.labels("bound").set(len(pods.binder.cache))
+        self.metrics.slots.labels("drifted").set(pods.drift.total())
+
+
+class PodFacts:
+    """What a map's status says of its pods: bound (the binder's cache), drifted and rolling out,
+    renumbered, holding unverifiable bindings."""
+
+    def __init__(
+        self,
+        binder: Binder,
+        drift: DriftTracker,
+        rollouts: Rollouts,
+        renumber: RenumberTracker,
+    ) -> None:
+        self.binder = binder
+        self.drift = drift
+        self.rollouts = rollouts
+        self.renumber = renumber
+
+
+def rollout_note(key: MapKey, model: Model, pods: PodFacts) -> str:
+    """How the map's drifted pods move, for its status (empty while none is drifted)."""
+    cmap = model.maps.get(key)
+    if cmap is None or not pods.drift.count(key):
+        return ""
+    if cmap.rollout.strategy is RolloutStrategy.MANUAL:
+        return "manual: delete the drifted pods to move them"
+    state = pods.rollouts.states.get(key)
+    note = cmap.rollout.describe()
+    if state is not None and state.down:
+        note += f", {state.down} down"
+    if state is not None and state.waiting:
+        note += f", waiting: {state.waiting}"
+    return note
