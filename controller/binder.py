@@ -16,6 +16,7 @@ from dataclasses import replace
 from controller import podfacts
 from controller.dra import ClaimPlan, ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
+from controller.pendingreport import PendingReports
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
 from controller.slotcache import Holding, SlotCache
@@ -26,7 +27,6 @@ from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import WARNING, EventRecorder, ObjectRef
 from kubeio.paths import PODS
-from kubeio.times import now_time
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
 from placement.keyring import RingKey, TrustView
@@ -85,9 +85,9 @@ class Binder:
         self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
         self._pods: dict[str, Obj] = {}
         self._in_flight: set[str] = set()
-        self._reported: dict[str, tuple[str, str]] = {}
         self._lock = threading.Lock()
         self._workers = Workers(settings.bind_workers, "bind")
+        self.pending = PendingReports(kube, events, self._workers.submit)
         self._stop = threading.Event()
         #: Set when a pod was parked for the Lease (`_fenced`); the binder's thread wakes them
         #: once `fence` says the Lease is held again.
@@ -116,7 +116,7 @@ class Binder:
             with self._lock:
                 self._pods.pop(uid, None)
             self.queue.remove(uid)
-            self._reported.pop(uid, None)
+            self.pending.forget(uid)
             held = self.cache.holding(uid)
             if held is not None:
                 if held.assumed:
@@ -186,7 +186,7 @@ class Binder:
         self._not_granted.discard(uid)
         self.report.gone(uid)
         self.queue.remove(uid)
-        self._reported.pop(uid, None)
+        self.pending.forget(uid)
         holding = self.cache.release(uid)
         if holding is not None:
             self.on_bound(holding.slot)  # the map's bound count moved
@@ -337,7 +337,7 @@ class Binder:
             self._in_flight.discard(uid)
             self._pods.pop(uid, None)
             self.metrics.pending.set(len(self._pods))
-        self._reported.pop(uid, None)
+        self.pending.forget(uid)
         self.on_bound(placement.slot)
 
     def _lease_returned(self) -> None:
@@ -380,40 +380,4 @@ class Binder:
             self.queue.backoff(uid)
 
     def _report(self, pod: Obj, status: Status) -> None:
-        uid = podfacts.uid_of(pod)
-        if self._reported.get(uid) == (status.reason, status.message):
-            return
-        self._reported[uid] = (status.reason, status.message)
-        self._workers.submit(self._write_condition, pod, status)
-
-    def _write_condition(self, pod: Obj, status: Status) -> None:
-        meta = pod["metadata"]
-        now = now_time()
-        body = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": status.reason,
-                        "message": status.message,
-                        "lastTransitionTime": now,
-                        "lastProbeTime": None,
-                    }
-                ]
-            }
-        }
-        try:
-            self.kube.patch(
-                PODS.item(meta["name"], meta["namespace"], "status"),
-                body,
-                content_type="application/strategic-merge-patch+json",
-            )
-        except APIError as exc:
-            log.info("condition not written: %s", exc)
-        self.events.emit(
-            ObjectRef("Pod", meta["namespace"], meta["name"], meta["uid"]),
-            WARNING,
-            status.reason,
-            status.message,
-        )
+        self.pending.report(pod, status)

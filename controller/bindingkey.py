@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeio.client import Kube
-from kubeio.errors import APIConflictError, APINotFoundError
+from kubeio.errors import APINotFoundError
 from kubeio.paths import SECRETS
+from kubeio.retry import on_conflict
 from kubeio.times import now_time
 from placement.keyring import (
     KEY_BYTES,
@@ -125,7 +126,8 @@ def load_or_create(kube: Kube, where: KeySecret) -> TrustView:
     ring's format, when that is what it holds. Races between replicas end with one ring. Raises
     RingError when the Secret holds something unreadable: it is left as it is for an
     administrator to mend or delete (deleting it starts a new ring)."""
-    for _attempt in range(5):
+
+    def attempt() -> TrustView:
         stored = fetch(kube, where)
         if stored.ring is not None and stored.obj is not None:
             if "keyring.json" in (stored.obj.get("data") or {}):
@@ -135,13 +137,11 @@ def load_or_create(kube: Kube, where: KeySecret) -> TrustView:
         else:
             action = "made a new binding key ring"
             ring = new_ring(secrets.token_bytes(KEY_BYTES), now_time())
-        try:
-            written = write(kube, where, stored, ring, stored.adoptions)
-        except APIConflictError:
-            continue  # another replica wrote first: read theirs
+        written = write(kube, where, stored, ring, stored.adoptions)  # a conflict: read theirs
         log.info("%s in %s (signing key %s)", action, where, ring.signer.id)
         return written.view
-    raise RuntimeError(f"{where}: could not store a binding key ring (conflicts)")
+
+    return on_conflict(attempt, f"{where}: storing a binding key ring")
 
 
 def write_back(kube: Kube, where: KeySecret, held: TrustView) -> TrustView:
@@ -149,18 +149,17 @@ def write_back(kube: Kube, where: KeySecret, held: TrustView) -> TrustView:
     adoption records it holds are written back, so that no running pod's binding becomes
     unverifiable for a Secret lost by accident (an uninstall, a prune). A ring found there in the
     meantime wins. Revoking a key is `gpuplace key rotate`, not a deletion."""
-    for _attempt in range(5):
+
+    def attempt() -> TrustView:
         stored = fetch(kube, where)
         if stored.ring is not None:
             return load_or_create(kube, where)
-        try:
-            written = write(kube, where, stored, held.ring, tuple(held.adoptions.values()))
-        except APIConflictError:
-            continue
+        written = write(kube, where, stored, held.ring, tuple(held.adoptions.values()))
         log.warning(
             "%s was deleted or emptied: wrote back the key ring this leader holds (signing key %s)",
             where,
             held.ring.signer.id,
         )
         return written.view
-    raise RuntimeError(f"{where}: could not write the binding key ring back (conflicts)")
+
+    return on_conflict(attempt, f"{where}: writing the binding key ring back")

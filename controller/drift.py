@@ -19,6 +19,7 @@ from kubeio.times import now_time
 from placement.annotations import DRIFTED_CONDITION, LEGACY_MAP_PREFIX
 from placement.drift import BoundSlot, Drift, drift_of
 from placement.model import Model
+from placement.reasons import EventReason
 from placement.types import MapKey
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def condition(drift: Drift | None) -> dict[str, str | None]:
         return {
             "type": DRIFTED_CONDITION,
             "status": "False",
-            "reason": "MatchesMap",
+            "reason": EventReason.MATCHES_MAP,
             "message": "the pod runs where its map puts its slot",
             "lastTransitionTime": now,
         }
@@ -149,9 +150,11 @@ class DriftTracker:
             return
         ref = ObjectRef("Pod", namespace, name, holding.uid)
         if drift is None:
-            self.events.emit(ref, NORMAL, "MatchesMap", "the pod runs where its map puts it again")
+            self.events.emit(
+                ref, NORMAL, EventReason.MATCHES_MAP, "the pod runs where its map puts it again"
+            )
         else:
-            self.events.emit(ref, WARNING, "Drifted", drift.message())
+            self.events.emit(ref, WARNING, EventReason.DRIFTED, drift.message())
 
     def stop(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

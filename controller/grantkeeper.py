@@ -24,6 +24,7 @@ from placement.grants import (
 )
 from placement.maps import PlacementMap
 from placement.model import Provenance
+from placement.reasons import EventReason
 from placement.types import MapKey, NodeName
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class GrantKeeper:
                 message = exc.format()
                 log.warning("placement policy invalid, keeping the last valid one: %s", message)
                 ref = ObjectRef.of({**obj, "kind": "ConfigMap", "apiVersion": "v1"})
-                self.events.emit(ref, WARNING, "PolicyInvalid", message)
+                self.events.emit(ref, WARNING, EventReason.POLICY_INVALID, message)
                 return False
             if policy == self.policy:
                 return False

@@ -50,7 +50,7 @@ from controller.renumber import RenumberTracker
 from controller.rollout import Rollouts
 from controller.settings import ControllerSettings
 from controller.sources import SourceState
-from controller.statuswriter import PodFacts, StatusWriter
+from controller.statuswriter import StatusWriter
 from controller.writer import ModelWriter
 from kubeio.client import Kube, Obj
 from kubeio.events import EventRecorder
@@ -126,7 +126,6 @@ class Controller:
             sources=self.informers.sources,
             bound_seconds=settings.status_bound_seconds,
         )
-        self._facts = PodFacts(self.binder, self.drift, self.rollouts, self.renumber)
         self.keys = KeyWatch(
             kube,
             KeySecret(settings.system_namespace, settings.binder.key_secret_name),
@@ -269,7 +268,7 @@ class Controller:
         if not self._holds_lease():
             return
         self.status_writer.write(
-            self.maps.sources, self.maps.model, self.compiler, self.grants, self._facts
+            self.maps.sources, self.maps.model, self.compiler, self.grants, self.pods
         )
 
     def _sync_templates(self) -> None:

@@ -80,15 +80,12 @@ class NodeKeeper:
         return keys
 
     def refresh_aliases(self) -> None:
-        """Rebuilds the alias index if a node's alias changed since the last call."""
+        """Takes the compiler's alias index if a node's alias changed since the last call (one
+        index: the compiler resolves maps by it, the binder reads this copy)."""
         if not self._aliases_dirty:
             return
         self._aliases_dirty = False
-        aliases: dict[str, set[NodeName]] = {}
-        for state in self.nodes.values():
-            if state.alias:
-                aliases.setdefault(state.alias, set()).add(state.name)
-        self.aliases = {k: frozenset(v) for k, v in aliases.items()}
+        self.aliases = self.compiler.aliases()
 
     def remove_inventory(self, node: NodeName) -> None:
         """A deleted node's inventory and Lease go with it: no agent renews them any more, and

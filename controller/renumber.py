@@ -25,6 +25,7 @@ from kubeio.paths import PODS
 from kubeio.times import now_time
 from placement.annotations import RENUMBERED_CONDITION, BindingDecision
 from placement.inventory import NodeInventory
+from placement.reasons import EventReason
 from placement.types import GpuUuid, MapKey, NodeName
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class RenumberTracker:
         condition = {
             "type": RENUMBERED_CONDITION,
             "status": "True" if message else "False",
-            "reason": "IndicesNameOtherGPUs" if message else "IndicesMatch",
+            "reason": EventReason.INDICES_NAME_OTHER_GPUS if message else EventReason.INDICES_MATCH,
             "message": message or "the pod's GPU indices name the GPUs it was bound to",
             "lastTransitionTime": now,
         }
@@ -164,6 +165,8 @@ class RenumberTracker:
         except APIError as exc:
             log.info("condition %s not written on %s: %s", RENUMBERED_CONDITION, ref.name, exc)
         if message:
-            self.events.emit(ref, WARNING, RENUMBERED_CONDITION, message)
+            self.events.emit(ref, WARNING, EventReason.DEVICES_RENUMBERED, message)
         else:
-            self.events.emit(ref, NORMAL, "DevicesNumberedAsBound", condition["message"])
+            self.events.emit(
+                ref, NORMAL, EventReason.DEVICES_NUMBERED_AS_BOUND, condition["message"]
+            )

@@ -32,6 +32,7 @@ from kubeio.events import NORMAL, EventRecorder, ObjectRef
 from kubeio.paths import PODS
 from placement.binding import Status
 from placement.model import Model
+from placement.reasons import EventReason
 from placement.types import MapKey, RolloutStrategy, SlotKey
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ class Rollouts:
         self.events.emit(
             ObjectRef("Pod", namespace, name, uid),
             NORMAL,
-            "EvictedForRollout",
+            EventReason.EVICTED_FOR_ROLLOUT,
             f"evicted to move to its new slot (rollout: evict): {why}",
         )
         return "evicted"

@@ -9,13 +9,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from controller.binder import Binder
 from controller.dirty import DirtyMaps
-from controller.drift import DriftTracker
 from controller.grantkeeper import GrantKeeper
 from controller.metrics import ControllerMetrics
-from controller.renumber import RenumberTracker
-from controller.rollout import Rollouts
+from controller.podwatch import PodWatch
 from controller.sources import SourceState, map_status, only_bound_changed
 from controller.writer import patch_status
 from kubeio.client import Kube, Obj
@@ -61,7 +58,7 @@ class StatusWriter:
         model: Model,
         compiler: Compiler,
         grants: GrantKeeper,
-        pods: PodFacts,
+        pods: PodWatch,
     ) -> None:
         """Writes the status of every dirty map whose status changed."""
         reports = compiler.reports
@@ -138,7 +135,7 @@ class StatusWriter:
         kind = NORMAL if status.phase is Phase.VALID else WARNING
         self.events.emit(ref, kind, status.phase.value, status.message)
 
-    def _count_slots(self, compiler: Compiler, pods: PodFacts) -> None:
+    def _count_slots(self, compiler: Compiler, pods: PodWatch) -> None:
         reports = compiler.reports.values()
         total = sum(r.total for r in reports)
         served = sum(r.served for r in reports)
@@ -149,24 +146,7 @@ class StatusWriter:
         self.metrics.slots.labels("drifted").set(pods.drift.total())
 
 
-class PodFacts:
-    """What a map's status says of its pods: bound (the binder's cache), drifted and rolling out,
-    renumbered, holding unverifiable bindings."""
-
-    def __init__(
-        self,
-        binder: Binder,
-        drift: DriftTracker,
-        rollouts: Rollouts,
-        renumber: RenumberTracker,
-    ) -> None:
-        self.binder = binder
-        self.drift = drift
-        self.rollouts = rollouts
-        self.renumber = renumber
-
-
-def rollout_note(key: MapKey, model: Model, pods: PodFacts) -> str:
+def rollout_note(key: MapKey, model: Model, pods: PodWatch) -> str:
     """How the map's drifted pods move, for its status (empty while none is drifted)."""
     cmap = model.maps.get(key)
     if cmap is None or not pods.drift.count(key):

@@ -20,7 +20,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
+from controller.serialwrites import SerialWrites
 from kubeio.client import Kube
 from kubeio.errors import APIError, APINotFoundError
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
@@ -28,14 +30,15 @@ from kubeio.paths import PODS
 from kubeio.times import now_time
 from placement.annotations import UNVERIFIABLE_CONDITION
 from placement.keyring import Trust, Verdict
+from placement.reasons import EventReason
 from placement.types import MapKey
 
 log = logging.getLogger(__name__)
 
-FORGED_REASON = "BindingUnverified"
-UNVERIFIABLE_REASON = "BindingUnverifiable"
-ADOPTED_REASON = "BindingAdopted"
-VERIFIED_REASON = "BindingVerified"
+FORGED_REASON = EventReason.BINDING_UNVERIFIED
+UNVERIFIABLE_REASON = EventReason.BINDING_UNVERIFIABLE
+ADOPTED_REASON = EventReason.BINDING_ADOPTED
+VERIFIED_REASON = EventReason.BINDING_VERIFIED
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,8 @@ class TrustReport:
         #: condition is turned False when their binding is verified or adopted.
         self._flagged: set[str] = set()
         self._executor = ThreadPoolExecutor(2, thread_name_prefix="trust")
+        #: A pod's condition written True, then False (adopted), must land in that order.
+        self._writes = SerialWrites(self._executor.submit)
 
     def judged(self, pod: Judged, flagged: bool = False) -> None:
         """The verdict on a bound pod; `flagged`: its condition says unverifiable now."""
@@ -103,12 +108,12 @@ class TrustReport:
                 if pod.map is not None:
                     self.on_map(pod.map)
             if write:
-                self._executor.submit(self._write, pod, True)
+                self._writes.put(uid, partial(self._write, pod, True))
             return
         self.on_unverifiable(count)
         if pod.map is not None:
             self.on_map(pod.map)
-        self._executor.submit(self._write, pod, False)
+        self._writes.put(uid, partial(self._write, pod, False))
 
     def gone(self, uid: str) -> None:
         with self._lock:
@@ -175,5 +180,9 @@ class TrustReport:
             log.warning("condition %s of %s not written: %s", UNVERIFIABLE_CONDITION, name, exc)
         self.events.emit(pod.ref, kind, reason, message)
 
-    def stop(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+    def stop(self, *, drain: bool = False) -> None:
+        """Stops writing (leadership lost): what is queued is dropped, unless `drain` asks for
+        every queued write to be made first."""
+        if not drain:
+            self._writes.drop_all()
+        self._executor.shutdown(wait=drain, cancel_futures=not drain)

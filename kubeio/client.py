@@ -28,7 +28,6 @@ from kubernetes import config as k8s_config
 
 from kubeio.errors import APIError, APITransportError, FencedError, error_for
 from kubeio.requests import (
-    APPLY_PATCH,
     JSON,
     JSON_PATCH,
     MERGE_PATCH,
@@ -39,7 +38,6 @@ from kubeio.requests import (
 )
 
 __all__ = [
-    "APPLY_PATCH",
     "JSON",
     "JSON_PATCH",
     "MERGE_PATCH",

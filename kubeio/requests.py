@@ -19,7 +19,6 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
 
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 

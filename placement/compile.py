@@ -132,6 +132,11 @@ class Compiler:
             self._dirty |= self._by_node.get(alias, set())
         self._dirty |= self._by_node.get(name, set())
 
+    def aliases(self) -> dict[str, frozenset[NodeName]]:
+        """The alias index (logical name -> the nodes whose alias label carries it), a copy that
+        stays as it is (the binder reads it on other threads)."""
+        return {alias: frozenset(names) for alias, names in self._aliases.items() if names}
+
     def remove_node(self, name: NodeName) -> None:
         if name in self._nodes:
             self._forget_node(name)

@@ -40,3 +40,25 @@ class Reason(StrEnum):
     CLAIM_PENDING = "ClaimPending"
     CLAIM_MISSING = "ClaimMissing"
     CLAIM_CONFLICT = "ClaimConflict"
+
+
+class EventReason(StrEnum):
+    """Reasons of the controller's Events and of the pod conditions it writes (other than why a
+    pod waits, which is `Reason`): what `kubectl get events` and alert rules match on."""
+
+    # drift (condition gpuplace.io/Drifted and its Events)
+    MATCHES_MAP = "MatchesMap"
+    DRIFTED = "Drifted"
+    EVICTED_FOR_ROLLOUT = "EvictedForRollout"
+    # renumbering (condition DevicesRenumbered)
+    INDICES_NAME_OTHER_GPUS = "IndicesNameOtherGPUs"
+    INDICES_MATCH = "IndicesMatch"
+    DEVICES_RENUMBERED = "DevicesRenumbered"
+    DEVICES_NUMBERED_AS_BOUND = "DevicesNumberedAsBound"
+    # binding trust (condition gpuplace.io/BindingUnverifiable)
+    BINDING_UNVERIFIED = "BindingUnverified"
+    BINDING_UNVERIFIABLE = "BindingUnverifiable"
+    BINDING_ADOPTED = "BindingAdopted"
+    BINDING_VERIFIED = "BindingVerified"
+    # grants
+    POLICY_INVALID = "PolicyInvalid"

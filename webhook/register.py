@@ -6,11 +6,11 @@ import logging
 from typing import Any
 
 from kubeio.client import Kube, Obj
-from kubeio.errors import APIConflictError, APINotFoundError
+from kubeio.errors import APINotFoundError
+from kubeio.retry import on_conflict
 from webhook.manifests import MUTATING_KIND, MUTATING_PATH, VALIDATING_PATH, with_ca_bundle
 
 log = logging.getLogger(__name__)
-ATTEMPTS = 5
 
 
 def collection_of(configuration: dict[str, Any]) -> str:
@@ -21,28 +21,25 @@ def apply_configuration(kube: Kube, configuration: dict[str, Any]) -> Obj:
     """Creates the configuration or replaces the existing one, retrying on write conflicts."""
     collection = collection_of(configuration)
     name = configuration["metadata"]["name"]
-    for _ in range(ATTEMPTS):
+
+    def attempt() -> Obj:
         try:
             current = kube.get(f"{collection}/{name}")
         except APINotFoundError:
-            try:
-                return kube.create(collection, configuration)
-            except APIConflictError:
-                continue  # another replica created it first
+            return kube.create(collection, configuration)  # a conflict: another replica was first
         metadata = {
             **configuration["metadata"],
             "resourceVersion": current["metadata"]["resourceVersion"],
         }
-        try:
-            return kube.put(f"{collection}/{name}", {**configuration, "metadata": metadata})
-        except APIConflictError:
-            continue
-    raise APIConflictError(409, "Conflict", f"{collection}/{name}: kept conflicting")
+        return kube.put(f"{collection}/{name}", {**configuration, "metadata": metadata})
+
+    return on_conflict(attempt, f"{collection}/{name}")
 
 
 def patch_ca_bundle(kube: Kube, collection: str, name: str, ca_bundle: bytes) -> bool | None:
     """Sets every webhook's caBundle; True if written, False if already set, None if absent."""
-    for _ in range(ATTEMPTS):
+
+    def attempt() -> bool | None:
         try:
             current = kube.get(f"{collection}/{name}")
         except APINotFoundError:
@@ -50,10 +47,8 @@ def patch_ca_bundle(kube: Kube, collection: str, name: str, ca_bundle: bytes) ->
         updated = with_ca_bundle(current, ca_bundle)
         if updated is None:
             return False
-        try:
-            kube.put(f"{collection}/{name}", updated)
-        except APIConflictError:
-            continue
+        kube.put(f"{collection}/{name}", updated)
         log.info("caBundle written into %s %s", collection.rsplit("/", 1)[-1], name)
         return True
-    raise APIConflictError(409, "Conflict", f"{collection}/{name}: kept conflicting")
+
+    return on_conflict(attempt, f"{collection}/{name}")

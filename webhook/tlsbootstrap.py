@@ -24,9 +24,10 @@ from datetime import UTC, datetime, timedelta
 from cryptography.exceptions import InvalidSignature
 
 from kubeio.client import Kube, Obj
-from kubeio.errors import APIConflictError, APIError, APINotFoundError
+from kubeio.errors import APIError, APINotFoundError
 from kubeio.informer import Informer
 from kubeio.paths import SECRETS
+from kubeio.retry import on_conflict
 from webhook.certs import KeyPair, generate_ca, issue_serving, merge_bundle
 from webhook.manifests import MUTATING_PATH, VALIDATING_PATH, with_ca_bundle
 from webhook.register import patch_ca_bundle
@@ -116,48 +117,43 @@ class CASecret:
         return now >= pair.renew_at(self._settings.renew_after_fraction)
 
     def ensure(self, now: datetime | None = None) -> SharedCA:
-        now = now or datetime.now(UTC)
-        for _ in range(5):
-            try:
-                obj = self._kube.get(self._path)
-            except APINotFoundError:
-                ca = self._new_ca(now)
-                body = encode_secret(
-                    self._settings.namespace, self._settings.ca_secret, SharedCA(ca, ca.cert_pem)
-                )
-                try:
-                    created = self._kube.create(self._collection, body)
-                except APIConflictError:
-                    continue  # another replica won the race: read theirs
-                log.info(
-                    "created CA Secret %s/%s", self._settings.namespace, self._settings.ca_secret
-                )
-                return decode_secret(created) or SharedCA(ca, ca.cert_pem)
-            shared = decode_secret(obj)
-            if shared is not None and not self._due(shared.ca, now):
-                return shared
+        at = now or datetime.now(UTC)
+        return on_conflict(lambda: self._ensure_once(at), self._path)
+
+    def _ensure_once(self, now: datetime) -> SharedCA:
+        """One read and at most one write; a write conflict (another replica created or rotated
+        first) is retried by `ensure`, which then reads theirs."""
+        try:
+            obj = self._kube.get(self._path)
+        except APINotFoundError:
             ca = self._new_ca(now)
-            previous = shared.bundle if shared is not None else b""
-            rotated = SharedCA(
-                ca,
-                merge_bundle(ca.cert_pem, previous, now=now),
-                str(obj.get("metadata", {}).get("resourceVersion", "")),
+            body = encode_secret(
+                self._settings.namespace, self._settings.ca_secret, SharedCA(ca, ca.cert_pem)
             )
-            try:
-                updated = self._kube.put(
-                    self._path,
-                    encode_secret(self._settings.namespace, self._settings.ca_secret, rotated, obj),
-                )
-            except APIConflictError:
-                continue  # someone rotated first: use theirs
-            log.info(
-                "rotated the CA in Secret %s/%s (%s)",
-                self._settings.namespace,
-                self._settings.ca_secret,
-                "it was unreadable" if shared is None else "it was due",
-            )
-            return decode_secret(updated) or rotated
-        raise APIConflictError(409, "Conflict", f"{self._path}: kept conflicting")
+            created = self._kube.create(self._collection, body)
+            log.info("created CA Secret %s/%s", self._settings.namespace, self._settings.ca_secret)
+            return decode_secret(created) or SharedCA(ca, ca.cert_pem)
+        shared = decode_secret(obj)
+        if shared is not None and not self._due(shared.ca, now):
+            return shared
+        ca = self._new_ca(now)
+        previous = shared.bundle if shared is not None else b""
+        rotated = SharedCA(
+            ca,
+            merge_bundle(ca.cert_pem, previous, now=now),
+            str(obj.get("metadata", {}).get("resourceVersion", "")),
+        )
+        updated = self._kube.put(
+            self._path,
+            encode_secret(self._settings.namespace, self._settings.ca_secret, rotated, obj),
+        )
+        log.info(
+            "rotated the CA in Secret %s/%s (%s)",
+            self._settings.namespace,
+            self._settings.ca_secret,
+            "it was unreadable" if shared is None else "it was due",
+        )
+        return decode_secret(updated) or rotated
 
 
 def issued_by(pair: KeyPair, ca: KeyPair) -> bool:

@@ -18,6 +18,7 @@ from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIConflictError, APIError
 from kubeio.paths import PODS
+from kubeio.retry import on_conflict
 from kubeio.times import now_time
 from placement.keyring import KEY_BYTES, Adoption, KeyRing, RingError, Trust, TrustView
 
@@ -107,21 +108,24 @@ def _holds(b: keys.BoundPod) -> str:
 
 
 def _update(kube: Kube, where: KeySecret, plan: Writer) -> int:
-    for _attempt in range(5):
+    def attempt() -> int:
         stored, bound = _read(kube, where)
         planned = plan(stored, bound)
         if planned is None:
             return 0
         ring, records = planned
-        try:
-            write(kube, where, stored, ring, records)
-        except APIConflictError:
-            print("the key ring changed while planning; planning again", file=sys.stderr)
-            continue
+        write(kube, where, stored, ring, records)
         print(f"wrote {where}: {len(ring.keys)} key(s), {len(records)} adoption record(s)")
         return 0
-    print(f"gpuplace key: {where} kept changing; nothing written", file=sys.stderr)
-    return 1
+
+    def retrying() -> None:
+        print("the key ring changed while planning; planning again", file=sys.stderr)
+
+    try:
+        return on_conflict(attempt, str(where), retrying=retrying)
+    except APIConflictError:
+        print(f"gpuplace key: {where} kept changing; nothing written", file=sys.stderr)
+        return 1
 
 
 def _rotate(

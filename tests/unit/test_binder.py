@@ -267,7 +267,7 @@ def test_a_pod_bound_under_a_lost_key_keeps_its_gpus_and_is_reported() -> None:
     assert binder.report.count(MapKey("ml", "llm")) == 1
     # Slot 1 now names the GPUs web-0 still has: web-1 waits, nothing is given twice.
     decide(binder, make_pod("web-1").label(MAP_LABEL, "llm").obj())
-    binder.report.stop()
+    binder.report.stop(drain=True)
     assert not api.bindings
     assert ("gpuplace.io/BindingUnverifiable", "True", "BindingUnverifiable") in conditions(api)
     reasons = [e["reason"] for e in api.events]
@@ -280,7 +280,7 @@ def test_a_forged_binding_holds_nothing() -> None:
     binder.rebuild([bound_web0(KEY, uid="uid-other")], set())  # copied from another pod
     assert binder.cache.holding("uid-web-0") is None
     decide(binder, make_pod("web-1").label(MAP_LABEL, "llm").obj())
-    binder.report.stop()
+    binder.report.stop(drain=True)
     assert len(api.bindings) == 1
     assert "BindingUnverified" in [e["reason"] for e in api.events]
     assert binder.report.total() == 0
@@ -300,7 +300,7 @@ def test_re_adoption_and_key_loss_change_the_report_never_the_holding() -> None:
     assert binder.cache.holding("uid-web-0") is not None
     # A ring that no longer holds the key of a verified pod: it keeps its GPUs, reported.
     binder.retrust(TrustView.of(new_ring(LOST, "t"), (), "3"), [bound_web0(KEY)], set())
-    binder.report.stop()
+    binder.report.stop(drain=True)
     assert binder.cache.holding("uid-web-0") is not None
     assert binder.report.total() == 1
     assert conditions(api)[:2] == [
