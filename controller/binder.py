@@ -105,7 +105,15 @@ class Binder:
                 count += 1
         return count
 
-    def on_pod(self, event: str, pod: Obj, shared_maps: set[str] | None = None) -> None:
+    def on_pod(
+        self,
+        event: str,
+        pod: Obj,
+        shared_maps: set[str] | None = None,
+        bound: podfacts.BoundPod | None = None,
+    ) -> None:
+        """One pod event. `bound`: the pod's binding as its event's other readers see it (read
+        here when not given), so that it is decoded and judged once."""
         uid = podfacts.uid_of(pod)
         if event == "DELETED" or podfacts.is_finished(pod):
             with self._lock:
@@ -123,7 +131,7 @@ class Binder:
                     self.cache.confirm(uid)
                     self.on_bound(held.slot)
             else:
-                self._hold_bound(uid, pod, shared_maps or set())
+                self._hold_bound(bound or podfacts.BoundPod(pod, self.trust), shared_maps or set())
             return
         if podfacts.is_deleting(pod):
             return
@@ -149,19 +157,18 @@ class Binder:
             self.metrics.prebound.inc()
         return adopted
 
-    def _hold_bound(self, uid: str, pod: Obj, shared_maps: set[str]) -> None:
+    def _hold_bound(self, bound: podfacts.BoundPod, shared_maps: set[str]) -> None:
         """A bound pod the cache does not hold yet: holds what its binding proves (or, when the
         ring cannot disprove it, what it claims), reported when the ring does not verify it."""
-        if self.trust is None:
+        if bound.trust is None:
             raise RuntimeError("the binder judged a bound pod before the key ring was loaded")
-        judged = podfacts.verdict(pod, self.trust)
-        holding = podfacts.holding_from_bound(pod, shared_maps, judged)
+        holding = bound.holding(shared_maps)
         if holding is None and self.settings.legacy:
-            holding = self._adopt_prebound(uid, pod)
+            holding = self._adopt_prebound(bound.uid, bound.obj)
         if holding is not None:
             self.cache.add_bound(holding)
             self.on_bound(holding.slot)
-        self.report.judged(podfacts.judged(pod, judged), podfacts.flagged_unverifiable(pod))
+        self.report.judged(bound.judged(), podfacts.flagged_unverifiable(bound.obj))
 
     def retrust(self, trust: TrustView, bound: Iterable[Obj], shared_maps: set[str]) -> None:
         """The key ring or the adoption records changed: every bound pod is judged again. A pod
@@ -172,15 +179,15 @@ class Binder:
                 continue
             uid = podfacts.uid_of(pod)
             held = self.cache.holding(uid)
+            read = podfacts.BoundPod(pod, trust)
             if held is None:
-                self._hold_bound(uid, pod, shared_maps)
+                self._hold_bound(read, shared_maps)
                 continue
             if held.assumed:
                 continue  # bound by this leader a moment ago: signed with its key
-            judged = podfacts.verdict(pod, trust)
-            if not judged.trust.holds:
+            if not read.holds:
                 self._release(uid)
-            self.report.judged(podfacts.judged(pod, judged), podfacts.flagged_unverifiable(pod))
+            self.report.judged(read.judged(), podfacts.flagged_unverifiable(pod))
 
     def _release(self, uid: str) -> None:
         self._not_granted.discard(uid)

@@ -11,6 +11,7 @@ from placement.annotations import (
     LEGACY_ANNOTATION,
     MAP_LABEL,
     UNVERIFIABLE_CONDITION,
+    BindingDecision,
     binding_annotations,
     decode_binding,
     legacy_map_key,
@@ -81,11 +82,82 @@ def verdict(pod: Obj, trust: TrustView) -> Verdict:
     return trust.judge(uid_of(pod), meta["namespace"], created_of(pod), annotations_of(pod))
 
 
-def judged(pod: Obj, judged_as: Verdict) -> Judged:
-    meta = pod["metadata"]
-    decision = decode_binding(meta["namespace"], annotations_of(pod))
-    ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid_of(pod))
-    return Judged(ref, decision.map if decision is not None else None, judged_as)
+class BoundPod:
+    """A bound pod as one event brings it: its binding decoded, and judged under the key ring, at
+    most once (when first asked), however many parts of the controller look at it."""
+
+    __slots__ = ("_decision", "_verdict", "obj", "trust", "uid")
+
+    def __init__(self, obj: Obj, trust: TrustView | None) -> None:
+        self.obj = obj
+        self.trust = trust
+        self.uid = uid_of(obj)
+        self._decision: BindingDecision | object | None = _UNREAD
+        self._verdict: Verdict | object | None = _UNREAD
+
+    @property
+    def decision(self) -> BindingDecision | None:
+        """The binding its annotations declare (None: no gpuplace binding on it)."""
+        if self._decision is _UNREAD:
+            self._decision = decode_binding(
+                self.obj["metadata"]["namespace"], annotations_of(self.obj)
+            )
+        return self._decision  # type: ignore[return-value]
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """What the ring says of that binding (None while no ring is loaded: a standby)."""
+        if self._verdict is _UNREAD:
+            self._verdict = verdict(self.obj, self.trust) if self.trust is not None else None
+        return self._verdict  # type: ignore[return-value]
+
+    @property
+    def holds(self) -> bool:
+        judged_as = self.verdict
+        return judged_as is not None and judged_as.trust.holds
+
+    def judged(self) -> Judged:
+        meta = self.obj["metadata"]
+        assert self.verdict is not None, "judged without a key ring"
+        decision = self.decision
+        ref = ObjectRef("Pod", meta["namespace"], meta["name"], self.uid)
+        return Judged(ref, decision.map if decision is not None else None, self.verdict)
+
+    def holding(self, shared_maps: set[str]) -> Holding | None:
+        """What the pod holds, from the annotations its Binding wrote (rebuild after failover).
+
+        Only a binding the ring proves or cannot disprove holds anything (`Trust.holds`):
+        hand-written or rewritten annotations would otherwise let any pod squat GPUs promised to
+        another, and a binding whose key was lost must keep its GPUs from everyone else.
+        """
+        decision = self.decision
+        if not self.holds or decision is None:
+            return None
+        meta = self.obj["metadata"]
+        key = decision.map
+        if decision.map.name.startswith("legacy."):
+            key = legacy_map_key(meta["namespace"], meta["name"])
+        gpus: tuple[str, ...] = tuple(decision.devices)
+        if not gpus:
+            gpus = tuple(
+                GpuId.of_index(int(i))
+                for i in decision.cuda_visible_devices.split(",")
+                if i.isdigit()
+            )
+        sharing = Sharing.SHARED if str(key) in shared_maps else Sharing.EXCLUSIVE
+        return Holding(
+            self.uid,
+            name_of(self.obj),
+            SlotKey(key, decision.index),
+            NodeName(self.obj["spec"]["nodeName"]),
+            gpus,
+            sharing,
+            assumed=False,
+            revision=decision.revision,
+        )
+
+
+_UNREAD = object()
 
 
 def flagged_unverifiable(pod: Obj) -> bool:
@@ -93,41 +165,6 @@ def flagged_unverifiable(pod: Obj) -> bool:
     return any(
         c.get("type") == UNVERIFIABLE_CONDITION and c.get("status") == "True"
         for c in pod.get("status", {}).get("conditions") or []
-    )
-
-
-def holding_from_bound(pod: Obj, shared_maps: set[str], judged: Verdict) -> Holding | None:
-    """What a bound pod holds, from the annotations its Binding wrote (rebuild after failover).
-
-    Only a binding the ring proves or cannot disprove holds anything (`judged.trust.holds`):
-    hand-written or rewritten annotations would otherwise let any pod squat GPUs promised to
-    another, and a binding whose key was lost must keep its GPUs from everyone else.
-    """
-    meta = pod["metadata"]
-    annotations = annotations_of(pod)
-    if not judged.trust.holds:
-        return None
-    decision = decode_binding(meta["namespace"], annotations)
-    if decision is None:
-        return None
-    key = decision.map
-    if decision.map.name.startswith("legacy."):
-        key = legacy_map_key(meta["namespace"], meta["name"])
-    gpus: tuple[str, ...] = tuple(decision.devices)
-    if not gpus:
-        gpus = tuple(
-            GpuId.of_index(int(i)) for i in decision.cuda_visible_devices.split(",") if i.isdigit()
-        )
-    sharing = Sharing.SHARED if str(key) in shared_maps else Sharing.EXCLUSIVE
-    return Holding(
-        uid_of(pod),
-        name_of(pod),
-        SlotKey(key, decision.index),
-        NodeName(pod["spec"]["nodeName"]),
-        gpus,
-        sharing,
-        assumed=False,
-        revision=decision.revision,
     )
 
 

@@ -14,7 +14,7 @@ from controller.rollout import Rollouts
 from kubeio.client import Obj
 from kubeio.events import ObjectRef
 from kubeio.informer import DELETED
-from placement.annotations import LEGACY_MAP_PREFIX, decode_binding
+from placement.annotations import LEGACY_MAP_PREFIX
 from placement.model import Model
 from placement.types import MapKey
 
@@ -44,59 +44,57 @@ class PodWatch:
         return self._running.get(uid, False)
 
     def on_pod(self, event: str, obj: Obj, shared: set[str]) -> None:
-        """One pod event (informer thread): the binder first, then what follows a binding."""
+        """One pod event (informer thread): the binder first, then what follows a binding. A
+        bound pod's binding is decoded and judged once for all of them (`podfacts.BoundPod`)."""
+        bound = podfacts.BoundPod(obj, self.binder.trust) if podfacts.is_bound(obj) else None
         if self.binder.active.is_set():
-            self.binder.on_pod(event, obj, shared)
-        if not podfacts.is_bound(obj):
+            self.binder.on_pod(event, obj, shared, bound)
+        if bound is None:
             return
-        uid = podfacts.uid_of(obj)
+        uid = bound.uid
         gone = event == DELETED or podfacts.is_finished(obj)
-        meta = obj["metadata"]
-        annotations = meta.get("annotations") or {}
+        annotations = obj["metadata"].get("annotations") or {}
         if gone:
             self._running.pop(uid, None)
             self._bindings_seen.pop(uid, None)
         else:
             self._running[uid] = obj.get("status", {}).get("phase") == "Running"
             if self.binder.active.is_set():
-                trust = self.binder.trust
+                trust = bound.trust
                 seen = (trust.version if trust is not None else "", annotations)
                 if self._bindings_seen.get(uid) == seen:
                     return  # the same binding as the pod's last event: nothing to judge again
                 self._bindings_seen[uid] = seen
-        decision = decode_binding(meta["namespace"], annotations)
+        decision = bound.decision
         if decision is not None and not decision.map.name.startswith(LEGACY_MAP_PREFIX):
             self.drift_dirty.add(decision.map)
-        self.track_indices(obj, gone)
+        self.track_indices(bound, gone)
 
-    def track_indices(self, pod: Obj, gone: bool) -> None:
+    def track_indices(self, bound: podfacts.BoundPod, gone: bool) -> None:
         """Feeds the renumbering tracker: bound pods with a verified envMode-index binding."""
-        uid = podfacts.uid_of(pod)
         if gone:
-            key = self.renumber.forget(uid)
+            key = self.renumber.forget(bound.uid)
             if key is not None:
                 self.statuses.add(key)
             return
-        if not self.binder.active.is_set():
+        if not self.binder.active.is_set() or not bound.holds:
             return
-        meta = pod["metadata"]
-        trust = self.binder.trust
-        if trust is None or not podfacts.verdict(pod, trust).trust.holds:
-            return
-        decision = decode_binding(meta["namespace"], meta.get("annotations") or {})
+        decision = bound.decision
         if decision is None:
             return
-        ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
-        tracked = bound_indices(ref, pod["spec"]["nodeName"], decision)
+        meta = bound.obj["metadata"]
+        ref = ObjectRef("Pod", meta["namespace"], meta["name"], bound.uid)
+        tracked = bound_indices(ref, bound.obj["spec"]["nodeName"], decision)
         if tracked is not None:
-            self.renumber.track(uid, tracked)
+            self.renumber.track(bound.uid, tracked)
 
     def rebuild(self, pods: list[Obj]) -> None:
         """After the binder rebuilt its cache at the start of a leadership: the renumbering
         tracker from the bound pods, and every held map to judge for drift."""
+        trust = self.binder.trust
         for pod in pods:
             if podfacts.is_bound(pod):
-                self.track_indices(pod, podfacts.is_finished(pod))
+                self.track_indices(podfacts.BoundPod(pod, trust), podfacts.is_finished(pod))
         self.drift_dirty.update(h.slot.map for h in self.binder.cache.holdings())
 
     def judge(self, model: Model) -> None:

@@ -41,8 +41,9 @@ def judge_all(pods: Iterable[Obj], view: TrustView) -> list[BoundPod]:
             continue
         if not binding_annotations(podfacts.annotations_of(pod)):
             continue
-        verdict = podfacts.verdict(pod, view)
-        out.append(BoundPod(pod, verdict, podfacts.holding_from_bound(pod, set(), verdict)))
+        read = podfacts.BoundPod(pod, view)
+        assert read.verdict is not None
+        out.append(BoundPod(pod, read.verdict, read.holding(set())))
     return sorted(out, key=lambda b: b.name)
 
 

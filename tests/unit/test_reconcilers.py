@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from controller import podfacts
 from controller.bindingkey import KeySecret
 from controller.changes import InventoryChanged, NodeChanged, SourceChanged, SourceDeleted
 from controller.dirty import DirtyMaps
@@ -369,8 +370,11 @@ class FakeBinder:
         self.cache = FakeCache()
         self.retrusted: list[TrustView] = []
 
-    def on_pod(self, event: str, obj: dict[str, Any], _shared: set[str]) -> None:
+    def on_pod(self, event: str, obj: dict[str, Any], _shared: set[str], bound: Any = None) -> None:
         self.seen.append((event, obj["metadata"]["name"]))
+        if bound is not None:  # as the real binder does with a pod it does not hold yet
+            bound.holding(set())
+            bound.judged()
 
     def retrust(self, view: TrustView, _pods: Any, _shared: Any) -> None:
         self.retrusted.append(view)
@@ -474,3 +478,30 @@ def test_loading_the_ring_retries_until_stopped() -> None:
     with pytest.raises(Exception, match="ServiceUnavailable"):
         keys.load(stop, retry_seconds=0.05)
     assert time.monotonic() - started >= 0.25
+
+
+def test_a_bound_pods_first_event_decodes_and_judges_its_binding_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ring = TrustView.of(new_ring(KEY, "2026-01-01T00:00:00Z"), (), "1")
+    binder = FakeBinder(ring)
+    binder.active.set()
+    watch, _ = pod_watch(binder)
+    decoded: list[str] = []
+    judged: list[str] = []
+    real_decode = podfacts.decode_binding
+    real_judge = TrustView.judge
+
+    def decode(namespace: str, annotations: Any) -> Any:
+        decoded.append(namespace)
+        return real_decode(namespace, annotations)
+
+    def judge(self: TrustView, uid: str, *rest: Any) -> Any:
+        judged.append(uid)
+        return real_judge(self, uid, *rest)
+
+    monkeypatch.setattr(podfacts, "decode_binding", decode)
+    monkeypatch.setattr(TrustView, "judge", judge)
+    watch.on_pod("ADDED", bound_pod(ring), set())
+    assert binder.seen == [("ADDED", "llm-0")]
+    assert decoded == ["inference"] and judged == ["uid-0"]
