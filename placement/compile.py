@@ -23,15 +23,16 @@ from dataclasses import dataclass, replace
 
 from placement.annotations import LEGACY_NODE_LABEL
 from placement.bulk import without_cycle_collection
+from placement.compileinputs import CompileInputs
 from placement.devices import DeclaredDevices, GpuId, gpu_ids
 from placement.grants import GrantView
-from placement.inventory import GpuDevice, NodeInventory, device_problems
+from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
-from placement.nodes import resolve_node
 from placement.reasons import Reason
+from placement.slotdevices import no_inventory_to_pick, picked, resolve_named
 from placement.status import Phase
-from placement.types import DeviceRef, MapKey, NodeName, Sharing, SlotKey
+from placement.types import MapKey, NodeName, Sharing, SlotKey
 
 #: A claimed GPU: (node, its UUID) when resolved, (node, its NVML index) while the inventory is unknown.
 Claim = tuple[str, GpuId]
@@ -48,41 +49,19 @@ class MapReport:
     served: int = 0
 
 
-def select_devices(candidates: Iterable[GpuDevice], count: int) -> tuple[GpuDevice, ...] | None:
-    """Picks `count` devices close together: within one NUMA node if possible (the fullest one that
-    fits, to keep larger groups free), adjacent by PCI bus id. Deterministic for the same input."""
-    pool = sorted(candidates, key=lambda d: (d.pci_bus_id, d.index))
-    if len(pool) < count:
-        return None
-    groups: dict[int | None, list[GpuDevice]] = defaultdict(list)
-    for device in pool:
-        groups[device.numa_node].append(device)
-    fitting = [g for g in groups.values() if len(g) >= count]
-    if fitting:
-        best = min(fitting, key=lambda g: (len(g), g[0].pci_bus_id))
-        return tuple(best[:count])
-    return tuple(pool[:count])
-
-
 class Compiler:
     def __init__(self, alias_label: str = LEGACY_NODE_LABEL, previous: Model | None = None) -> None:
         """`previous` is the model in service (e.g. read back after a restart): its generation
         continues, its slots stay incumbents in conflicts and its `count` choices are kept. Maps of
         it that are not set before the first build are dropped from the model."""
         self.alias_label = alias_label
-        self._maps: dict[MapKey, PlacementMap] = {}
-        self._versions: dict[MapKey, str] = {}
-        self._provenance: dict[MapKey, Provenance] = {}
-        self._nodes: dict[NodeName, str | None] = {}  # node -> its alias label value
-        self._aliases: dict[str, set[NodeName]] = defaultdict(set)
-        self._inventories: dict[NodeName, NodeInventory] = {}
+        self.inputs = CompileInputs(alias_label)
+        self._maps = self.inputs.maps  # the valid maps, read on every slot
         self._base: dict[MapKey, dict[int, CompiledSlot]] = {}
         self._problems: dict[MapKey, list[str]] = {}
         self._claims: dict[Claim, set[SlotKey]] = defaultdict(set)
         self._slot_claims: dict[MapKey, list[tuple[Claim, SlotKey]]] = {}
         self._contested: set[Claim] = set()
-        self._by_node: dict[str, set[MapKey]] = defaultdict(set)
-        self._dirty: set[MapKey] = set()
         self._reports: dict[MapKey, MapReport] = {}
         self._in_conflict: set[MapKey] = set()  # maps with a contested slot in the last build
         self._model = previous if previous is not None else Model()
@@ -90,85 +69,41 @@ class Compiler:
         # The model's maps as a plain dict, updated in place: copying a 10,000-map mapping
         # proxy on every build would rehash every key.
         self._served: dict[MapKey, CompiledMap] = dict(self._model.maps)
-        self._dirty |= set(self._model.maps)
+        self.inputs.dirty |= set(self._model.maps)
 
-    # -- inputs ------------------------------------------------------------------------------
+    # -- inputs (`CompileInputs`) -------------------------------------------------------------
     def set_map(
         self, pmap: PlacementMap, source_version: str = "", provenance: Provenance | None = None
     ) -> None:
-        old = self._maps.get(pmap.key)
-        if old is not None:
-            for slot in old.slots:
-                self._by_node[slot.node].discard(pmap.key)
-        self._maps[pmap.key] = pmap
-        self._versions[pmap.key] = source_version
-        self._provenance[pmap.key] = provenance or Provenance()
-        for slot in pmap.slots:
-            self._by_node[slot.node].add(pmap.key)
-        self._dirty.add(pmap.key)
+        self.inputs.set_map(pmap, source_version, provenance)
 
     def remove_map(self, key: MapKey) -> None:
-        old = self._maps.pop(key, None)
-        if old is None:
-            return
-        for slot in old.slots:
-            self._by_node[slot.node].discard(key)
-        self._versions.pop(key, None)
-        self._provenance.pop(key, None)
-        self._dirty.add(key)
+        self.inputs.remove_map(key)
 
     def set_grants(self, grants: GrantView) -> None:
         """The grants the next model carries (maps outside them are never set here)."""
         self._grants = grants
 
     def set_node(self, name: NodeName, labels: Mapping[str, str]) -> None:
-        alias = labels.get(self.alias_label)
-        if name in self._nodes and self._nodes[name] == alias:
-            return
-        self._forget_node(name)
-        self._nodes[name] = alias
-        if alias:
-            self._aliases[alias].add(name)
-            self._dirty |= self._by_node.get(alias, set())
-        self._dirty |= self._by_node.get(name, set())
-
-    def aliases(self) -> dict[str, frozenset[NodeName]]:
-        """The alias index (logical name -> the nodes whose alias label carries it), a copy that
-        stays as it is (the binder reads it on other threads)."""
-        return {alias: frozenset(names) for alias, names in self._aliases.items() if names}
+        self.inputs.set_node(name, labels)
 
     def remove_node(self, name: NodeName) -> None:
-        if name in self._nodes:
-            self._forget_node(name)
-            self._dirty |= self._by_node.get(name, set())
+        self.inputs.remove_node(name)
 
-    def _forget_node(self, name: NodeName) -> None:
-        alias = self._nodes.pop(name, None)
-        if alias:
-            self._aliases[alias].discard(name)
-            self._dirty |= self._by_node.get(alias, set())
+    def aliases(self) -> dict[str, frozenset[NodeName]]:
+        return self.inputs.aliases()
 
     def set_inventory(self, inventory: NodeInventory) -> None:
-        if self._inventories.get(inventory.node) == inventory:
-            return
-        self._inventories[inventory.node] = inventory
-        self._dirty_node(inventory.node)
+        self.inputs.set_inventory(inventory)
 
     def remove_inventory(self, node: NodeName) -> None:
-        if self._inventories.pop(node, None) is not None:
-            self._dirty_node(node)
-
-    def _dirty_node(self, node: NodeName) -> None:
-        self._dirty |= self._by_node.get(node, set())
-        alias = self._nodes.get(node)
-        if alias:
-            self._dirty |= self._by_node.get(alias, set())
+        self.inputs.remove_inventory(node)
 
     def seed(self, model: Model) -> None:
         """Continues from a stored model (after a restart or failover): its generation, its `count`
         choices and its incumbents carry over; maps it has that no source has are dropped."""
         self._model = model
-        self._dirty |= set(model.maps)
+        self.inputs.dirty |= set(model.maps)
 
     @property
     def model(self) -> Model:
@@ -181,8 +116,7 @@ class Compiler:
     # -- compilation --------------------------------------------------------------------------
     def resolve_node(self, declared: str) -> tuple[NodeName | None, str]:
         """The node a map means by `declared` (see `placement.nodes`). Returns (node, problem)."""
-        found = resolve_node(declared, self._nodes, self._aliases, self.alias_label)
-        return found.node, found.problem
+        return self.inputs.resolve_node(declared)
 
     def build(self) -> tuple[Model, Mapping[MapKey, MapReport]]:
         """Recompiles what changed; returns the model (generation bumped if content changed)."""
@@ -190,8 +124,8 @@ class Compiler:
             return self._build()
 
     def _build(self) -> tuple[Model, Mapping[MapKey, MapReport]]:
-        dirty = self._dirty
-        self._dirty = set()
+        dirty = self.inputs.dirty
+        self.inputs.dirty = set()
         touched_claims: set[Claim] = set()
         self._recompile(dirty, touched_claims)
         # A `count` pick yields to an entry that names the same GPU: maps whose picks are now named
@@ -246,12 +180,22 @@ class Compiler:
                     changed = True
                 self._reports.pop(key, None)
                 continue
-            cmap = self._assemble(key, lost.get(key, set()), rivals.get(key, {}), generation)
+            cmap = assemble(
+                self._maps[key],
+                self._base[key],
+                lost.get(key, set()),
+                rivals.get(key, {}),
+                generation,
+                self.inputs.versions.get(key, ""),
+                self.inputs.provenance.get(key, Provenance()),
+            )
             old = maps.get(key)
             if old is None or not old.content_equal(cmap):
                 maps[key] = cmap
                 changed = True
-            self._reports[key] = self._report(key, maps[key], rivals.get(key, {}))
+            self._reports[key] = map_report(
+                key, maps[key], self._problems.get(key, ()), rivals.get(key, {})
+            )
         return changed
 
     def _recompile(self, keys: set[MapKey], touched: set[Claim]) -> None:
@@ -312,7 +256,7 @@ class Compiler:
         pmap = work.pmap
         node, problem = self.resolve_node(slot.node)
         target = node or NodeName(slot.node)
-        inventory = self._inventories.get(target) if node else None
+        inventory = self.inputs.inventories.get(target) if node else None
         if slot.count is not None and not pick:
             compiled = self._keep_count(pmap, slot, target, inventory)
             if compiled is None:
@@ -384,91 +328,15 @@ class Compiler:
         node: NodeName,
         inventory: NodeInventory | None,
     ) -> tuple[CompiledSlot, list[str]]:
-        if slot.count is not None:
-            declared = DeclaredDevices(count=slot.count)
-            if inventory is None:
-                return CompiledSlot(
-                    slot.index,
-                    node,
-                    declared=declared,
-                    blocked=Reason.INSUFFICIENT_DEVICES,
-                    message=f"no inventory for node {node} yet",
-                ), [
-                    f"index {slot.index} on node {node}: no inventory for node {node} to pick "
-                    f"{slot.count} devices from"
-                ]
-            return self._resolve_count(pmap, slot, node, inventory, declared)
-        declared = DeclaredDevices(slot.devices)
+        if slot.count is None:
+            return resolve_named(slot, node, inventory)
         if inventory is None:
-            indices = tuple(d for d in slot.devices if isinstance(d, int))
-            uuids = tuple(d for d in slot.devices if not isinstance(d, int))
-            # Without an inventory we know what was written: indices, or UUIDs, not both.
-            return CompiledSlot(
-                slot.index,
-                node,
-                devices=uuids if len(uuids) == len(slot.devices) else (),
-                device_indices=indices if len(indices) == len(slot.devices) else (),
-                declared=declared,
-            ), []
-        found: list[GpuDevice] = []
-        for ref in slot.devices:
-            device = inventory.find(ref)
-            if device is None or not device.healthy or not device.satisfies(slot.require):
-                break
-            found.append(device)
-        else:
-            # Every device present, healthy and matching: the common case, kept cheap.
-            return CompiledSlot(
-                slot.index,
-                node,
-                tuple([d.uuid for d in found]),
-                tuple([d.index for d in found]),
-                declared,
-            ), []
-        return self._device_problems(slot, node, inventory, declared)
-
-    def _device_problems(
-        self,
-        slot: DeclaredSlot,
-        node: NodeName,
-        inventory: NodeInventory,
-        declared: DeclaredDevices,
-    ) -> tuple[CompiledSlot, list[str]]:
-        where = f"index {slot.index} on node {node}"
-        problems: list[str] = []
-        missing: list[str] = []
-        found: list[GpuDevice] = []
-        for ref in slot.devices:
-            device = inventory.find(ref)
-            if device is None:
-                missing.append(
-                    f"{where}: device {_show(ref)} not found (node has "
-                    f"{len(inventory.devices)} GPUs)"
-                )
-                problems.append(missing[-1])
-                continue
-            problems += (
-                f"{where}: {m}" for _, m in device_problems(device, slot.require, _show(ref))
-            )
-            found.append(device)
-        if missing:
-            message = "; ".join(missing)
-            return CompiledSlot(
-                slot.index, node, declared=declared, blocked=Reason.DEVICE_MISSING, message=message
-            ), problems
-        return CompiledSlot(
-            slot.index, node, tuple(d.uuid for d in found), tuple(d.index for d in found), declared
-        ), problems
+            return no_inventory_to_pick(slot, node)
+        return self._resolve_count(pmap, slot, node, inventory)
 
     def _resolve_count(
-        self,
-        pmap: PlacementMap,
-        slot: DeclaredSlot,
-        node: NodeName,
-        inventory: NodeInventory,
-        declared: DeclaredDevices,
+        self, pmap: PlacementMap, slot: DeclaredSlot, node: NodeName, inventory: NodeInventory
     ) -> tuple[CompiledSlot, list[str]]:
-        assert slot.count is not None
         me = SlotKey(pmap.key, slot.index)
 
         def free(device: GpuDevice) -> bool:
@@ -484,27 +352,7 @@ class Compiler:
             )
 
         usable = [d for d in inventory.devices if d.healthy and d.satisfies(slot.require)]
-        picked = select_devices([d for d in usable if free(d)], slot.count)
-        if picked is None:
-            want = slot.require.describe() if slot.require else "any GPU"
-            message = (
-                f"index {slot.index} on node {node}: needs {slot.count} free healthy devices "
-                f"({want}), {len([d for d in usable if free(d)])} available"
-            )
-            return CompiledSlot(
-                slot.index,
-                node,
-                declared=declared,
-                blocked=Reason.INSUFFICIENT_DEVICES,
-                message=message,
-            ), [message]
-        return CompiledSlot(
-            slot.index,
-            node,
-            tuple(d.uuid for d in picked),
-            tuple(d.index for d in picked),
-            declared,
-        ), []
+        return picked(slot, node, usable, [d for d in usable if free(d)])
 
     def _decide_contests(self) -> tuple[set[SlotKey], dict[SlotKey, set[SlotKey]]]:
         """The slots that lose a contested GPU, and every contending slot with its rivals."""
@@ -548,57 +396,6 @@ class Compiler:
                 return holder
         return None
 
-    def _assemble(
-        self,
-        key: MapKey,
-        lost: set[int],
-        rivals: Mapping[int, set[SlotKey]],
-        generation: int,
-    ) -> CompiledMap:
-        pmap = self._maps[key]
-        slots = self._base[key]
-        if lost:
-            slots = dict(slots)
-            for index in lost:
-                base = slots[index]
-                names = ", ".join(str(r) for r in sorted(rivals[index]))
-                message = f"GPU {base.declared} on node {base.node} is also claimed by {names}"
-                slots[index] = replace(base, blocked=Reason.SLOT_CONFLICT, message=message)
-        return CompiledMap(
-            key,
-            slots,
-            pmap.sharing,
-            pmap.indexing,
-            pmap.env_mode,
-            generation,
-            self._versions.get(key, ""),
-            pmap.legacy_sharing,
-            pmap.rollout,
-            self._provenance.get(key, Provenance()),
-        )
-
-    def _report(
-        self, key: MapKey, cmap: CompiledMap, contenders: Mapping[int, set[SlotKey]]
-    ) -> MapReport:
-        problems = tuple(self._problems.get(key, ()))
-        rivals: set[MapKey] = set()
-        conflict_lines = []
-        for index in sorted(contenders):
-            for other in sorted(contenders[index]):
-                rivals.add(other.map)
-                conflict_lines.append(f"index {index} conflicts with {other}")
-        blocked = sum(1 for s in cmap.slots.values() if s.blocked)
-        total = len(cmap.slots)
-        if conflict_lines:
-            phase, message = Phase.CONFLICT, "; ".join(conflict_lines)
-        elif problems:
-            phase, message = Phase.DEGRADED, "; ".join(problems)
-        else:
-            phase, message = Phase.VALID, f"{total} slots"
-        return MapReport(
-            key, phase, message, problems, tuple(sorted(rivals - {key})), total, total - blocked
-        )
-
 
 class _MapWork:
     """What compiling one map produces, filled slot by slot."""
@@ -616,5 +413,60 @@ def _claims_of(slot: CompiledSlot, node: NodeName) -> list[Claim]:
     return [(node, gpu) for gpu in gpu_ids(slot.devices, slot.device_indices)]
 
 
-def _show(ref: DeviceRef) -> str:
-    return str(ref)
+def assemble(
+    pmap: PlacementMap,
+    slots: dict[int, CompiledSlot],
+    lost: set[int],
+    rivals: Mapping[int, set[SlotKey]],
+    generation: int,
+    version: str,
+    provenance: Provenance,
+) -> CompiledMap:
+    """The served version of a map: its compiled slots, those that lost a contested GPU blocked
+    with the rivals named."""
+    if lost:
+        slots = dict(slots)
+        for index in lost:
+            base = slots[index]
+            names = ", ".join(str(r) for r in sorted(rivals[index]))
+            message = f"GPU {base.declared} on node {base.node} is also claimed by {names}"
+            slots[index] = replace(base, blocked=Reason.SLOT_CONFLICT, message=message)
+    return CompiledMap(
+        pmap.key,
+        slots,
+        pmap.sharing,
+        pmap.indexing,
+        pmap.env_mode,
+        generation,
+        version,
+        pmap.legacy_sharing,
+        pmap.rollout,
+        provenance,
+    )
+
+
+def map_report(
+    key: MapKey,
+    cmap: CompiledMap,
+    problems: Iterable[str],
+    contenders: Mapping[int, set[SlotKey]],
+) -> MapReport:
+    """What the map's status says of its compile: its phase, message and slot counts."""
+    found = tuple(problems)
+    rivals: set[MapKey] = set()
+    conflict_lines = []
+    for index in sorted(contenders):
+        for other in sorted(contenders[index]):
+            rivals.add(other.map)
+            conflict_lines.append(f"index {index} conflicts with {other}")
+    blocked = sum(1 for s in cmap.slots.values() if s.blocked)
+    total = len(cmap.slots)
+    if conflict_lines:
+        phase, message = Phase.CONFLICT, "; ".join(conflict_lines)
+    elif found:
+        phase, message = Phase.DEGRADED, "; ".join(found)
+    else:
+        phase, message = Phase.VALID, f"{total} slots"
+    return MapReport(
+        key, phase, message, found, tuple(sorted(rivals - {key})), total, total - blocked
+    )

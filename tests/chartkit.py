@@ -7,7 +7,6 @@ the directory with bin/helm and crds/<name>/*.yaml.
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gpuplace_dev.localcluster.tools import helm_env
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpuplace"
@@ -50,15 +51,8 @@ def helm(
     *args: str, check: bool = True, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Runs helm with a private home so no user configuration leaks into the test."""
-    home = tools_dir() / "helm-home"
-    environment = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-        **(env or {}),
-    }
+    tools_dir()  # built if missing
+    environment = {**helm_env(), **(env or {})}
     result = subprocess.run(
         [str(helm_binary()), *args], capture_output=True, text=True, env=environment, check=False
     )

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from placement.compile import Compiler, select_devices
+from placement.compile import Compiler
 from placement.devices import DeclaredDevices
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import DeclaredSlot, PlacementMap, Requirement
@@ -22,6 +22,7 @@ from placement.model import (
     encode_model,
 )
 from placement.reasons import Reason
+from placement.slotdevices import select_devices
 from placement.status import Phase
 from placement.types import DeviceRef, GpuUuid, MapKey, NodeName, Sharing
 

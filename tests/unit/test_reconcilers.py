@@ -39,18 +39,9 @@ from placement.keyring import TrustView, new_ring
 from placement.status import MapStatus, Phase, SlotCounts
 from placement.types import GpuUuid, MapKey, NodeName
 from placement.wake import WakeKey
+from tests.unit.test_grants import POLICY  # inference: gpu-a-01, node7 and pool train only
 
 INFERENCE = MapKey("inference", "llm")
-POLICY = """\
-apiVersion: gpuplace.io/v1alpha1
-kind: PlacementPolicy
-metadata:
-  name: cluster
-spec:
-  grants:
-    - namespaces: [inference]
-      nodes: [gpu-2]
-"""
 
 
 class Apiserver:
