@@ -9,6 +9,7 @@ as peak memory, and report medians over `repeats` runs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -22,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from bench._stats import meminfo_kib
+
+if importlib.util.find_spec("gpuplace_dev") is None:
+    # A checkout used without its .venv (PYTHONPATH=<checkout>, as on a machine that only runs
+    # the benchmarks): the development environment's package is in dev/.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
 
 @dataclass(frozen=True, slots=True)
