@@ -24,16 +24,10 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
+from controller import changes
 from controller.binder import Binder
 from controller.bindingkey import KeySecret
-from controller.changes import (
-    Change,
-    InventoryChanged,
-    NodeChanged,
-    PolicyChanged,
-    SourceChanged,
-    SourceDeleted,
-)
+from controller.changes import Change
 from controller.dirty import DirtyMaps
 from controller.dra import DraTracker, TemplateKeeper
 from controller.drift import DriftTracker
@@ -171,7 +165,9 @@ class Controller:
         if inf.sources is not None:
             inf.sources.add_handler(self._on_source)
         inf.nodes.add_handler(
-            lambda event, obj, _old: self._enqueue(NodeChanged(obj, deleted=event == DELETED))
+            lambda event, obj, _old: self._enqueue(
+                changes.NodeChanged(obj, deleted=event == DELETED)
+            )
         )
         inf.inventories.add_handler(self.tracker.on_configmap)
         inf.leases.add_handler(self.tracker.on_lease)
@@ -182,7 +178,9 @@ class Controller:
             inf.dra.claims.add_handler(self.dra.on_claim)
             inf.dra.templates.add_handler(self._on_template)
         inf.policy.add_handler(
-            lambda event, obj, _old: self._enqueue(PolicyChanged(None if event == DELETED else obj))
+            lambda event, obj, _old: self._enqueue(
+                changes.PolicyChanged(None if event == DELETED else obj)
+            )
         )
         inf.binding_key.add_handler(self.keys.on_secret)
 
@@ -196,10 +194,12 @@ class Controller:
             self._wake.notify()
 
     def _on_source(self, event: str, obj: Obj, _old: Obj | None) -> None:
-        self._enqueue(SourceDeleted(obj) if event == DELETED else SourceChanged(obj))
+        self._enqueue(
+            changes.SourceDeleted(obj) if event == DELETED else changes.SourceChanged(obj)
+        )
 
     def _on_inventory(self, node: NodeName, inventory: NodeInventory | None) -> None:
-        self._enqueue(InventoryChanged(node, inventory))
+        self._enqueue(changes.InventoryChanged(node, inventory))
 
     def _is_running(self, uid: str) -> bool:
         return self.pods.is_running(uid)

@@ -61,10 +61,30 @@ class _LineError(Exception):
         self.hint = hint
 
 
+#: Kubernetes caps all annotations of one object together at 256 KiB.
+MAX_LEGACY_BYTES = 256 * 1024
+
+
 def parse_legacy(
-    text: str, source: str, *, line_offset: int = 0, column_offset: int = 0, path: str = ""
+    text: str,
+    source: str,
+    *,
+    line_offset: int = 0,
+    column_offset: int = 0,
+    path: str = "",
+    max_bytes: int | None = MAX_LEGACY_BYTES,
 ) -> tuple[LegacyEntry, ...]:
-    """Parses the whole text; raises PlacementError listing every malformed line."""
+    """Parses the whole text; raises PlacementError listing every malformed line. A pod's
+    annotation longer than all of its annotations may be together (`max_bytes`; None for the
+    `spec.map` of a PlacementMap, bounded by its file) is refused before it is read."""
+    size = len(text) if max_bytes is None or len(text) * 4 <= max_bytes else len(text.encode())
+    if max_bytes is not None and size > max_bytes:
+        raise PlacementError.single(
+            Location(source, 1 + line_offset, 1 + column_offset, path),
+            f"the annotation is {size} bytes, more than a pod's annotations may hold together "
+            f"({max_bytes} bytes)",
+            hint="declare large layouts in a PlacementMap",
+        )
     entries: list[LegacyEntry] = []
     errors: list[Diagnostic] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):

@@ -293,7 +293,12 @@ def _legacy_slots(
         line_offset, col_offset = first_line - 1, indent
     try:
         entries = parse_legacy(
-            text, doc.source, line_offset=line_offset, column_offset=col_offset, path="spec.map"
+            text,
+            doc.source,
+            line_offset=line_offset,
+            column_offset=col_offset,
+            path="spec.map",
+            max_bytes=None,  # bounded by the file it is in
         )
     except PlacementError as exc:
         return [], list(exc.diagnostics), []
@@ -465,8 +470,20 @@ def parse_map(text: str, source: str) -> PlacementMap:
     return result.maps[0]
 
 
+#: The most a ConfigMap can hold (all its data together): a longer text cannot be a stored map, and
+#: it is refused before it is parsed (a 1.8 MB text of 40,000 placements costs seconds to read).
+MAX_MAP_BYTES = 1024 * 1024
+
+
 def parse_map_for(text: str, source: str, expected: MapKey) -> PlacementMap:
     """A map read from the ConfigMap `expected`: its metadata must name that ConfigMap."""
+    size = len(text) if len(text) * 4 <= MAX_MAP_BYTES else len(text.encode())
+    if size > MAX_MAP_BYTES:
+        raise PlacementError.single(
+            Location(source, 1, 1),
+            f"the map is {size} bytes, more than a ConfigMap can hold ({MAX_MAP_BYTES} bytes)",
+            hint="split it into several maps",
+        )
     pmap = parse_map(text, source)
     if pmap.key != expected:
         raise PlacementError.single(

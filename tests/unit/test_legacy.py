@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 
 from placement.errors import PlacementError
-from placement.legacy import FORMAT_HINT, parse_legacy, render_legacy, shared_gpus
+from placement.legacy import (
+    FORMAT_HINT,
+    MAX_LEGACY_BYTES,
+    parse_legacy,
+    render_legacy,
+    shared_gpus,
+)
 from placement.types import GpuUuid, Sharing
-from placement.validate import load_maps, parse_map
+from placement.validate import MAX_MAP_BYTES, load_maps, parse_map
 
 UUID_A = "GPU-5c1d0c3e-0b7a-4c2e-9f61-3a1b2c3d4e00"
 
@@ -236,3 +242,27 @@ def test_shared_gpus_lists_each_gpu_with_its_lines() -> None:
         ("a", 0, (0, 3)),
         ("a", 1, (0, 2, 3)),
     }
+
+
+def legacy_lines(count: int) -> str:
+    return "".join(f"{i}=node{i % 100}:{i % 8}\n" for i in range(count))
+
+
+def test_a_pod_annotation_longer_than_annotations_may_be_is_refused_unread() -> None:
+    text = legacy_lines(30_000)
+    assert len(text) > MAX_LEGACY_BYTES
+    with pytest.raises(PlacementError) as caught:
+        parse_legacy(text, "pod ml/web-0 annotation gpu-scheduling-map")
+    (diagnostic,) = caught.value.diagnostics
+    assert (diagnostic.location.line, diagnostic.location.column) == (1, 1)
+    assert f"more than a pod's annotations may hold together ({MAX_LEGACY_BYTES} bytes)" in (
+        diagnostic.message
+    )
+
+
+def test_a_maps_long_legacy_block_is_bounded_by_its_file_not_by_the_annotation_limit() -> None:
+    block = "".join(f"    {line}\n" for line in legacy_lines(30_000).splitlines())
+    text = MAP_FILE.split("  map: |", maxsplit=1)[0] + "  map: |\n" + block
+    assert MAX_LEGACY_BYTES < len(block) < MAX_MAP_BYTES
+    pmap = parse_map(text, "big-legacy.yaml")
+    assert len(pmap.slots) == 30_000
