@@ -95,6 +95,7 @@ from kubeio.times import now_micro
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
+    ENV_CUDA_VISIBLE_DEVICES,
     GENERATION_ANNOTATION,
     INDEX_ANNOTATION,
     INDEX_LABEL,
@@ -144,6 +145,8 @@ BINDING_CPU = "binder CPU per pod, first -> last bind"
 TARGET_STARTUP_S = 10.0
 TARGET_P99_S = 1.0
 TARGET_WEBHOOK_P99_MS = 10.0
+#: A burst's creates/s through the webhook, against the same burst with the webhook unregistered.
+TARGET_CREATES_RATIO = 0.85
 #: The steady create rate at which the webhook's p99 is held to its target.
 TARGET_STEADY_RATE = 50
 
@@ -758,6 +761,60 @@ class PlacementBench:
         self._clear(pods)
         return burst_result(sent, seen, usage[0]), admission
 
+    def gpuplace_burst_unhooked(self) -> RunResult:
+        """The same burst with the pod webhook unregistered: what creating the pods costs the
+        apiserver without the webhook's round trip, in the same run. The pods already carry the
+        schedulerName the webhook would set (the pod-bindings policy refuses a map's pod without
+        it), and the controller binds them as in the burst."""
+        configurations = [
+            c
+            for c in call(self.cluster, "GET", MUTATING_WEBHOOKS.collection())["items"]
+            if any(w.get("name") == POD_WEBHOOK for w in c.get("webhooks") or [])
+        ]
+        for configuration in configurations:
+            name = configuration["metadata"]["name"]
+            call(self.cluster, "DELETE", MUTATING_WEBHOOKS.item(name), wanted={200})
+        try:
+            self.cluster.wait_for(
+                "the apiserver to stop calling the pod webhook",
+                lambda: not self._pod_webhook_called(),
+                60,
+            )
+            _, pods = self._pods(gpuplace_pod)
+            usage: list[Usage] = []
+            watch = self._watch()
+            try:
+                with self._measuring(usage, []):
+                    sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+                    seen = watch.wait()
+            finally:
+                watch.stop()
+        finally:
+            for configuration in configurations:
+                metadata = {
+                    k: v
+                    for k, v in configuration["metadata"].items()
+                    if k in ("name", "labels", "annotations")
+                }
+                body = {**configuration, "metadata": metadata}
+                call(self.cluster, "POST", MUTATING_WEBHOOKS.collection(), body, wanted={201})
+            self.cluster.wait_for(
+                "the apiserver to call the pod webhook again", self._pod_webhook_called, 60
+            )
+        self._clear(pods)
+        return burst_result(sent, seen, usage[0])
+
+    def _pod_webhook_called(self) -> bool:
+        """Whether a map's pod gets the webhook's wiring now (a server-side dry run)."""
+        probe = gpuplace_pod(self.scale, 0, 0)
+        probe["metadata"]["name"] = "webhook-probe"
+        path = f"{PODS.collection(NAMESPACE)}?dryRun=All"
+        status, body = self.cluster.request("POST", path, probe)
+        if status != 201:
+            return False
+        env = body["spec"]["containers"][0].get("env") or []
+        return any(e.get("name") == ENV_CUDA_VISIBLE_DEVICES for e in env)
+
     def gpuplace_drain(self) -> RunResult:
         self.stop_controller()
         self.cluster.stop_scheduler()
@@ -945,6 +1002,8 @@ class PlacementBench:
 @dataclass
 class Results:
     gpuplace_burst: list[RunResult] = field(default_factory=list)
+    #: The same burst with the pod webhook unregistered (creates/s without it).
+    gpuplace_burst_unhooked: list[RunResult] = field(default_factory=list)
     gpuplace_drain: list[RunResult] = field(default_factory=list)
     scheduler_burst: list[RunResult] = field(default_factory=list)
     scheduler_drain: list[RunResult] = field(default_factory=list)
@@ -974,6 +1033,10 @@ def _p(runs: Sequence[RunResult], which: str) -> list[float]:
     return [getattr(x, which) for x in runs]
 
 
+def _creates(runs: Sequence[RunResult]) -> list[float]:
+    return [x.extra["creates_per_s"] for x in runs]
+
+
 def _cpu(runs: Sequence[RunResult], process: str) -> list[float]:
     return [x.cpu.get(process, float("nan")) for x in runs]
 
@@ -1000,11 +1063,21 @@ def _throughput(label: str, r: Results) -> list[Measurement]:
     )
     best = int(ceil[0].extra["concurrency"]) if ceil else 0
     controller = "gpuplace controller"
+    unhooked = r.gpuplace_burst_unhooked
     return [
         below(label, "gpuplace burst: pods/s (create -> bound)", rates(gp_b), "pods/s"),
         below(label, "gpuplace burst: create -> bound p50", _p(gp_b, "p50"), "s"),
         below(label, "gpuplace burst: create -> bound p99", _p(gp_b, "p99"), "s", TARGET_P99_S),
         below(label, "gpuplace burst: controller CPU", _cpu(gp_b, controller), "s"),
+        below(label, "burst creates/s through the webhook", _creates(gp_b), "/s"),
+        below(label, "burst creates/s without it (webhook unregistered)", _creates(unhooked), "/s"),
+        above(
+            label,
+            "creates/s through the webhook / without it",
+            [a / b for a, b in zip(_creates(gp_b), _creates(unhooked), strict=True)],
+            "x",
+            TARGET_CREATES_RATIO,
+        ),
         below(label, "gpuplace controller peak RSS (all runs)", [r.controller_peak_mib], "MiB"),
         below(label, "gpuplace drain: pods/s (binds only)", rates(gp_d), "pods/s"),
         below(label, "gpuplace drain: controller CPU", _cpu(gp_d, controller), "s"),
@@ -1225,6 +1298,13 @@ def contend(
         results.admission.append(admission)
         log(f"  gpuplace burst: {burst.line()}")
         results.gpuplace_burst.append(burst)
+        unhooked = b.gpuplace_burst_unhooked()
+        results.gpuplace_burst_unhooked.append(unhooked)
+        log(
+            f"  the same burst, pod webhook unregistered: "
+            f"{unhooked.extra['creates_per_s']:,.0f} creates/s "
+            f"(through it: {burst.extra['creates_per_s']:,.0f})"
+        )
         results.admission_sequential.append(b.admission_one_at_a_time())
         for rate in STEADY_RATES:
             steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
