@@ -1033,8 +1033,23 @@ def _p(runs: Sequence[RunResult], which: str) -> list[float]:
     return [getattr(x, which) for x in runs]
 
 
-def _creates(runs: Sequence[RunResult]) -> list[float]:
-    return [x.extra["creates_per_s"] for x in runs]
+def creates_rows(
+    label: str, through: Sequence[RunResult], without: Sequence[RunResult]
+) -> list[Measurement]:
+    """A burst's creates/s through the webhook and the same burst's without it, per repeat."""
+    hooked = [x.extra["creates_per_s"] for x in through]
+    unhooked = [x.extra["creates_per_s"] for x in without]
+    return [
+        below(label, "burst creates/s through the webhook", hooked, "/s"),
+        below(label, "burst creates/s without it (webhook unregistered)", unhooked, "/s"),
+        above(
+            label,
+            "creates/s through the webhook / without it",
+            [a / b for a, b in zip(hooked, unhooked, strict=True)],
+            "x",
+            TARGET_CREATES_RATIO,
+        ),
+    ]
 
 
 def _cpu(runs: Sequence[RunResult], process: str) -> list[float]:
@@ -1063,21 +1078,12 @@ def _throughput(label: str, r: Results) -> list[Measurement]:
     )
     best = int(ceil[0].extra["concurrency"]) if ceil else 0
     controller = "gpuplace controller"
-    unhooked = r.gpuplace_burst_unhooked
     return [
         below(label, "gpuplace burst: pods/s (create -> bound)", rates(gp_b), "pods/s"),
         below(label, "gpuplace burst: create -> bound p50", _p(gp_b, "p50"), "s"),
         below(label, "gpuplace burst: create -> bound p99", _p(gp_b, "p99"), "s", TARGET_P99_S),
         below(label, "gpuplace burst: controller CPU", _cpu(gp_b, controller), "s"),
-        below(label, "burst creates/s through the webhook", _creates(gp_b), "/s"),
-        below(label, "burst creates/s without it (webhook unregistered)", _creates(unhooked), "/s"),
-        above(
-            label,
-            "creates/s through the webhook / without it",
-            [a / b for a, b in zip(_creates(gp_b), _creates(unhooked), strict=True)],
-            "x",
-            TARGET_CREATES_RATIO,
-        ),
+        *creates_rows(label, gp_b, r.gpuplace_burst_unhooked),
         below(label, "gpuplace controller peak RSS (all runs)", [r.controller_peak_mib], "MiB"),
         below(label, "gpuplace drain: pods/s (binds only)", rates(gp_d), "pods/s"),
         below(label, "gpuplace drain: controller CPU", _cpu(gp_d, controller), "s"),
