@@ -780,15 +780,7 @@ class PlacementBench:
                 lambda: not self._pod_webhook_called(),
                 60,
             )
-            _, pods = self._pods(gpuplace_pod)
-            usage: list[Usage] = []
-            watch = self._watch()
-            try:
-                with self._measuring(usage, []):
-                    sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
-                    seen = watch.wait()
-            finally:
-                watch.stop()
+            result = self._burst(gpuplace_pod)
         finally:
             for configuration in configurations:
                 metadata = {
@@ -801,8 +793,7 @@ class PlacementBench:
             self.cluster.wait_for(
                 "the apiserver to call the pod webhook again", self._pod_webhook_called, 60
             )
-        self._clear(pods)
-        return burst_result(sent, seen, usage[0])
+        return result
 
     def _pod_webhook_called(self) -> bool:
         """Whether a map's pod gets the webhook's wiring now (a server-side dry run)."""
@@ -918,7 +909,12 @@ class PlacementBench:
         self.stop_controller()
         self.cluster.start_scheduler()
         self.ready("kube-scheduler", pinned_pod)
-        _, pods = self._pods(pinned_pod)
+        return self._burst(pinned_pod)
+
+    def _burst(self, build: Callable[[Scale, int, int], Obj]) -> RunResult:
+        """A run's pods created by `CREATE_THREADS` threads as fast as they go, timed until the
+        watch has seen every one bound; then cleared."""
+        _, pods = self._pods(build)
         usage: list[Usage] = []
         watch = self._watch()
         try:
