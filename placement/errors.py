@@ -110,3 +110,12 @@ def capped(diagnostics: Sequence[Diagnostic]) -> tuple[Diagnostic, ...]:
 
 def format_all(diagnostics: Iterable[Diagnostic]) -> str:
     return "\n".join(d.format() for d in diagnostics)
+
+
+def oversized(text: str, limit: int) -> int | None:
+    """The text's size in UTF-8 bytes when it is over `limit`, else None; counted without encoding
+    a text whose characters could not reach the limit even at 4 bytes each."""
+    if len(text) * 4 <= limit:
+        return None
+    size = len(text.encode())
+    return size if size > limit else None

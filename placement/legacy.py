@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from placement.errors import Diagnostic, Location, PlacementError
+from placement.errors import Diagnostic, Location, PlacementError, oversized
 from placement.types import (
     GPU_UUID_RE,
     MAX_DEVICE_INDEX,
@@ -77,8 +77,8 @@ def parse_legacy(
     """Parses the whole text; raises PlacementError listing every malformed line. A pod's
     annotation longer than all of its annotations may be together (`max_bytes`; None for the
     `spec.map` of a PlacementMap, bounded by its file) is refused before it is read."""
-    size = len(text) if max_bytes is None or len(text) * 4 <= max_bytes else len(text.encode())
-    if max_bytes is not None and size > max_bytes:
+    size = None if max_bytes is None else oversized(text, max_bytes)
+    if size is not None:
         raise PlacementError.single(
             Location(source, 1 + line_offset, 1 + column_offset, path),
             f"the annotation is {size} bytes, more than a pod's annotations may hold together "

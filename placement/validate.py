@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from placement.errors import Diagnostic, Location, PlacementError
+from placement.errors import Diagnostic, Location, PlacementError, oversized
 from placement.legacy import LegacyEntry, parse_legacy, shared_gpus
 from placement.maps import DeclaredSlot, PlacementMap, Requirement, Rollout
 from placement.schema import (
@@ -477,8 +477,8 @@ MAX_MAP_BYTES = 1024 * 1024
 
 def parse_map_for(text: str, source: str, expected: MapKey) -> PlacementMap:
     """A map read from the ConfigMap `expected`: its metadata must name that ConfigMap."""
-    size = len(text) if len(text) * 4 <= MAX_MAP_BYTES else len(text.encode())
-    if size > MAX_MAP_BYTES:
+    size = oversized(text, MAX_MAP_BYTES)
+    if size is not None:
         raise PlacementError.single(
             Location(source, 1, 1),
             f"the map is {size} bytes, more than a ConfigMap can hold ({MAX_MAP_BYTES} bytes)",

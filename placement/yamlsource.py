@@ -21,7 +21,7 @@ from yaml.reader import Reader
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
-from placement.errors import Diagnostic, Location, PlacementError
+from placement.errors import Diagnostic, Location, PlacementError, oversized
 
 Path = tuple[str | int, ...]
 
@@ -340,8 +340,8 @@ def load_documents(
 ) -> Iterator[Document]:
     """Yields each document of a YAML stream; raises PlacementError on YAML syntax errors and on
     input past `limits`."""
-    size = len(text) if len(text) * 4 <= limits.max_bytes else len(text.encode())
-    if size > limits.max_bytes:
+    size = oversized(text, limits.max_bytes)
+    if size is not None:
         raise PlacementError.single(
             Location(source, 1, 1),
             f"the YAML is {size} bytes; the limit is {limits.max_bytes}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +26,7 @@ from controller.renumber import RenumberTracker
 from controller.settings import ControllerSettings
 from controller.statuswriter import StatusWriter
 from controller.writer import ModelWriter
-from kubeio.errors import APINotFoundError
+from kubeio.errors import APINotFoundError, APIServerError
 from kubeio.events import EventRecorder
 from placement.annotations import (
     MAP_LABEL,
@@ -91,7 +92,7 @@ class Apiserver:
 
 
 class FakeInformer:
-    def __init__(self, objects: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, objects: Sequence[dict[str, Any]] = ()) -> None:
         self.lock = threading.RLock()
         self.store = {
             (o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objects
@@ -451,8 +452,6 @@ def test_the_key_ring_is_followed_only_by_the_leader_and_an_unreadable_one_is_co
 def test_loading_the_ring_retries_until_stopped() -> None:
     class Down(Apiserver):
         def get(self, path: str, **_: Any) -> dict[str, Any]:
-            from kubeio.errors import APIServerError  # noqa: PLC0415
-
             raise APIServerError(503, "ServiceUnavailable", path)
 
     keys = KeyWatch(
@@ -466,7 +465,7 @@ def test_loading_the_ring_retries_until_stopped() -> None:
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
     started = time.monotonic()
-    with pytest.raises(Exception, match="ServiceUnavailable"):
+    with pytest.raises(APIServerError, match="ServiceUnavailable"):
         keys.load(stop, retry_seconds=0.05)
     assert time.monotonic() - started >= 0.25
 
