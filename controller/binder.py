@@ -25,8 +25,9 @@ from controller.workers import Workers
 from kubeio import bodies
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
-from kubeio.events import WARNING, EventRecorder, ObjectRef
+from kubeio.events import WARNING, EventRecorder
 from kubeio.paths import PODS
+from kubeio.pod import Pod
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
 from placement.keyring import RingKey, TrustView
@@ -37,11 +38,11 @@ from placement.wake import WakeKey
 log = logging.getLogger(__name__)
 
 
-def binding_body(pod: Obj, placement: Placement, signer: RingKey) -> Obj:
-    meta = pod["metadata"]
-    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
-    annotations = signed_binding(signer.secret, signer.id, uid, namespace, placement.decision)
-    return bodies.binding(name, namespace, uid, placement.decision.node, annotations)
+def binding_body(pod: Pod, placement: Placement, signer: RingKey) -> Obj:
+    annotations = signed_binding(
+        signer.secret, signer.id, pod.uid, pod.namespace, placement.decision
+    )
+    return bodies.binding(pod.name, pod.namespace, pod.uid, placement.decision.node, annotations)
 
 
 class Binder:
@@ -83,7 +84,7 @@ class Binder:
         self.report = TrustReport(kube, events, metrics.unverifiable.set, metrics.unverified.inc)
         self._not_granted: set[str] = set()  # pre-bound legacy pods already reported as such
         self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
-        self._pods: dict[str, Obj] = {}
+        self._pods: dict[str, Pod] = {}
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
         self._workers = Workers(settings.bind_workers, "bind")
@@ -96,31 +97,31 @@ class Binder:
         self.active = threading.Event()
 
     # -- feeding -------------------------------------------------------------------------------
-    def rebuild(self, pods: Iterable[Obj], shared_maps: set[str]) -> int:
+    def rebuild(self, pods: Iterable[Pod], shared_maps: set[str]) -> int:
         """Rebuilds the slot cache from bound pods' annotations; queues the unbound ones."""
         count = 0
         for pod in pods:
             self.on_pod("ADDED", pod, shared_maps)
-            if podfacts.is_bound(pod):
+            if pod.bound:
                 count += 1
         return count
 
     def on_pod(
         self,
         event: str,
-        pod: Obj,
+        pod: Pod,
         shared_maps: set[str] | None = None,
         bound: podfacts.BoundPod | None = None,
     ) -> None:
         """One pod event. `bound`: the pod's binding as its event's other readers see it (read
         here when not given), so that it is decoded and judged once."""
-        uid = podfacts.uid_of(pod)
-        if event == "DELETED" or podfacts.is_finished(pod):
+        uid = pod.uid
+        if event == "DELETED" or pod.finished:
             with self._lock:
                 self._pods.pop(uid, None)
             self._release(uid)
             return
-        if podfacts.is_bound(pod):
+        if pod.bound:
             with self._lock:
                 self._pods.pop(uid, None)
             self.queue.remove(uid)
@@ -133,7 +134,7 @@ class Binder:
             else:
                 self._hold_bound(bound or podfacts.BoundPod(pod, self.trust), shared_maps or set())
             return
-        if podfacts.is_deleting(pod):
+        if pod.deleting:
             return
         with self._lock:
             self._pods[uid] = pod
@@ -142,16 +143,16 @@ class Binder:
         self.queue.add(uid)
         self.metrics.pending.set(len(self._pods))
 
-    def _adopt_prebound(self, uid: str, pod: Obj) -> Holding | None:
+    def _adopt_prebound(self, uid: str, pod: Pod) -> Holding | None:
         """A pod the earlier tools bound: it holds the GPUs its legacy line declares, so that no
         map pod is bound onto them (unless its namespace's grants do not give it those GPUs)."""
         adopted = podfacts.prebound_legacy(pod, self.cluster())
         if isinstance(adopted, str):
             if uid not in self._not_granted:
                 self._not_granted.add(uid)
-                meta = pod["metadata"]
-                ref = ObjectRef("Pod", meta["namespace"], meta["name"], uid)
-                self._workers.submit(self.events.emit, ref, WARNING, Reason.NOT_GRANTED, adopted)
+                self._workers.submit(
+                    self.events.emit, pod.ref, WARNING, Reason.NOT_GRANTED, adopted
+                )
             return None
         if adopted is not None:
             self.metrics.prebound.inc()
@@ -164,20 +165,20 @@ class Binder:
             raise RuntimeError("the binder judged a bound pod before the key ring was loaded")
         holding = bound.holding(shared_maps)
         if holding is None and self.settings.legacy:
-            holding = self._adopt_prebound(bound.uid, bound.obj)
+            holding = self._adopt_prebound(bound.uid, bound.pod)
         if holding is not None:
             self.cache.add_bound(holding)
             self.on_bound(holding.slot)
-        self.report.judged(bound.judged(), podfacts.flagged_unverifiable(bound.obj))
+        self.report.judged(bound.judged(), podfacts.flagged_unverifiable(bound.pod))
 
-    def retrust(self, trust: TrustView, bound: Iterable[Obj], shared_maps: set[str]) -> None:
+    def retrust(self, trust: TrustView, bound: Iterable[Pod], shared_maps: set[str]) -> None:
         """The key ring or the adoption records changed: every bound pod is judged again. A pod
         that holds now and did not is added, one that no longer holds is released."""
         self.trust = trust
         for pod in bound:
-            if podfacts.is_finished(pod) or not podfacts.is_bound(pod):
+            if pod.finished or not pod.bound:
                 continue
-            uid = podfacts.uid_of(pod)
+            uid = pod.uid
             held = self.cache.holding(uid)
             read = podfacts.BoundPod(pod, trust)
             if held is None:
@@ -242,10 +243,10 @@ class Binder:
             try:
                 self._decide(uid, pod)
             except Exception:
-                log.exception("decision failed", extra={"pod": podfacts.name_of(pod)})
+                log.exception("decision failed", extra={"pod": pod.key})
                 self.queue.backoff(uid)
 
-    def _decide(self, uid: str, pod: Obj) -> None:
+    def _decide(self, uid: str, pod: Pod) -> None:
         if not self.fence():
             self._fenced(uid)
             return
@@ -271,16 +272,15 @@ class Binder:
                 self.queue.unschedulable(uid, outcome.waits_for)
             self._report(pod, outcome)
             return
-        self.cache.assume(uid, podfacts.name_of(pod), outcome)
+        self.cache.assume(uid, pod.key, outcome)
         with self._lock:
             self._in_flight.add(uid)
         self._workers.submit(self._bind, uid, pod, outcome, claim)
 
     def _bind(
-        self, uid: str, pod: Obj, placement: Placement, claim: ClaimPlan | None = None
+        self, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan | None = None
     ) -> None:
-        meta = pod["metadata"]
-        path = PODS.item(meta["name"], meta["namespace"], "binding")
+        path = PODS.item(pod.name, pod.namespace, "binding")
         try:
             if self._stop.is_set() or not self.fence():
                 raise FencedError(0, "Fenced", "lease not held")
@@ -293,7 +293,7 @@ class Binder:
                     # The claim changed since the decision (regenerated, deallocated): decide
                     # again from what the claims informer shows next.
                     self.metrics.binds.labels("claim-refused").inc()
-                    log.info("claim not allocated: %s", exc, extra={"pod": podfacts.name_of(pod)})
+                    log.info("claim not allocated: %s", exc, extra={"pod": pod.key})
                     self.cache.forget(uid)
                     self._finish(uid, requeue=True)
                     return
@@ -304,7 +304,7 @@ class Binder:
             # Decided again once the lease is held: by this process if a late renewal keeps it,
             # else the binder stops with the lost leadership and the next leader decides.
             self.metrics.binds.labels("fenced").inc()
-            log.debug("lease not held: Binding not sent", extra={"pod": podfacts.name_of(pod)})
+            log.debug("lease not held: Binding not sent", extra={"pod": pod.key})
             self.cache.forget(uid)
             self._finish(uid, requeue=False)
             self._fenced(uid)
@@ -312,7 +312,7 @@ class Binder:
         except (APINotFoundError, APIConflictError) as exc:
             # Gone, recreated, or already bound by someone else: the pod's next event decides.
             self.metrics.binds.labels("conflict").inc()
-            log.info("bind refused: %s", exc, extra={"pod": podfacts.name_of(pod)})
+            log.info("bind refused: %s", exc, extra={"pod": pod.key})
             if isinstance(exc, APINotFoundError):
                 # A pod already bound (409) keeps its claim; a deleted one loses it with the pod.
                 self._unreserve(claim)
@@ -321,7 +321,7 @@ class Binder:
             return
         except APIError as exc:
             self.metrics.binds.labels("error").inc()
-            log.warning("bind failed: %s", exc, extra={"pod": podfacts.name_of(pod)})
+            log.warning("bind failed: %s", exc, extra={"pod": pod.key})
             if 400 <= exc.status < 500:
                 # Refused, so surely not bound. After a timeout or a 5xx the Binding may have
                 # been stored: the allocation stays, and the retry finds it done and reuses it.
@@ -386,5 +386,5 @@ class Binder:
         if requeue and still_pending:
             self.queue.backoff(uid)
 
-    def _report(self, pod: Obj, status: Status) -> None:
+    def _report(self, pod: Pod, status: Status) -> None:
         self.pending.report(pod, status)

@@ -15,10 +15,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from kubeio.client import Kube, Obj
+from kubeio.client import Kube, Obj, obj_key
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.informer import DELETED
 from kubeio.paths import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES
+from kubeio.pod import Pod
 from placement.binding import Code, Placement, SlotView, Status
 from placement.dra import (
     DELETE_PROTECTION,
@@ -30,7 +31,6 @@ from placement.dra import (
     allocation_matches,
     allocation_status,
     claim_template,
-    pod_claim_name,
     read_claim,
     slice_devices,
     template_matches,
@@ -81,9 +81,9 @@ class DraTracker:
         name = NodeName(str(node))
         with self._lock:
             if event == DELETED:
-                self._slices[name].pop(obj["metadata"]["name"], None)
+                self._slices[name].pop(obj_key(obj)[1], None)
             else:
-                self._slices[name][obj["metadata"]["name"]] = obj
+                self._slices[name][obj_key(obj)[1]] = obj
             for device in self._devices.pop(name, {}).values():
                 self._by_id.pop((self.settings.driver, device.pool, device.name), None)
             devices = slice_devices(self._slices[name].values(), self.settings)
@@ -124,10 +124,10 @@ class DraTracker:
         with self._lock:
             return list(self._claims.values())
 
-    def check(self, pod: Obj, placement: Placement, slots: SlotView) -> ClaimPlan | Status:
+    def check(self, pod: Pod, placement: Placement, slots: SlotView) -> ClaimPlan | Status:
         """Whether the pod's claim can get the placement's devices, and how."""
         decision = placement.decision
-        node, uid = decision.node, str(pod["metadata"]["uid"])
+        node, uid = decision.node, pod.uid
         where = f"map {placement.slot.map} index {placement.slot.index}"
         driver = self.settings.driver
         if not decision.devices:
@@ -152,8 +152,7 @@ class DraTracker:
                         WakeKey.model(),
                     )
                 devices.append(device)
-            entries = (pod.get("spec") or {}).get("resourceClaims") or []
-            if not any(e.get("name") == POD_CLAIM_NAME for e in entries):
+            if not pod.has_claim(POD_CLAIM_NAME):
                 return Status(
                     Code.UNRESOLVABLE,
                     Reason.CLAIM_MISSING,
@@ -162,8 +161,8 @@ class DraTracker:
                     "(recreate the pod)",
                     frozenset({WakeKey.pod(uid)}),
                 )
-            claim_name = pod_claim_name(pod)
-            claim = self._claims.get((pod["metadata"]["namespace"], claim_name or ""))
+            claim_name = pod.generated_claim(POD_CLAIM_NAME)
+            claim = self._claims.get((pod.namespace, claim_name or ""))
             if claim is None:
                 template = template_name(placement.slot.map.name)
                 return _wait(
@@ -217,7 +216,7 @@ class ClaimWriter:
     def _path(self, claim: ClaimState, subresource: str = "") -> str:
         return RESOURCE_CLAIMS.item(claim.name, claim.namespace, subresource)
 
-    def reserve(self, plan: ClaimPlan, pod: Obj) -> None:
+    def reserve(self, plan: ClaimPlan, pod: Pod) -> None:
         """Allocates the claim to the plan's devices and reserves it for the pod.
 
         Every write carries the resourceVersion it was planned from, so a claim that changed in
@@ -250,10 +249,7 @@ class ClaimWriter:
                 },
             )
             version = protected["metadata"]["resourceVersion"]
-        meta = pod["metadata"]
-        status = allocation_status(
-            plan.devices, plan.node, meta["name"], meta["uid"], self.settings.driver
-        )
+        status = allocation_status(plan.devices, plan.node, pod.name, pod.uid, self.settings.driver)
         self.kube.patch(
             self._path(plan.claim, "status"),
             {"metadata": {"resourceVersion": version}, "status": status},
@@ -292,12 +288,12 @@ class TemplateKeeper:
                         self.kube.create(path, body)
                     except APIConflictError:
                         # One of that name without our labels (made by someone else): ours wins.
-                        self.kube.delete(f"{path}/{name}")
+                        self.kube.delete(RESOURCE_CLAIM_TEMPLATES.item(name, namespace))
                         self.kube.create(path, body)
                 elif not template_matches(have, body):
                     # A template's spec is immutable: replace it; claims already generated keep
                     # theirs, and the binder's allocation decides their devices anyway.
-                    self.kube.delete(f"{path}/{name}")
+                    self.kube.delete(RESOURCE_CLAIM_TEMPLATES.item(name, namespace))
                     self.kube.create(path, body)
             except APIError as exc:
                 log.warning("ResourceClaimTemplate %s/%s not written: %s", namespace, name, exc)

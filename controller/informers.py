@@ -13,6 +13,7 @@ from kubeio.client import Kube, Obj
 from kubeio.informer import Informer
 from kubeio.modelwatch import ModelWatch
 from kubeio.paths import CONFIGMAPS, LEASES, NODES, PODS, SECRETS
+from kubeio.pod import Pod
 from placement.annotations import PLACEMENT_MAP_LABEL
 from placement.dra import Enforcement
 from placement.grants import POLICY_CONFIGMAP
@@ -130,13 +131,13 @@ class SharedInformers:
         """Names of the informers that have failed to list or watch for over `grace_seconds`."""
         return [i.name for i in self.all() if not i.healthy(grace_seconds)]
 
-    def pod_objects(self) -> list[Obj]:
-        """Every pod the pod informers hold (a snapshot)."""
+    def pods_held(self) -> list[Pod]:
+        """Every pod the pod informers hold (a snapshot), each read into its view."""
         out: list[Obj] = []
         for informer in self.pods:
             with informer.lock:
                 out.extend(informer.store.values())
-        return out
+        return [Pod.of(obj) for obj in out]
 
 
 def snapshot(informer: Informer) -> dict[tuple[str, str], Obj]:

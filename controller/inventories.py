@@ -11,14 +11,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
+from kubeio.client import Obj, obj_key
 from placement.binding import InventoryState
 from placement.inventory import INVENTORY_KEY, NodeInventory
 from placement.types import NodeName
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 
 
 class InventoryTracker:
@@ -30,7 +29,7 @@ class InventoryTracker:
         self._lock = threading.RLock()
 
     def on_configmap(self, event: str, obj: Obj, _old: Obj | None) -> None:
-        node = NodeName(obj["metadata"]["name"])
+        node = NodeName(obj_key(obj)[1])
         with self._lock:
             if event == "DELETED":
                 self._inventories.pop(node, None)
@@ -52,7 +51,7 @@ class InventoryTracker:
             self._publish(node)
 
     def on_lease(self, event: str, obj: Obj, _old: Obj | None) -> None:
-        node = NodeName(obj["metadata"]["name"])
+        node = NodeName(obj_key(obj)[1])
         with self._lock:
             if event == "DELETED":
                 self._renewed.pop(node, None)

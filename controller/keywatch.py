@@ -16,6 +16,7 @@ from controller.metrics import ControllerMetrics
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIError
 from kubeio.informer import DELETED
+from kubeio.pod import Pod
 from placement.keyring import KEYRING_FIELD, RingError, TrustView
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class KeyWatch:
         secret: KeySecret,
         binder: Binder,
         metrics: ControllerMetrics,
-        pods: Callable[[], list[Obj]],
+        pods: Callable[[], list[Pod]],
         shared: Callable[[], set[str]],
     ) -> None:
         self.kube = kube

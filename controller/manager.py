@@ -125,7 +125,7 @@ class Controller:
             KeySecret(settings.system_namespace, settings.binder.key_secret_name),
             self.binder,
             self.metrics,
-            self.informers.pod_objects,
+            self.informers.pods_held,
             lambda: self.maps.shared,
         )
         self._loop_beat = time.monotonic()
@@ -343,7 +343,7 @@ class Controller:
     def _rebuild_from_pods(self) -> int:
         """The slot cache, renumbering and drift trackers from the pods the informers hold;
         returns how many bound pods hold a slot."""
-        pods = self.informers.pod_objects()
+        pods = self.informers.pods_held()
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self.maps.shared)
         self.pods.rebuild(pods)

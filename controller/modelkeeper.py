@@ -27,7 +27,7 @@ from controller.nodekeeper import NodeKeeper
 from controller.renumber import RenumberTracker
 from controller.sources import SourceState, read_source, restore
 from controller.writer import ModelWriter
-from kubeio.client import Obj
+from kubeio.client import Obj, obj_key
 from placement.binding import Cluster
 from placement.compile import Compiler
 from placement.inventory import NodeInventory
@@ -128,7 +128,7 @@ class ModelKeeper:
                 assert_never(change)
 
     def _apply_source(self, obj: Obj) -> set[WakeKey] | None:
-        key = MapKey(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        key = MapKey(*obj_key(obj))
         known = self.sources.get(key)
         state = read_source(obj, known)
         if state is known:
@@ -142,7 +142,7 @@ class ModelKeeper:
         return set()
 
     def _apply_source_deleted(self, obj: Obj) -> set[WakeKey]:
-        key = MapKey(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        key = MapKey(*obj_key(obj))
         self.sources.pop(key, None)
         self.grants.forget(key)
         self.compiler.remove_map(key)

@@ -8,7 +8,7 @@ import logging
 
 from controller.grantkeeper import GrantKeeper
 from controller.inventories import InventoryTracker
-from kubeio.client import Kube, Obj
+from kubeio.client import Kube, Obj, obj_key
 from kubeio.errors import APIError, APINotFoundError
 from kubeio.informer import Informer
 from kubeio.paths import CONFIGMAPS, LEASES
@@ -25,7 +25,7 @@ def node_state(obj: Obj, alias_label: str) -> NodeState:
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     labels = obj["metadata"].get("labels") or {}
     return NodeState(
-        NodeName(obj["metadata"]["name"]),
+        NodeName(obj_key(obj)[1]),
         ready,
         not obj.get("spec", {}).get("unschedulable", False),
         labels.get(alias_label),
@@ -54,7 +54,7 @@ class NodeKeeper:
     def apply(self, obj: Obj, deleted: bool, leading: bool) -> set[WakeKey] | None:
         """One node event; returns the binder keys it may unblock, None when nothing the binder
         reads changed (a heartbeat). A deleted node's inventory goes too when `leading`."""
-        name = NodeName(obj["metadata"]["name"])
+        name = NodeName(obj_key(obj)[1])
         before = self.nodes.get(name)
         after: NodeState | None = None
         if deleted:

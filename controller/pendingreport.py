@@ -12,12 +12,12 @@ import threading
 from collections.abc import Callable
 from functools import partial
 
-from controller import podfacts
 from controller.serialwrites import SerialWrites
-from kubeio.client import Kube, Obj
+from kubeio.client import Kube
 from kubeio.errors import APIError
-from kubeio.events import WARNING, EventRecorder, ObjectRef
+from kubeio.events import WARNING, EventRecorder
 from kubeio.paths import PODS
+from kubeio.pod import Pod
 from kubeio.times import now_time
 from placement.binding import Status
 
@@ -32,8 +32,8 @@ class PendingReports:
         self._lock = threading.Lock()
         self._reported: dict[str, tuple[str, str]] = {}  # uid -> the reason last reported
 
-    def report(self, pod: Obj, status: Status) -> None:
-        uid = podfacts.uid_of(pod)
+    def report(self, pod: Pod, status: Status) -> None:
+        uid = pod.uid
         with self._lock:
             if self._reported.get(uid) == (status.reason, status.message):
                 return
@@ -47,8 +47,7 @@ class PendingReports:
             self._reported.pop(uid, None)
         self._writes.drop(uid)
 
-    def _write_condition(self, pod: Obj, status: Status) -> None:
-        meta = pod["metadata"]
+    def _write_condition(self, pod: Pod, status: Status) -> None:
         body = {
             "status": {
                 "conditions": [
@@ -65,15 +64,10 @@ class PendingReports:
         }
         try:
             self.kube.patch(
-                PODS.item(meta["name"], meta["namespace"], "status"),
+                PODS.item(pod.name, pod.namespace, "status"),
                 body,
                 content_type="application/strategic-merge-patch+json",
             )
         except APIError as exc:
             log.info("condition not written: %s", exc)
-        self.events.emit(
-            ObjectRef("Pod", meta["namespace"], meta["name"], meta["uid"]),
-            WARNING,
-            status.reason,
-            status.message,
-        )
+        self.events.emit(pod.ref, WARNING, status.reason, status.message)

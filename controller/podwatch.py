@@ -5,6 +5,8 @@ reconcile loop, from the maps marked here and by the model's changes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from controller import podfacts
 from controller.binder import Binder
 from controller.dirty import DirtyMaps
@@ -12,8 +14,8 @@ from controller.drift import DriftTracker
 from controller.renumber import RenumberTracker, bound_indices
 from controller.rollout import Rollouts
 from kubeio.client import Obj
-from kubeio.events import ObjectRef
 from kubeio.informer import DELETED
+from kubeio.pod import Pod
 from placement.annotations import LEGACY_MAP_PREFIX
 from placement.model import Model
 from placement.types import MapKey
@@ -38,27 +40,29 @@ class PodWatch:
         self._running: dict[str, bool] = {}  # bound pod uid -> Running (informer threads write)
         #: bound pod uid -> (key ring version, annotations) last decoded and judged for it, so
         #: that the pod's later events (kwok or the kubelet writing its status) cost a comparison.
-        self._bindings_seen: dict[str, tuple[str, dict[str, str]]] = {}
+        self._bindings_seen: dict[str, tuple[str, Mapping[str, str]]] = {}
 
     def is_running(self, uid: str) -> bool:
         return self._running.get(uid, False)
 
     def on_pod(self, event: str, obj: Obj, shared: set[str]) -> None:
-        """One pod event (informer thread): the binder first, then what follows a binding. A
-        bound pod's binding is decoded and judged once for all of them (`podfacts.BoundPod`)."""
-        bound = podfacts.BoundPod(obj, self.binder.trust) if podfacts.is_bound(obj) else None
+        """One pod event (informer thread): the binder first, then what follows a binding. The
+        object is read here, once (`kubeio.pod.Pod`), and a bound pod's binding is decoded and
+        judged once for all of them (`podfacts.BoundPod`)."""
+        pod = Pod.of(obj)
+        bound = podfacts.BoundPod(pod, self.binder.trust) if pod.bound else None
         if self.binder.active.is_set():
-            self.binder.on_pod(event, obj, shared, bound)
+            self.binder.on_pod(event, pod, shared, bound)
         if bound is None:
             return
         uid = bound.uid
-        gone = event == DELETED or podfacts.is_finished(obj)
-        annotations = obj["metadata"].get("annotations") or {}
+        gone = event == DELETED or pod.finished
+        annotations = pod.annotations
         if gone:
             self._running.pop(uid, None)
             self._bindings_seen.pop(uid, None)
         else:
-            self._running[uid] = obj.get("status", {}).get("phase") == "Running"
+            self._running[uid] = pod.phase == "Running"
             if self.binder.active.is_set():
                 trust = bound.trust
                 seen = (trust.version if trust is not None else "", annotations)
@@ -82,19 +86,17 @@ class PodWatch:
         decision = bound.decision
         if decision is None:
             return
-        meta = bound.obj["metadata"]
-        ref = ObjectRef("Pod", meta["namespace"], meta["name"], bound.uid)
-        tracked = bound_indices(ref, bound.obj["spec"]["nodeName"], decision)
+        tracked = bound_indices(bound.pod.ref, bound.pod.node_name, decision)
         if tracked is not None:
             self.renumber.track(bound.uid, tracked)
 
-    def rebuild(self, pods: list[Obj]) -> None:
+    def rebuild(self, pods: list[Pod]) -> None:
         """After the binder rebuilt its cache at the start of a leadership: the renumbering
         tracker from the bound pods, and every held map to judge for drift."""
         trust = self.binder.trust
         for pod in pods:
-            if podfacts.is_bound(pod):
-                self.track_indices(podfacts.BoundPod(pod, trust), podfacts.is_finished(pod))
+            if pod.bound:
+                self.track_indices(podfacts.BoundPod(pod, trust), pod.finished)
         self.drift_dirty.update(h.slot.map for h in self.binder.cache.holdings())
 
     def judge(self, model: Model) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from kubeio.client import Obj, obj_key
 from placement.annotations import PLACEMENT_KEY, source_name, source_provenance
 from placement.compile import MapReport
 from placement.errors import Diagnostic, Location, PlacementError
@@ -18,8 +18,6 @@ from placement.model import Provenance
 from placement.status import MapStatus, Phase, SlotCounts, data_hash
 from placement.types import MapKey
 from placement.validate import parse_map_for
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +41,7 @@ def digest(text: str) -> str:
 
 
 def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
-    meta = obj["metadata"]
-    key = MapKey(meta["namespace"], meta["name"])
+    key = MapKey(*obj_key(obj))
     text = (obj.get("data") or {}).get(PLACEMENT_KEY)
     version = digest(text) if text is not None else "missing"
     if previous is not None and previous.version == version:
@@ -60,7 +57,7 @@ def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
         pmap = parse_map_for(text, source_name(key), key)
     except PlacementError as exc:
         return replace(base, version=version, errors=tuple(exc.diagnostics))
-    revision, file = source_provenance(meta.get("annotations") or {})
+    revision, file = source_provenance(obj["metadata"].get("annotations") or {})
     return SourceState(
         key, version, pmap, version, (), base.data_hash, False, Provenance(revision, file)
     )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kubeio.client import Kube
 from kubeio.errors import APINotFoundError
 from kubeio.paths import CONFIGMAPS, EVENTS, PODS
+from kubeio.pod import Pod
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
@@ -21,23 +21,19 @@ from placement.annotations import (
     LEGACY_ANNOTATION,
     LEGACY_MAP_PREFIX,
     MAP_ANNOTATION,
-    MAP_LABEL,
     PLACEMENT_MAP_LABEL,
     RENUMBERED_CONDITION,
     REVISION_ANNOTATION,
     SOURCE_FILE_ANNOTATION,
     STATUS_ANNOTATION,
     UNVERIFIABLE_CONDITION,
-    binding_annotations,
-    name_ordinal,
 )
 from placement.errors import PlacementError
 from placement.grants import POLICY_CONFIGMAP
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
-from placement.legacy import parse_legacy, shared_gpus
+from placement.legacy import PodLine, shared_gpus
 from placement.status import MapStatus
 
-Obj = dict[str, Any]
 _FIELD_REF = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
 
 
@@ -50,13 +46,12 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-def container_env(pod: Obj, name: str, container: int = 0) -> str:
+def container_env(pod: Pod, name: str, container: int = 0) -> str:
     """The value a container will see for env var `name`: literal, or resolved like the kubelet
     resolves an annotation fieldRef (empty when the pod is not bound yet)."""
-    containers = pod.get("spec", {}).get("containers") or []
+    containers = (pod.obj.get("spec") or {}).get("containers") or []
     if len(containers) <= container:
         return ""
-    annotations = pod["metadata"].get("annotations") or {}
     for env in containers[container].get("env") or []:
         if env.get("name") != name:
             continue
@@ -64,7 +59,7 @@ def container_env(pod: Obj, name: str, container: int = 0) -> str:
             return str(env["value"])
         path = (env.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath", "")
         match = _FIELD_REF.match(path)
-        return str(annotations.get(match.group(1), "")) if match else f"<{path}>"
+        return str(pod.annotations.get(match.group(1), "")) if match else f"<{path}>"
     return "(not set)"
 
 
@@ -81,83 +76,72 @@ class PodRow:
     reason: str
 
     @classmethod
-    def of(cls, pod: Obj) -> PodRow:
-        meta = pod["metadata"]
-        ann = meta.get("annotations") or {}
-        labels = meta.get("labels") or {}
+    def of(cls, pod: Pod) -> PodRow:
+        ann = pod.annotations
         map_name = (
-            labels.get(MAP_LABEL)
+            pod.map_name
             or ann.get(MAP_ANNOTATION)
             or ("(legacy)" if LEGACY_ANNOTATION in ann else "")
         )
-        reason = ""
-        if not pod["spec"].get("nodeName"):
-            for cond in pod.get("status", {}).get("conditions") or []:
-                if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-                    reason = f"{cond.get('reason')}: {cond.get('message')}"
-        else:
-            drifted = drift_condition(pod)
-            if drifted is not None:
-                reason = f"Drifted ({drifted.get('reason')}): {drifted.get('message')}"
-            renumbered = true_condition(pod, RENUMBERED_CONDITION)
-            if renumbered is not None:
-                reason = f"DevicesRenumbered: {renumbered.get('message')}"
-            unverifiable = true_condition(pod, UNVERIFIABLE_CONDITION)
-            if unverifiable is not None:
-                reason = f"BindingUnverifiable: {unverifiable.get('message')}"
-            prebound = prebound_line(pod)
-            if prebound is not None:
-                reason = (
-                    f"bound by {pod['spec'].get('schedulerName')} (cut-over): holds GPUs "
-                    f"{prebound} of its {LEGACY_ANNOTATION} line"
-                )
         return cls(
-            meta["namespace"],
-            meta["name"],
+            pod.namespace,
+            pod.name,
             map_name,
             ann.get(INDEX_ANNOTATION, ""),
-            pod["spec"].get("nodeName", ""),
+            pod.node_name,
             ann.get(DEVICES_ANNOTATION, ""),
             container_env(pod, ENV_CUDA_VISIBLE_DEVICES),
-            pod.get("status", {}).get("phase", ""),
-            reason,
+            pod.phase,
+            _reason(pod),
         )
 
 
-def true_condition(pod: Obj, kind: str) -> Obj | None:
-    for cond in pod.get("status", {}).get("conditions") or []:
-        if cond.get("type") == kind and cond.get("status") == "True":
-            return dict(cond)
-    return None
+def _reason(pod: Pod) -> str:
+    """Why a pending pod waits, or what is wrong with a bound one (the last that applies)."""
+    reason = ""
+    if not pod.bound:
+        waits = pod.condition("PodScheduled", status="False")
+        return f"{waits.reason}: {waits.message}" if waits is not None else ""
+    drifted = pod.condition(DRIFTED_CONDITION)
+    if drifted is not None:
+        reason = f"Drifted ({drifted.reason}): {drifted.message}"
+    renumbered = pod.condition(RENUMBERED_CONDITION)
+    if renumbered is not None:
+        reason = f"DevicesRenumbered: {renumbered.message}"
+    unverifiable = pod.condition(UNVERIFIABLE_CONDITION)
+    if unverifiable is not None:
+        reason = f"BindingUnverifiable: {unverifiable.message}"
+    prebound = prebound_line(pod)
+    if prebound is not None:
+        reason = (
+            f"bound by {pod.scheduler_name} (cut-over): holds GPUs "
+            f"{prebound} of its {LEGACY_ANNOTATION} line"
+        )
+    return reason
 
 
-def prebound_line(pod: Obj) -> str | None:
-    """The devices of a pod bound by the earlier tools (legacy line, no gpuplace binding)."""
-    ann = pod["metadata"].get("annotations") or {}
-    if LEGACY_ANNOTATION not in ann or binding_annotations(ann) or not pod["spec"].get("nodeName"):
-        return None
-    index = name_ordinal(pod["metadata"]["name"])
+def _legacy_line(pod: Pod) -> PodLine | None:
+    """The pod's own legacy line, or None where it has none or the text is broken."""
     try:
-        entries = parse_legacy(ann[LEGACY_ANNOTATION], LEGACY_ANNOTATION)
+        return pod.legacy_line()
     except PlacementError:
         return None
-    entry = next((e for e in entries if e.index == index), None)
+
+
+def prebound_line(pod: Pod) -> str | None:
+    """The devices of a pod bound by the earlier tools (legacy line, no gpuplace binding)."""
+    if pod.legacy_text is None or pod.has_binding() or not pod.bound:
+        return None
+    line = _legacy_line(pod)
+    entry = line.entry if line is not None else None
     return None if entry is None else ",".join(map(str, entry.devices))
-
-
-def drift_condition(pod: Obj) -> Obj | None:
-    """The pod's Drifted condition while it is True."""
-    for cond in pod.get("status", {}).get("conditions") or []:
-        if cond.get("type") == DRIFTED_CONDITION and cond.get("status") == "True":
-            return dict(cond)
-    return None
 
 
 def gpuplace_pods(kube: Kube, scheduler_names: Sequence[str]) -> list[PodRow]:
     rows: list[PodRow] = []
     for name in scheduler_names:
         items = kube.get(PODS.collection(), fieldSelector=f"spec.schedulerName={name}")["items"]
-        rows.extend(PodRow.of(p) for p in items)
+        rows.extend(PodRow.of(Pod.of(p)) for p in items)
     return sorted(rows, key=lambda r: (r.namespace, r.name))
 
 
@@ -248,24 +232,19 @@ def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[t
     return out
 
 
-def _provenance(pod: Obj) -> list[str]:
+def _provenance(pod: Pod) -> list[str]:
     """Where the binding came from: a placement map's model generation, or (legacy pods) the
     pod's own gpu-scheduling-map line, which no model generation describes."""
-    meta = pod["metadata"]
-    ann = meta.get("annotations") or {}
+    ann = pod.annotations
     if not ann.get(MAP_ANNOTATION, "").startswith(LEGACY_MAP_PREFIX):
         return [f"  model generation: {ann.get(GENERATION_ANNOTATION, '?')}"]
     out = [
         f"  legacy mode: placed by line {ann.get(INDEX_ANNOTATION, '?')} of the pod's own "
         f"{LEGACY_ANNOTATION} annotation (no placement map, so no model generation applies)"
     ]
-    index = name_ordinal(meta["name"])
-    try:
-        entries = parse_legacy(ann.get(LEGACY_ANNOTATION, ""), LEGACY_ANNOTATION)
-    except PlacementError:
-        return out
-    for shared in shared_gpus(entries):
-        if index in shared.indices:
+    line = _legacy_line(pod)
+    for shared in shared_gpus(line.entries if line is not None else ()):
+        if line is not None and line.index in shared.indices:
             out.append(f"  {shared.describe()}")
     return out
 
@@ -273,11 +252,11 @@ def _provenance(pod: Obj) -> list[str]:
 def explain(kube: Kube, namespace: str, name: str) -> str:
     """Why a pod is where it is, or why it is Pending, in a few lines."""
     try:
-        pod = kube.get(PODS.item(name, namespace))
+        pod = Pod.of(kube.get(PODS.item(name, namespace)))
     except (APINotFoundError, ValueError):  # ValueError: no such name can exist (".", "")
         return f"pod {namespace}/{name} not found"
     row = PodRow.of(pod)
-    ann = pod["metadata"].get("annotations") or {}
+    ann = pod.annotations
     lines = [f"pod {namespace}/{name}"]
     if row.node:
         if CUDA_ANNOTATION in ann:
@@ -287,28 +266,28 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
             lines.extend(_provenance(pod))
             if not ann.get(MAP_ANNOTATION, "").startswith(LEGACY_MAP_PREFIX):
                 lines.append(f"  placed by: {placed_by(ann)}")
-            drifted = drift_condition(pod)
+            drifted = pod.condition(DRIFTED_CONDITION)
             if drifted is not None:
-                lines.append(f"  Drifted ({drifted.get('reason')}): {drifted.get('message')}")
-            unverifiable = true_condition(pod, UNVERIFIABLE_CONDITION)
+                lines.append(f"  Drifted ({drifted.reason}): {drifted.message}")
+            unverifiable = pod.condition(UNVERIFIABLE_CONDITION)
             if unverifiable is not None:
-                lines.append(f"  BindingUnverifiable: {unverifiable.get('message')}")
+                lines.append(f"  BindingUnverifiable: {unverifiable.message}")
         else:
             lines.append(f"  bound to node {row.node}, not by gpuplace (no placement annotations)")
     else:
         lines.append(f"  Pending: {row.reason or 'not examined by the binder yet'}")
-    labels = pod["metadata"].get("labels") or {}
-    if labels.get(MAP_LABEL):  # a label value is a name, or no map at all
+    map_name = pod.map_name
+    if map_name:  # a label value is a name, or no map at all
         try:
-            cm = kube.get(CONFIGMAPS.item(labels[MAP_LABEL], namespace))
+            cm = kube.get(CONFIGMAPS.item(map_name, namespace))
             text = (cm["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)
             if text:
                 status = MapStatus.from_json(text)
                 lines.append(
-                    f"  map {namespace}/{labels[MAP_LABEL]}: {status.phase.value}: {status.message}"
+                    f"  map {namespace}/{map_name}: {status.phase.value}: {status.message}"
                 )
         except APINotFoundError:
-            lines.append(f"  map {namespace}/{labels[MAP_LABEL]}: no such placement ConfigMap")
+            lines.append(f"  map {namespace}/{map_name}: no such placement ConfigMap")
     events = kube.get(EVENTS.collection(namespace), fieldSelector=f"involvedObject.name={name}")[
         "items"
     ]
@@ -317,7 +296,7 @@ def explain(kube: Kube, namespace: str, name: str) -> str:
     return "\n".join(lines)
 
 
-def placed_by(annotations: dict[str, str]) -> str:
+def placed_by(annotations: Mapping[str, str]) -> str:
     """Which commit and file of the map placed the pod, as its Binding recorded them."""
     revision = annotations.get(REVISION_ANNOTATION, "")
     file = annotations.get(SOURCE_FILE_ANNOTATION, "")

@@ -11,35 +11,33 @@ from dataclasses import dataclass
 
 from controller import podfacts
 from controller.slotcache import Holding
-from placement.annotations import binding_annotations
+from kubeio.client import Obj
+from kubeio.pod import Pod
 from placement.keyring import Adoption, KeyRing, Trust, TrustView, Verdict, adoption
 from placement.types import MapKey
-
-Obj = podfacts.Obj
 
 
 @dataclass(frozen=True, slots=True)
 class BoundPod:
-    pod: Obj
+    pod: Pod
     verdict: Verdict
     holding: Holding | None  # what it holds (None: forged, or no binding to decode)
 
     @property
     def name(self) -> str:
-        return podfacts.name_of(self.pod)
+        return self.pod.key
 
     @property
     def uid(self) -> str:
-        return podfacts.uid_of(self.pod)
+        return self.pod.uid
 
 
 def judge_all(pods: Iterable[Obj], view: TrustView) -> list[BoundPod]:
     """Every running bound pod with a gpuplace binding, judged under `view`."""
     out = []
-    for pod in pods:
-        if not podfacts.is_bound(pod) or podfacts.is_finished(pod):
-            continue
-        if not binding_annotations(podfacts.annotations_of(pod)):
+    for obj in pods:
+        pod = Pod.of(obj)
+        if not pod.bound or pod.finished or not pod.has_binding():
             continue
         read = podfacts.BoundPod(pod, view)
         assert read.verdict is not None
@@ -136,5 +134,5 @@ def adoption_records(
     for each pod adopted now."""
     records = {a.uid: a.signed(ring) for a in kept}
     for b in adopt:
-        records[b.uid] = adoption(ring, b.uid, b.name, podfacts.annotations_of(b.pod), now)
+        records[b.uid] = adoption(ring, b.uid, b.name, dict(b.pod.annotations), now)
     return tuple(records.values())

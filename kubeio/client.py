@@ -28,6 +28,7 @@ from kubernetes import config as k8s_config
 
 from kubeio.errors import APIError, APITransportError, FencedError, error_for
 from kubeio.requests import (
+    APPLY_PATCH,
     JSON,
     JSON_PATCH,
     MERGE_PATCH,
@@ -329,6 +330,12 @@ class Kube:
 
     def patch(self, path: str, body: Any, content_type: str = MERGE_PATCH, **query: Any) -> Obj:
         return self.request("PATCH", path, body=body, content_type=content_type, query=query)
+
+    def apply(self, path: str, body: Obj, field_manager: str) -> Obj:
+        """Server-side apply of `body` (the object's item path): creates it or makes the fields
+        `field_manager` owns what `body` says, taking over fields another manager set (force);
+        fields that others own and `body` leaves out stay theirs."""
+        return self.patch(path, body, APPLY_PATCH, fieldManager=field_manager, force=True)
 
     def put(self, path: str, body: Obj) -> Obj:
         return self.request("PUT", path, body=body)

@@ -19,6 +19,8 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+#: Server-side apply: the body is the whole intent of one field manager (JSON is YAML).
+APPLY_PATCH = "application/apply-patch+yaml"
 
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from placement.annotations import LEGACY_NODE_LABEL, BindingDecision, legacy_map_key, name_ordinal
+from placement.annotations import LEGACY_NODE_LABEL, BindingDecision, legacy_map_key
 from placement.devices import DeclaredDevices, GpuId
 from placement.errors import PlacementError
 from placement.indexing import IndexSource, PodIdentity, resolve_index
 from placement.inventory import NodeInventory, device_problems
-from placement.legacy import parse_legacy, shared_gpus
+from placement.legacy import pod_line, shared_gpus
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.nodes import resolve_node
 from placement.reasons import Reason
@@ -374,10 +374,10 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
     assert pod.legacy_map is not None
     source = f"pod {pod.namespace}/{pod.name} annotation gpu-scheduling-map"
     try:
-        entries = parse_legacy(pod.legacy_map, source)
+        line = pod_line(pod.legacy_map, pod.name, source)
     except PlacementError as exc:
         return Status(Code.UNRESOLVABLE, Reason.MAP_INVALID, exc.format(), frozenset())
-    index = name_ordinal(pod.name)
+    entries, index, entry = line.entries, line.index, line.entry
     if index is None:
         return Status(
             Code.UNRESOLVABLE,
@@ -385,7 +385,6 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
             f"{source}: pod name has no '-<n>' suffix to pick a line by",
             frozenset(),
         )
-    entry = next((e for e in entries if e.index == index), None)
     if entry is None:
         return Status(
             Code.UNRESOLVABLE,

@@ -224,14 +224,6 @@ def _selected_node(selector: Mapping[str, Any] | None) -> NodeName | None:
     return None
 
 
-def pod_claim_name(pod: Mapping[str, Any]) -> str | None:
-    """The name of the claim kube-controller-manager generated for the pod's gpuplace claim."""
-    for entry in pod.get("status", {}).get("resourceClaimStatuses") or []:
-        if entry.get("name") == POD_CLAIM_NAME and entry.get("resourceClaimName"):
-            return str(entry["resourceClaimName"])
-    return None
-
-
 def allocation_status(
     devices: Iterable[DraDevice], node: NodeName, pod_name: str, pod_uid: str, driver: str
 ) -> Obj:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from placement.annotations import name_ordinal
 from placement.errors import Diagnostic, Location, PlacementError, oversized
 from placement.types import (
     GPU_UUID_RE,
@@ -99,6 +100,24 @@ def parse_legacy(
     if errors:
         raise PlacementError(tuple(errors))
     return tuple(entries)
+
+
+@dataclass(frozen=True, slots=True)
+class PodLine:
+    """A pod's own gpu-scheduling-map text, read for that pod: every line, the pod's index (its
+    name's `-<n>` suffix; None without one) and the line for that index (None without one)."""
+
+    entries: tuple[LegacyEntry, ...]
+    index: int | None
+    entry: LegacyEntry | None
+
+
+def pod_line(text: str, pod_name: str, source: str) -> PodLine:
+    """Parses a pod's annotation once for everything that reads it (binder, webhook, CLI)."""
+    entries = parse_legacy(text, source)
+    index = name_ordinal(pod_name)
+    entry = None if index is None else next((e for e in entries if e.index == index), None)
+    return PodLine(entries, index, entry)
 
 
 def _parse_line(content: str, lineno: int, line_offset: int, column_offset: int) -> LegacyEntry:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kubeio.pod import MalformedPodError, Pod, required_object, string
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
@@ -25,14 +26,13 @@ from placement.annotations import (
     PLACEMENT_MAP_LABEL,
     STATEFULSET_INDEX_LABEL,
     STATUS_ANNOTATION,
-    name_ordinal,
     spoofed_annotations,
 )
 from placement.dra import POD_CLAIM_NAME, Enforcement, template_name
 from placement.errors import PlacementError
 from placement.grants import GrantView
-from placement.indexing import IndexChoice, IndexSource, PodIdentity, resolve_index
-from placement.legacy import parse_legacy, shared_gpus
+from placement.indexing import IndexChoice, IndexSource, resolve_index
+from placement.legacy import shared_gpus
 from placement.model import CompiledMap, Model
 from placement.types import EnvMode, Indexing, MapKey
 from webhook.jsonpatch import Operation, add, pointer, remove
@@ -43,10 +43,6 @@ CONTAINER_LISTS = ("initContainers", "containers")
 DEFAULT_SCHEDULER = "default-scheduler"
 #: How many index ranges a message lists before it elides the rest.
 MAX_RANGES_SHOWN = 8
-
-
-class MalformedPodError(ValueError):
-    """The object in the review is not shaped like a pod (the apiserver never sends one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,70 +57,32 @@ class ContainerEnv:
 
 @dataclass(frozen=True, slots=True)
 class PodView:
-    """The parts of a pod admission reads, type-checked once."""
+    """A pod under review: the one pod reader's view (`kubeio.pod.Pod`) and the parts of its spec
+    that admission patches, each type-checked once."""
 
-    namespace: str
-    name: str
-    generate_name: str
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    scheduler_name: str
-    node_name: str
-    owner_kind: str | None
+    pod: Pod
     containers: tuple[ContainerEnv, ...]
     #: spec.resourceClaims as (name, template or claim it names); None: no such list
     resource_claims: tuple[tuple[str, str], ...] | None = None
 
     def __str__(self) -> str:
-        name = self.name or (f"{self.generate_name}<generated>" if self.generate_name else "<new>")
-        return f"{self.namespace}/{name}"
+        return str(self.pod)
 
-    def identity(self) -> PodIdentity:
-        generated = bool(self.generate_name) and self.name.startswith(self.generate_name)
-        return PodIdentity(self.name, self.labels, self.owner_kind, generated)
+    @property
+    def namespace(self) -> str:
+        return self.pod.namespace
 
+    @property
+    def name(self) -> str:
+        return self.pod.name
 
-def _mapping(value: object, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise MalformedPodError(f"{where} must be an object")
-    return value
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return self.pod.labels
 
-
-def _object(value: object, where: str) -> Mapping[str, Any]:
-    """Like `_mapping`, but null is refused too: the patch writes into this object."""
-    if not isinstance(value, dict):
-        raise MalformedPodError(f"{where} must be an object")
-    return value
-
-
-def _string(value: object, where: str) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise MalformedPodError(f"{where} must be a string")
-    return value
-
-
-def _string_map(value: object, where: str) -> Mapping[str, str]:
-    data = _mapping(value, where)
-    for key, item in data.items():
-        if not isinstance(item, str):
-            raise MalformedPodError(f"{where}[{key!r}] must be a string")
-    return data
-
-
-def _controller_kind(owners: object) -> str | None:
-    if owners is None:
-        return None
-    if not isinstance(owners, list):
-        raise MalformedPodError("metadata.ownerReferences must be a list")
-    for i, owner in enumerate(owners):
-        ref = _mapping(owner, f"metadata.ownerReferences[{i}]")
-        if ref.get("controller") is True:
-            return _string(ref.get("kind"), f"metadata.ownerReferences[{i}].kind")
-    return None
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return self.pod.annotations
 
 
 def _containers(spec: Mapping[str, Any]) -> tuple[ContainerEnv, ...]:
@@ -137,22 +95,25 @@ def _containers(spec: Mapping[str, Any]) -> tuple[ContainerEnv, ...]:
             raise MalformedPodError(f"spec.{list_name} must be a list")
         for i, item in enumerate(items):
             where = f"spec.{list_name}[{i}]"
-            container = _object(item, where)
+            container = required_object(item, where)
             env = container.get("env")
             if env is not None:
                 if not isinstance(env, list):
                     raise MalformedPodError(f"{where}.env must be a list")
-                env = tuple(_object(e, f"{where}.env[{j}]") for j, e in enumerate(env))
-            name = _string(container.get("name"), f"{where}.name")
+                env = tuple(required_object(e, f"{where}.env[{j}]") for j, e in enumerate(env))
+            name = string(container.get("name"), f"{where}.name")
             resources = container.get("resources")
             claims: tuple[str, ...] | None = None
             if resources is not None:
-                raw = _object(resources, f"{where}.resources").get("claims")
+                raw = required_object(resources, f"{where}.resources").get("claims")
                 if raw is not None:
                     if not isinstance(raw, list):
                         raise MalformedPodError(f"{where}.resources.claims must be a list")
                     claims = tuple(
-                        _string(_object(c, f"{where}.resources.claims[{j}]").get("name"), "name")
+                        string(
+                            required_object(c, f"{where}.resources.claims[{j}]").get("name"),
+                            "name",
+                        )
                         for j, c in enumerate(raw)
                     )
             out.append(ContainerEnv(list_name, i, name, env, resources is not None, claims))
@@ -161,25 +122,9 @@ def _containers(spec: Mapping[str, Any]) -> tuple[ContainerEnv, ...]:
 
 def read_pod(obj: Mapping[str, Any] | None, namespace: str) -> PodView:
     """Checks the shape of every field admission touches; raises MalformedPodError naming the field."""
-    if obj is None:
-        raise MalformedPodError("the review carries no pod")
-    meta = _mapping(obj.get("metadata"), "metadata")
-    spec = _object(obj.get("spec"), "spec")
-    namespace = namespace or _string(meta.get("namespace"), "metadata.namespace")
-    if not namespace:
-        raise MalformedPodError("neither the request nor metadata.namespace names a namespace")
-    return PodView(
-        namespace=namespace,
-        name=_string(meta.get("name"), "metadata.name"),
-        generate_name=_string(meta.get("generateName"), "metadata.generateName"),
-        labels=_string_map(meta.get("labels"), "metadata.labels"),
-        annotations=_string_map(meta.get("annotations"), "metadata.annotations"),
-        scheduler_name=_string(spec.get("schedulerName"), "spec.schedulerName"),
-        node_name=_string(spec.get("nodeName"), "spec.nodeName"),
-        owner_kind=_controller_kind(meta.get("ownerReferences")),
-        containers=_containers(spec),
-        resource_claims=_resource_claims(spec.get("resourceClaims")),
-    )
+    pod = Pod.read(obj, namespace)
+    spec = pod.obj["spec"]
+    return PodView(pod, _containers(spec), _resource_claims(spec.get("resourceClaims")))
 
 
 def _resource_claims(value: object) -> tuple[tuple[str, str], ...] | None:
@@ -189,14 +134,14 @@ def _resource_claims(value: object) -> tuple[tuple[str, str], ...] | None:
         raise MalformedPodError("spec.resourceClaims must be a list")
     out = []
     for i, item in enumerate(value):
-        entry = _object(item, f"spec.resourceClaims[{i}]")
+        entry = required_object(item, f"spec.resourceClaims[{i}]")
         # A template, as ours is, or a claim named directly (never ours, even under our name).
         template = entry.get("resourceClaimTemplateName")
         source = template if template else f"claim:{entry.get('resourceClaimName') or ''}"
         out.append(
             (
-                _string(entry.get("name"), f"spec.resourceClaims[{i}].name"),
-                _string(source, f"spec.resourceClaims[{i}]"),
+                string(entry.get("name"), f"spec.resourceClaims[{i}].name"),
+                string(source, f"spec.resourceClaims[{i}]"),
             )
         )
     return tuple(out)
@@ -260,11 +205,11 @@ def _wiring(
         warnings.append(
             f"removed annotation(s) {', '.join(spoofed)}: only the gpuplace binder sets gpuplace.io/*"
         )
-    if scheduler_name is not None and pod.scheduler_name != scheduler_name:
+    if scheduler_name is not None and pod.pod.scheduler_name != scheduler_name:
         ops.append(add(pointer("spec", "schedulerName"), scheduler_name))
-        if pod.scheduler_name not in ("", DEFAULT_SCHEDULER):
+        if pod.pod.scheduler_name not in ("", DEFAULT_SCHEDULER):
             warnings.append(
-                f"spec.schedulerName {pod.scheduler_name!r} replaced by {scheduler_name!r}: "
+                f"spec.schedulerName {pod.pod.scheduler_name!r} replaced by {scheduler_name!r}: "
                 f"pods with label {MAP_LABEL} are placed by the gpuplace binder"
             )
     wanted = wired_env(env_mode, enforcement)
@@ -327,7 +272,7 @@ def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Ve
     key = MapKey(pod.namespace, pod.labels[MAP_LABEL])
     cmap: CompiledMap | None = model.maps.get(key)
     if cmap is None:
-        guess = resolve_index(pod.identity(), Indexing.AUTO)
+        guess = resolve_index(pod.pod.identity(), Indexing.AUTO)
         index = f" (index {guess.index})" if guess.index is not None else ""
         return Verdict.deny(
             f"pod {pod}{index}: label {MAP_LABEL}={key.name!r} names placement map {key}, which "
@@ -335,12 +280,12 @@ def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Ve
             f"{key.namespace!r} with label {PLACEMENT_MAP_LABEL}=true and key placement.yaml, "
             f"and check its {STATUS_ANNOTATION} annotation"
         )
-    choice = resolve_index(pod.identity(), cmap.indexing)
+    choice = resolve_index(pod.pod.identity(), cmap.indexing)
     if choice.error:
         return Verdict.deny(f"pod {pod}: placement map {key}: {choice.error}")
-    if pod.node_name:
+    if pod.pod.node_name:
         return Verdict.deny(
-            f"pod {pod}: spec.nodeName {pod.node_name!r} is set, but pods with label {MAP_LABEL} "
+            f"pod {pod}: spec.nodeName {pod.pod.node_name!r} is set, but pods with label {MAP_LABEL} "
             "are bound by the gpuplace binder; remove spec.nodeName"
         )
     warnings: list[str] = []
@@ -424,34 +369,33 @@ def claim_wiring(pod: PodView, template: str) -> list[Operation]:
 def _admit_legacy(pod: PodView, grants: GrantView) -> Verdict:
     source = f"pod {pod} annotation {LEGACY_ANNOTATION}"
     try:
-        entries = parse_legacy(pod.annotations[LEGACY_ANNOTATION], source)
+        line = pod.pod.legacy_line()
     except PlacementError as exc:
         return Verdict.deny(exc.format(), code=422, reason="Invalid")
-    if not entries:
+    if not line.entries:
         return Verdict.deny(
             f"{source}: the map has no entries (expected lines like '0=node1:0,1')",
             code=422,
             reason="Invalid",
         )
-    index = name_ordinal(pod.name)
+    index, entry = line.index, line.entry
     if index is None:
         return Verdict.deny(
             f"pod {pod}: pods using annotation {LEGACY_ANNOTATION} take their index from the name's "
             "'-<n>' suffix, and this name has none; run them as a StatefulSet"
         )
-    declared = sorted({e.index for e in entries})
-    if index not in declared:
+    if entry is None:
+        declared = sorted({e.index for e in line.entries})
         return Verdict.deny(
             f"pod {pod}: annotation {LEGACY_ANNOTATION} has no line for index {index} (the pod "
             f"name's suffix); it declares {describe_indices(declared)}"
         )
-    entry = next(e for e in entries if e.index == index)
     refusal = grants.refusal(pod.namespace, entry.node, entry.devices)
     if refusal is not None:
         return Verdict.deny(f"{source}:{entry.line}:{entry.node_column}: error: {refusal}")
     sharing = [
         f"annotation {LEGACY_ANNOTATION}: {shared.describe()}"
-        for shared in shared_gpus(entries)
+        for shared in shared_gpus(line.entries)
         if index in shared.indices
     ]
     ops, warnings = _wiring(pod, EnvMode.INDEX, None)
@@ -473,7 +417,7 @@ def admit_pod(request: AdmissionRequest, model: Model, settings: AdmissionSettin
     if (
         settings.legacy_mode
         and LEGACY_ANNOTATION in pod.annotations
-        and pod.scheduler_name in settings.legacy_scheduler_names
+        and pod.pod.scheduler_name in settings.legacy_scheduler_names
     ):
         return _admit_legacy(pod, model.grants)
     return Verdict(True)

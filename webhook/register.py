@@ -1,4 +1,5 @@
-"""Writes the webhook configurations: whole objects (`--register`) or just their caBundle."""
+"""Writes the webhook configurations: whole objects (`--register`, server-side apply) or just their
+caBundle."""
 
 from __future__ import annotations
 
@@ -7,33 +8,27 @@ from typing import Any
 
 from kubeio.client import Kube, Obj
 from kubeio.errors import APINotFoundError
+from kubeio.paths import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, Resource
 from kubeio.retry import on_conflict
-from webhook.manifests import MUTATING_KIND, MUTATING_PATH, VALIDATING_PATH, with_ca_bundle
+from webhook.manifests import MUTATING_KIND, with_ca_bundle
 
 log = logging.getLogger(__name__)
 
 
-def collection_of(configuration: dict[str, Any]) -> str:
-    return MUTATING_PATH if configuration.get("kind") == MUTATING_KIND else VALIDATING_PATH
+#: The field manager of the configurations `--register` applies.
+FIELD_MANAGER = "gpuplace-webhook"
+
+
+def resource_of(configuration: dict[str, Any]) -> Resource:
+    return MUTATING_WEBHOOKS if configuration.get("kind") == MUTATING_KIND else VALIDATING_WEBHOOKS
 
 
 def apply_configuration(kube: Kube, configuration: dict[str, Any]) -> Obj:
-    """Creates the configuration or replaces the existing one, retrying on write conflicts."""
-    collection = collection_of(configuration)
-    name = configuration["metadata"]["name"]
-
-    def attempt() -> Obj:
-        try:
-            current = kube.get(f"{collection}/{name}")
-        except APINotFoundError:
-            return kube.create(collection, configuration)  # a conflict: another replica was first
-        metadata = {
-            **configuration["metadata"],
-            "resourceVersion": current["metadata"]["resourceVersion"],
-        }
-        return kube.put(f"{collection}/{name}", {**configuration, "metadata": metadata})
-
-    return on_conflict(attempt, f"{collection}/{name}")
+    """Creates the configuration or updates it to `configuration` (server-side apply): one
+    request, no read-modify-write to retry, and a caBundle that another writer (the TLS bootstrap,
+    cert-manager's injector) keeps in fields `configuration` leaves out stays in place."""
+    path = resource_of(configuration).item(configuration["metadata"]["name"])
+    return kube.apply(path, configuration, FIELD_MANAGER)
 
 
 def patch_ca_bundle(kube: Kube, collection: str, name: str, ca_bundle: bytes) -> bool | None:

@@ -30,6 +30,7 @@ from gpuplace.commands._tree import walk_yaml
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
 from kubeio.paths import PODS
+from kubeio.pod import Pod
 from placement.annotations import INDEX_ANNOTATION, MAP_LABEL
 from placement.diff import DriftingPod, RunningPod, drifting_pods, format_plan, plan
 from placement.snapshot import is_yaml_path, load_snapshot
@@ -74,14 +75,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def running_pods(kube: Kube) -> list[RunningPod]:
     """Pods bound through a map, from one LIST of the pods that carry the map label."""
     out: list[RunningPod] = []
-    for pod in kube.get(PODS.collection(), labelSelector=MAP_LABEL)["items"]:
-        meta = pod["metadata"]
-        index = (meta.get("annotations") or {}).get(INDEX_ANNOTATION, "")
-        if not pod.get("spec", {}).get("nodeName") or not index.isdecimal():
+    for obj in kube.get(PODS.collection(), labelSelector=MAP_LABEL)["items"]:
+        pod = Pod.of(obj)
+        index = pod.annotations.get(INDEX_ANNOTATION, "")
+        if not pod.bound or not index.isdecimal() or pod.map_name is None:
             continue
-        out.append(
-            RunningPod(meta["namespace"], meta["name"], meta["labels"][MAP_LABEL], int(index))
-        )
+        out.append(RunningPod(pod.namespace, pod.name, pod.map_name, int(index)))
     return out
 
 

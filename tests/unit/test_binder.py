@@ -14,6 +14,7 @@ from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import EventRecorder
+from kubeio.pod import Pod
 from placement.annotations import (
     CUDA_ANNOTATION,
     MAP_LABEL,
@@ -107,11 +108,11 @@ def binder_for(api: Apiserver, cluster: Cluster, fence: list[bool] | None = None
 def decide(binder: Binder, *pods: dict[str, Any]) -> None:
     """Feeds the pods, makes each decision the binder's thread would, and waits for the writes."""
     for pod in pods:
-        binder.on_pod("ADDED", pod)
+        binder.on_pod("ADDED", Pod.of(pod))
     for pod in pods:
         uid = binder.queue.pop(timeout=0)
         assert uid == pod["metadata"]["uid"]
-        binder._decide(uid, pod)
+        binder._decide(uid, Pod.of(pod))
     binder._workers.shutdown()
 
 
@@ -157,12 +158,12 @@ def test_a_failed_binding_forgets_the_assumption(error: APIError, requeued: bool
 def test_a_binder_that_lost_its_lease_sends_nothing_and_decides_again_later() -> None:
     api, fence = Apiserver(), [True]
     binder = binder_for(api, build(TWO_SLOTS), fence)
-    binder.on_pod("ADDED", WEB0())
+    binder.on_pod("ADDED", Pod.of(WEB0()))
     uid = binder.queue.pop(timeout=0)
     assert uid is not None
     fence[0] = False  # the lease is lost between the decision and the write
     binder.cache.assume(uid, "ml/web-0", _placement_of(binder, WEB0()))
-    binder._bind(uid, WEB0(), _placement_of(binder, WEB0()))
+    binder._bind(uid, Pod.of(WEB0()), _placement_of(binder, WEB0()))
     assert not api.bindings
     assert binder.cache.holding(uid) is None
     assert len(binder.queue) == 1
@@ -173,7 +174,7 @@ def test_a_binder_that_lost_its_lease_sends_nothing_and_decides_again_later() ->
     fence[0] = True
     binder._lease_returned()
     assert binder.queue.pop(timeout=0) == uid
-    binder._decide(uid, WEB0())
+    binder._decide(uid, Pod.of(WEB0()))
     binder._workers.shutdown()
     [(path, _body)] = api.bindings
     assert path == "/api/v1/namespaces/ml/pods/web-0/binding"
@@ -193,7 +194,7 @@ def test_a_decision_without_the_lease_parks_every_pod_until_it_is_held_again() -
 
 
 def _placement_of(binder: Binder, pod: dict[str, Any]) -> Placement:
-    outcome = plan(podfacts.facts(pod, True), binder.cluster(), binder.cache)
+    outcome = plan(podfacts.facts(Pod.of(pod), True), binder.cluster(), binder.cache)
     assert isinstance(outcome, Placement)
     return outcome
 
@@ -260,7 +261,7 @@ def conditions(api: Apiserver) -> list[tuple[str, str, str]]:
 def test_a_pod_bound_under_a_lost_key_keeps_its_gpus_and_is_reported() -> None:
     api = Apiserver()
     binder = binder_for(api, build(MOVED))
-    binder.rebuild([bound_web0(LOST)], set())
+    binder.rebuild([Pod.of(bound_web0(LOST))], set())
     held = binder.cache.holding("uid-web-0")
     assert held is not None and held.gpus == (uuid_of(1, 0), uuid_of(1, 1))
     assert binder.report.total() == 1
@@ -277,7 +278,7 @@ def test_a_pod_bound_under_a_lost_key_keeps_its_gpus_and_is_reported() -> None:
 def test_a_forged_binding_holds_nothing() -> None:
     api = Apiserver()
     binder = binder_for(api, build(MOVED))
-    binder.rebuild([bound_web0(KEY, uid="uid-other")], set())  # copied from another pod
+    binder.rebuild([Pod.of(bound_web0(KEY, uid="uid-other"))], set())  # copied from another pod
     assert binder.cache.holding("uid-web-0") is None
     decide(binder, make_pod("web-1").label(MAP_LABEL, "llm").obj())
     binder.report.stop(drain=True)
@@ -290,16 +291,16 @@ def test_re_adoption_and_key_loss_change_the_report_never_the_holding() -> None:
     api = Apiserver()
     binder = binder_for(api, build(MOVED))
     lost_pod = bound_web0(LOST)
-    binder.rebuild([lost_pod], set())
+    binder.rebuild([Pod.of(lost_pod)], set())
     assert binder.report.total() == 1
     ring = binder.trust.ring if binder.trust is not None else None
     assert ring is not None
     record = adoption(ring, "uid-web-0", "ml/web-0", lost_pod["metadata"]["annotations"], "t")
-    binder.retrust(TrustView.of(ring, [record], "2"), [lost_pod], set())
+    binder.retrust(TrustView.of(ring, [record], "2"), [Pod.of(lost_pod)], set())
     assert binder.report.total() == 0
     assert binder.cache.holding("uid-web-0") is not None
     # A ring that no longer holds the key of a verified pod: it keeps its GPUs, reported.
-    binder.retrust(TrustView.of(new_ring(LOST, "t"), (), "3"), [bound_web0(KEY)], set())
+    binder.retrust(TrustView.of(new_ring(LOST, "t"), (), "3"), [Pod.of(bound_web0(KEY))], set())
     binder.report.stop(drain=True)
     assert binder.cache.holding("uid-web-0") is not None
     assert binder.report.total() == 1

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from controller.dra import ClaimPlan, DraTracker
+from kubeio.pod import Pod
 from placement.annotations import BindingDecision
 from placement.binding import Placement, Status
 from placement.dra import (
@@ -154,7 +155,7 @@ def tracker(*claims: dict[str, Any], gpus: int = 4) -> tuple[DraTracker, list[se
 
 def test_check_plans_the_declared_devices_of_the_pods_claim() -> None:
     t, _ = tracker(claim())
-    plan = t.check(pod(), placement(1, 3), Slots())
+    plan = t.check(Pod.of(pod()), placement(1, 3), Slots())
     assert isinstance(plan, ClaimPlan)
     assert [d.name for d in plan.devices] == ["gpu-1", "gpu-3"]
     assert plan.node == NODE and not plan.done
@@ -181,7 +182,7 @@ def test_check_says_why_it_waits(
     the_pod: dict[str, Any], claims: list[dict[str, Any]], gpus: int, reason: str
 ) -> None:
     t, _ = tracker(*claims, gpus=gpus)
-    status = t.check(the_pod, placement(1, 3), Slots())
+    status = t.check(Pod.of(the_pod), placement(1, 3), Slots())
     assert isinstance(status, Status), status
     assert status.reason == reason, status.message
 
@@ -190,21 +191,21 @@ def test_pod_without_the_claim_entry_is_unresolvable() -> None:
     t, _ = tracker(claim())
     bare = pod()
     bare["spec"] = {}
-    status = t.check(bare, placement(1), Slots())
+    status = t.check(Pod.of(bare), placement(1), Slots())
     assert isinstance(status, Status) and status.reason == "ClaimMissing"
 
 
 def test_a_gpu_shared_with_a_pod_the_slot_cache_allows_is_not_busy() -> None:
     t, _ = tracker(claim(), claim("other", owner="u2", devices=(1,), reserved=("u2",)))
-    plan = t.check(pod(), placement(1), Slots({f"GPU-{NODE}-1": {"u2": Sharing.SHARED}}))
+    plan = t.check(Pod.of(pod()), placement(1), Slots({f"GPU-{NODE}-1": {"u2": Sharing.SHARED}}))
     assert isinstance(plan, ClaimPlan)
 
 
 def test_a_claim_already_allocated_so_is_reused_and_freed_gpus_wake_waiters() -> None:
     t, woken = tracker(claim(devices=(1, 3), reserved=("u1",)))
-    plan = t.check(pod(), placement(1, 3), Slots())
+    plan = t.check(Pod.of(pod()), placement(1, 3), Slots())
     assert isinstance(plan, ClaimPlan) and plan.done
-    other = t.check(pod(), placement(1, 2), Slots())
+    other = t.check(Pod.of(pod()), placement(1, 2), Slots())
     assert isinstance(other, ClaimPlan) and not other.done  # reallocated after a map change
     t.on_claim("DELETED", claim(devices=(1, 3), reserved=("u1",)), None)
     assert {f"gpu:{NODE}/GPU-{NODE}-1", f"gpu:{NODE}/GPU-{NODE}-3", "claim:u1"} <= woken[-1]

@@ -12,10 +12,11 @@ from typing import Any
 from controller.pendingreport import PendingReports
 from controller.serialwrites import SerialWrites
 from kubeio.events import EventRecorder
+from kubeio.pod import Pod
 from placement.binding import Code, Status
 from placement.reasons import Reason
 
-POD = {"metadata": {"namespace": "ml", "name": "web-0", "uid": "u0"}}
+POD = Pod.of({"metadata": {"namespace": "ml", "name": "web-0", "uid": "u0"}})
 
 
 class Recorder:

@@ -28,6 +28,7 @@ from controller.statuswriter import StatusWriter
 from controller.writer import ModelWriter
 from kubeio.errors import APINotFoundError, APIServerError
 from kubeio.events import EventRecorder
+from kubeio.pod import Pod
 from placement.annotations import (
     MAP_LABEL,
     PLACEMENT_MAP_LABEL,
@@ -362,8 +363,8 @@ class FakeBinder:
         self.cache = FakeCache()
         self.retrusted: list[TrustView] = []
 
-    def on_pod(self, event: str, obj: dict[str, Any], _shared: set[str], bound: Any = None) -> None:
-        self.seen.append((event, obj["metadata"]["name"]))
+    def on_pod(self, event: str, pod: Pod, _shared: set[str], bound: Any = None) -> None:
+        self.seen.append((event, pod.name))
         if bound is not None:  # as the real binder does with a pod it does not hold yet
             bound.holding(set())
             bound.judged()
