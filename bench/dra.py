@@ -44,16 +44,17 @@ runs every pod and claim is deleted and the apiserver left to quiesce.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from bench import Measurement, above, below
 from bench._kube import (
     Obj,
+    Observed,
     PodWatch,
     call,
     concurrently,
@@ -69,11 +70,14 @@ from bench.placement import (
     PROBE,
     SETUP_THREADS,
     UNSERVED_SCHEDULER,
+    Benchmark,
+    Contender,
     PlacementBench,
     RunResult,
     Scale,
     Usage,
     _pod,
+    best_concurrency,
     burst_result,
     cli,
     drain_result,
@@ -83,8 +87,8 @@ from bench.placement import (
     pod_name,
     rates,
     ratio,
+    run_contenders,
     run_details,
-    running,
 )
 from kubeio import bodies
 from kubeio.paths import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
@@ -258,14 +262,7 @@ class DraRun:
 class DraBench(PlacementBench):
     """The placement benchmark's cluster and gpuplace in `dra` enforcement, with slices."""
 
-    def __init__(
-        self,
-        scale: Scale,
-        workdir: Path,
-        log: Callable[[str], None],
-        profile_dir: Path | None = None,
-    ) -> None:
-        super().__init__(scale, workdir, log, profile_dir, enforcement=Enforcement.DRA.value)
+    enforcement = Enforcement.DRA.value
 
     def setup(self) -> None:
         super().setup()
@@ -319,6 +316,16 @@ class DraBench(PlacementBench):
     def _claim_watch(self, timeout: float = RUN_TIMEOUT) -> PodWatch:
         return PodWatch(self.cluster, NAMESPACE, self.scale.pods, timeout, claims=True)
 
+    @contextlib.contextmanager
+    def _watching_claims(self, timeout: float = RUN_TIMEOUT) -> Iterator[tuple[PodWatch, PodWatch]]:
+        """A watch of the run's pods and one of their claims, both stopped after the block."""
+        watch, claims = self._watch(timeout), self._claim_watch(timeout)
+        try:
+            yield watch, claims
+        finally:
+            watch.stop()
+            claims.stop()
+
     def _check(self, run: int, bound: Iterable[str]) -> None:
         """Every bound pod of the run got its slot's device: the contenders placed the same."""
         body = call(self.cluster, "GET", CLAIMS)
@@ -327,6 +334,23 @@ class DraBench(PlacementBench):
         errors = allocation_errors(body["items"], expected)
         if errors:
             raise BenchError(f"{len(errors)} pods without their planned device: {errors[:3]}")
+
+    def _drained(
+        self,
+        run: int,
+        pods: Sequence[Obj],
+        delete: bool,
+        seen: Observed,
+        allocated: Observed,
+        started: float,
+        usage: Usage,
+    ) -> RunResult:
+        """Checks a drain's placements and clears its pods and claims (`delete`: as in
+        `_clear_claims`); its result, timed from the first claim seen `allocated`."""
+        self._check(run, seen.bound)
+        self._clear_claims(pods, delete=delete)
+        result = drain_result(seen, started, usage)
+        return with_placement_rate(result, allocated.bound.values(), seen.bound.values())
 
     def _writes(self, metrics: list[str], result: RunResult) -> DraRun:
         pods = self.scale.pods
@@ -396,8 +420,7 @@ class DraBench(PlacementBench):
         self._quiesce()
         usage: list[Usage] = []
         metrics: list[str] = []
-        watch, claims = self._watch(), self._claim_watch()
-        try:
+        with self._watching_claims() as (watch, claims):
             with self._measuring(usage, metrics):
                 started = time.monotonic()
                 self.start_controller()
@@ -405,14 +428,8 @@ class DraBench(PlacementBench):
                     seen = watch.wait()
                     allocated = claims.wait()
             usage[0].add("gpuplace controller", process_cpu(self._controller_pid()))
-        finally:
-            watch.stop()
-            claims.stop()
         self.note_controller_peak()
-        self._check(run, seen.bound)
-        self._clear_claims(pods, delete=False)
-        result = drain_result(seen, started, usage[0])
-        result = with_placement_rate(result, allocated.bound.values(), seen.bound.values())
+        result = self._drained(run, pods, False, seen, allocated, started, usage[0])
         return self._writes(metrics, result)
 
     def _scheduler_ready(self) -> None:
@@ -456,22 +473,15 @@ class DraBench(PlacementBench):
         self._quiesce()
         usage: list[Usage] = []
         metrics: list[str] = []
-        watch, claims = self._watch(SCHEDULER_CAP), self._claim_watch(SCHEDULER_CAP)
-        try:
+        with self._watching_claims(SCHEDULER_CAP) as (watch, claims):
             with self._measuring(usage, metrics):
                 started = time.monotonic()
                 self.cluster.start_scheduler()
                 seen = watch.wait(partial=True)
                 allocated = claims.wait(partial=True)
             usage[0].add("kube-scheduler", process_cpu(self.pids()["kube-scheduler"]))
-        finally:
-            watch.stop()
-            claims.stop()
         self.cluster.stop_scheduler()
-        self._check(run, seen.bound)
-        self._clear_claims(pods, delete=True)
-        result = drain_result(seen, started, usage[0])
-        result = with_placement_rate(result, allocated.bound.values(), seen.bound.values())
+        result = self._drained(run, pods, True, seen, allocated, started, usage[0])
         result = replace(result, extra=result.extra | {"bound share": len(seen.bound) / len(pods)})
         return self._writes(metrics, result)
 
@@ -503,20 +513,12 @@ class DraBench(PlacementBench):
 
         usage: list[Usage] = []
         metrics: list[str] = []
-        watch, claims = self._watch(), self._claim_watch()
-        try:
-            with self._measuring(usage, metrics):
-                started = time.monotonic()
-                times = concurrently(order, place, concurrency)
-                seen = watch.wait()
-                allocated = claims.wait()
-        finally:
-            watch.stop()
-            claims.stop()
-        self._check(run, seen.bound)
-        self._clear_claims(pods, delete=True)
-        result = drain_result(seen, started, usage[0])
-        result = with_placement_rate(result, allocated.bound.values(), seen.bound.values())
+        with self._watching_claims() as (watch, claims), self._measuring(usage, metrics):
+            started = time.monotonic()
+            times = concurrently(order, place, concurrency)
+            seen = watch.wait()
+            allocated = claims.wait()
+        result = self._drained(run, pods, True, seen, allocated, started, usage[0])
         latencies = [done - sent for sent, done in times]
         result = replace(
             result,
@@ -610,38 +612,35 @@ def _contender(label: str, name: str, xs: Sequence[DraRun], best: int) -> list[M
 # --------------------------------------------------------------------------- entry points
 
 
-def bench(
-    scale: Scale,
-    repeats: int,
-    log: Callable[[str], None],
-    workdir: Path | None = None,
-    profile_dir: Path | None = None,
-) -> DraResults:
+def contend(b: DraBench, repeats: int, log: Callable[[str], None]) -> DraResults:
+    """The minimal client's best concurrency, then `repeats` times every contender."""
     results = DraResults()
-    with running(lambda w: DraBench(scale, w, log, profile_dir), workdir, "gpuplace-dra") as b:
-        for concurrency in MINIMAL_CONCURRENCY:
-            run = b.minimal(concurrency)
-            results.minimal_search[concurrency] = run.result.rate
-            log(f"minimal search: {concurrency} threads: {run.result.rate:,.0f} pods/s")
-        best = max(results.minimal_search, key=lambda c: results.minimal_search[c])
-        contenders: tuple[tuple[str, list[DraRun], Callable[[], DraRun]], ...] = (
-            ("gpuplace dra burst", results.gpuplace_burst, b.gpuplace_dra_burst),
-            ("gpuplace dra drain", results.gpuplace_drain, b.gpuplace_dra_drain),
-            ("kube-scheduler dra burst", results.scheduler_burst, b.scheduler_dra_burst),
-            ("kube-scheduler dra drain", results.scheduler_drain, b.scheduler_dra_drain),
-            (
-                "kube-scheduler dra drain, no node affinity",
-                results.scheduler_cel_only,
-                lambda: b.scheduler_dra_drain(cel_only_pod),
-            ),
-            (f"minimal ({best} threads)", results.minimal, lambda: b.minimal(best)),
-        )
-        for repeat in range(1, repeats + 1):
-            log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
-            for name, runs, contender in contenders:
-                runs.append(contender())
-                log(f"  {name}: {_line(runs[-1])}")
+    best = best_concurrency(
+        "minimal",
+        lambda c: b.minimal(c).result.rate,
+        MINIMAL_CONCURRENCY,
+        results.minimal_search,
+        log,
+    )
+    contenders: list[Contender[DraRun]] = [
+        ("gpuplace dra burst", results.gpuplace_burst, b.gpuplace_dra_burst),
+        ("gpuplace dra drain", results.gpuplace_drain, b.gpuplace_dra_drain),
+        ("kube-scheduler dra burst", results.scheduler_burst, b.scheduler_dra_burst),
+        ("kube-scheduler dra drain", results.scheduler_drain, b.scheduler_dra_drain),
+        (
+            "kube-scheduler dra drain, no node affinity",
+            results.scheduler_cel_only,
+            lambda: b.scheduler_dra_drain(cel_only_pod),
+        ),
+        (f"minimal ({best} threads)", results.minimal, lambda: b.minimal(best)),
+    ]
+    for repeat in range(1, repeats + 1):
+        log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
+        run_contenders(contenders, _line, log)
     return results
+
+
+bench = Benchmark(DraBench, "gpuplace-dra", contend)
 
 
 def _line(run: DraRun) -> str:

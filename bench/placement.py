@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from bench import Measurement, above, below, describe, machine, print_tables
 from bench._kube import (
@@ -432,16 +432,17 @@ class Admission:
 class PlacementBench:
     """Sets the cluster and gpuplace up once; runs the contenders on it."""
 
+    #: gpuplace's `--enforcement`.
+    enforcement = "env"
+
     def __init__(
         self,
         scale: Scale,
         workdir: Path,
         log: Callable[[str], None],
         profile_dir: Path | None = None,
-        enforcement: str = "env",
     ) -> None:
         self.scale = scale
-        self.enforcement = enforcement
         self.profile_dir = profile_dir
         self.workdir = workdir
         self.log = log
@@ -1265,19 +1266,6 @@ def run_details(label: str, run_name: str, runs: Sequence[RunResult]) -> list[Me
 # --------------------------------------------------------------------------- entry points
 
 
-def bench(
-    scale: Scale,
-    repeats: int,
-    log: Callable[[str], None],
-    workdir: Path | None = None,
-    profile_dir: Path | None = None,
-) -> Results:
-    with running(
-        lambda w: PlacementBench(scale, w, log, profile_dir), workdir, "gpuplace-bench"
-    ) as b:
-        return contend(b, repeats, log)
-
-
 def contend(
     b: PlacementBench,
     repeats: int,
@@ -1289,11 +1277,9 @@ def contend(
     results = Results()
     results.idle_cpu = b.idle()
     log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
-    for concurrency in search:
-        run = b.ceiling(concurrency)
-        results.ceiling_search[concurrency] = run.rate
-        log(f"ceiling search: {concurrency} threads: {run.rate:,.0f} pods/s")
-    best = max(results.ceiling_search, key=lambda c: results.ceiling_search[c])
+    best = best_concurrency(
+        "ceiling", lambda c: b.ceiling(c).rate, search, results.ceiling_search, log
+    )
     for repeat in range(1, repeats + 1):
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
         burst, admission = b.gpuplace_burst()
@@ -1313,18 +1299,44 @@ def contend(
             results.admission_steady.setdefault(rate, []).append(steady)
             p99 = _ms(histogram_quantile(0.99, steady.apiserver))
             log(f"  webhook at {rate} creates/s ({steady.rate:.1f} sent): p99 {p99:.1f} ms")
-        contenders: tuple[tuple[str, list[RunResult], Callable[[], RunResult]], ...] = (
+        contenders: list[Contender[RunResult]] = [
             ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
             ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
             ("kube-scheduler drain", results.scheduler_drain, b.scheduler_drain),
             (f"ceiling ({best} threads)", results.ceiling, lambda: b.ceiling(best)),
-        )
-        for name, runs, contender in contenders:
-            runs.append(contender())
-            log(f"  {name}: {runs[-1].line()}")
+        ]
+        run_contenders(contenders, RunResult.line, log)
     results.controller_peak_mib = b.controller_peak_mib
     results.webhook_peak_mib = b.webhook_peak_mib()
     return results
+
+
+def best_concurrency(
+    what: str,
+    rate: Callable[[int], float],
+    search: Sequence[int],
+    found: dict[int, float],
+    log: Callable[[str], None],
+) -> int:
+    """Measures `rate` at each concurrency of `search` into `found`; the fastest of them."""
+    for concurrency in search:
+        found[concurrency] = rate(concurrency)
+        log(f"{what} search: {concurrency} threads: {found[concurrency]:,.0f} pods/s")
+    return max(found, key=lambda c: found[c])
+
+
+T = TypeVar("T")
+#: One contender of a repeat: its name, its runs so far, and how to run it once more.
+Contender = tuple[str, list[T], Callable[[], T]]
+
+
+def run_contenders(
+    contenders: Sequence[Contender[T]], line: Callable[[T], str], log: Callable[[str], None]
+) -> None:
+    """One more run of each contender, in order, each logged as `line` describes it."""
+    for name, runs, contender in contenders:
+        runs.append(contender())
+        log(f"  {name}: {line(runs[-1])}")
 
 
 B = TypeVar("B", bound=PlacementBench)
@@ -1342,6 +1354,30 @@ def running(make: Callable[[Path], B], workdir: Path | None, prefix: str) -> Ite
             yield b
         finally:
             b.stop()
+
+
+@dataclass(frozen=True)
+class Benchmark(Generic[B, R]):
+    """A benchmark: the bench `make` builds, set up (in `workdir`, default a temporary directory
+    named `prefix`-...), `contend` run on it with `repeats` repeats, stopped; the results."""
+
+    make: Callable[[Scale, Path, Callable[[str], None], Path | None], B]
+    prefix: str
+    contend: Callable[[B, int, Callable[[str], None]], R]
+
+    def __call__(
+        self,
+        scale: Scale,
+        repeats: int,
+        log: Callable[[str], None],
+        workdir: Path | None = None,
+        profile_dir: Path | None = None,
+    ) -> R:
+        with running(lambda w: self.make(scale, w, log, profile_dir), workdir, self.prefix) as b:
+            return self.contend(b, repeats, log)
+
+
+bench = Benchmark(PlacementBench, "gpuplace-bench", contend)
 
 
 def _stderr(message: str) -> None:
@@ -1362,7 +1398,7 @@ def cli(
     doc: str | None,
     default: Scale,
     repeats: int,
-    run_bench: Callable[[Scale, int, Callable[[str], None], Path | None, Path | None], R],
+    run_bench: Benchmark[Any, R],
     measure: Callable[[Scale, R], list[Measurement]],
     log: Callable[[str], None],
     argv: Sequence[str] | None,

@@ -35,6 +35,7 @@ from bench._kube import HeartbeatLoad, Heartbeats, create_pods
 from bench.placement import (
     CREATE_THREADS,
     NAMESPACE,
+    Benchmark,
     PlacementBench,
     Results,
     Scale,
@@ -42,7 +43,6 @@ from bench.placement import (
     contend,
     gpuplace_pod,
     node_name,
-    running,
 )
 from bench.placement import (
     measurements as placement_measurements,
@@ -143,34 +143,32 @@ class ScaleBench(PlacementBench):
         return times[0] - killed, rate
 
 
-def bench(
-    scale: Scale,
-    repeats: int,
-    log: Callable[[str], None],
-    workdir: Path | None = None,
-    profile_dir: Path | None = None,
-) -> ScaleResults:
-    with running(lambda w: ScaleBench(scale, w, log, profile_dir), workdir, "gpuplace-scale") as b:
-        quiet = b.idle()
-        b.start_heartbeats()
-        loaded = b.idle()
-        log(
-            "idle, apiserver + etcd CPU: "
-            f"{_servers(quiet):.3f} s/s without heartbeats, {_servers(loaded):.3f} with"
-        )
-        results = ScaleResults(contend(b, repeats, log, SEARCH), quiet, loaded)
-        for _ in range(repeats):
-            seconds, rate = b.failover()
-            results.failover.append(seconds)
-            results.failover_rate.append(rate)
-            log(f"  failover: first bind {seconds:.2f} s after the kill, then {rate:,.0f} pods/s")
-        results.placement.controller_peak_mib = b.controller_peak_mib
-        results.heartbeats = b.stop_heartbeats()
-        log(
-            f"heartbeats: {results.heartbeats.per_second:,.0f} renewals/s, "
-            f"{results.heartbeats.late} late, {results.heartbeats.failures} failed"
-        )
+def contend_at_scale(b: ScaleBench, repeats: int, log: Callable[[str], None]) -> ScaleResults:
+    """Idle load without and with heartbeats, the placement contenders among the heartbeats,
+    then `repeats` failovers."""
+    quiet = b.idle()
+    b.start_heartbeats()
+    loaded = b.idle()
+    log(
+        "idle, apiserver + etcd CPU: "
+        f"{_servers(quiet):.3f} s/s without heartbeats, {_servers(loaded):.3f} with"
+    )
+    results = ScaleResults(contend(b, repeats, log, SEARCH), quiet, loaded)
+    for _ in range(repeats):
+        seconds, rate = b.failover()
+        results.failover.append(seconds)
+        results.failover_rate.append(rate)
+        log(f"  failover: first bind {seconds:.2f} s after the kill, then {rate:,.0f} pods/s")
+    results.placement.controller_peak_mib = b.controller_peak_mib
+    results.heartbeats = b.stop_heartbeats()
+    log(
+        f"heartbeats: {results.heartbeats.per_second:,.0f} renewals/s, "
+        f"{results.heartbeats.late} late, {results.heartbeats.failures} failed"
+    )
     return results
+
+
+bench = Benchmark(ScaleBench, "gpuplace-scale", contend_at_scale)
 
 
 def _servers(idle: dict[str, float]) -> float:

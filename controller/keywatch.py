@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from controller.binder import Binder
 from controller.bindingkey import KeySecret, load_or_create, read_stored, write_back
@@ -38,22 +39,14 @@ def legacy_only(obj: Obj) -> bool:
     return KEYRING_FIELD not in (obj.get("data") or {})
 
 
+@dataclass(eq=False)
 class KeyWatch:
-    def __init__(
-        self,
-        kube: Kube,
-        secret: KeySecret,
-        binder: Binder,
-        metrics: ControllerMetrics,
-        pods: Callable[[], list[Pod]],
-        shared: Callable[[], set[str]],
-    ) -> None:
-        self.kube = kube
-        self.secret = secret
-        self.binder = binder
-        self.metrics = metrics
-        self.pods = pods
-        self.shared = shared
+    kube: Kube
+    secret: KeySecret
+    binder: Binder
+    metrics: ControllerMetrics
+    pods: Callable[[], list[Pod]]
+    shared: Callable[[], set[str]]
 
     def load(self, stop: threading.Event, retry_seconds: float) -> TrustView:
         """The ring, created if there is none; retried until it is usable (the binder does not

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from controller.changes import (
@@ -39,47 +39,36 @@ from placement.wake import WakeKey
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class ModelKeeper:
-    def __init__(
-        self,
-        compiler: Compiler,
-        grants: GrantKeeper,
-        nodes: NodeKeeper,
-        tracker: InventoryTracker,
-        renumber: RenumberTracker,
-        writer: ModelWriter,
-        metrics: ControllerMetrics,
-        statuses: DirtyMaps,
-        *,
-        require_inventory: bool,
-        alias_label: str,
-    ) -> None:
-        self.compiler = compiler
-        self.grants = grants
-        self.nodes = nodes
-        self.tracker = tracker
-        self.renumber = renumber
-        self.writer = writer
-        self.metrics = metrics
-        self.statuses = statuses
-        self.require_inventory = require_inventory
-        self.alias_label = alias_label
-        self.model = Model()
-        #: Maps with sharing: shared, in the current model (read on every pod event).
-        self.shared: set[str] = set()
-        self.sources: dict[MapKey, SourceState] = {}
-        self._uncompiled = False  # changes applied to the compiler and not compiled yet
-        self._unblocked: set[WakeKey] = set()  # binder keys those changes may unblock
-        #: Called with the maps a newly published model changed (drift, claim templates).
-        self.on_published: Callable[[set[MapKey]], None] = lambda _maps: None
-        #: Called when a map's source is deleted (its status bookkeeping goes).
-        self.on_deleted: Callable[[MapKey], None] = lambda _key: None
-        #: Wakes the binder's waiting pods for these keys.
-        self.wake: Callable[[set[WakeKey]], None] = lambda _keys: None
-        #: Whether this replica leads (a deleted node's inventory is then removed).
-        self.leading: Callable[[], bool] = lambda: False
-        #: Whether the lease is held right now (checked before the model is written).
-        self.holds_lease: Callable[[], bool] = lambda: False
+    compiler: Compiler
+    grants: GrantKeeper
+    nodes: NodeKeeper
+    tracker: InventoryTracker
+    renumber: RenumberTracker
+    writer: ModelWriter
+    metrics: ControllerMetrics
+    statuses: DirtyMaps
+    require_inventory: bool = field(kw_only=True)
+    alias_label: str = field(kw_only=True)
+    model: Model = field(default_factory=Model, init=False)
+    #: Maps with sharing: shared, in the current model (read on every pod event).
+    shared: set[str] = field(default_factory=set, init=False)
+    sources: dict[MapKey, SourceState] = field(default_factory=dict, init=False)
+    #: changes applied to the compiler and not compiled yet
+    _uncompiled: bool = field(default=False, init=False)
+    #: binder keys those changes may unblock
+    _unblocked: set[WakeKey] = field(default_factory=set, init=False)
+    #: Called with the maps a newly published model changed (drift, claim templates).
+    on_published: Callable[[set[MapKey]], None] = field(default=lambda _maps: None, init=False)
+    #: Called when a map's source is deleted (its status bookkeeping goes).
+    on_deleted: Callable[[MapKey], None] = field(default=lambda _key: None, init=False)
+    #: Wakes the binder's waiting pods for these keys.
+    wake: Callable[[set[WakeKey]], None] = field(default=lambda _keys: None, init=False)
+    #: Whether this replica leads (a deleted node's inventory is then removed).
+    leading: Callable[[], bool] = field(default=lambda: False, init=False)
+    #: Whether the lease is held right now (checked before the model is written).
+    holds_lease: Callable[[], bool] = field(default=lambda: False, init=False)
 
     @property
     def uncompiled(self) -> bool:

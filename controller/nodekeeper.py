@@ -5,6 +5,7 @@ its lock); the leader removes what no agent will renew any more."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from controller.grantkeeper import GrantKeeper
 from controller.inventories import InventoryTracker
@@ -32,24 +33,17 @@ def node_state(obj: Obj, alias_label: str) -> NodeState:
     )
 
 
+@dataclass(eq=False)
 class NodeKeeper:
-    def __init__(
-        self,
-        kube: Kube,
-        inventory_namespace: str,
-        alias_label: str,
-        compiler: Compiler,
-        grants: GrantKeeper,
-    ) -> None:
-        self.kube = kube
-        self.inventory_namespace = inventory_namespace
-        self.alias_label = alias_label
-        self.compiler = compiler
-        self.grants = grants
-        self.nodes: dict[NodeName, NodeState] = {}
-        #: logical name (the alias label's value) -> the nodes that carry it
-        self.aliases: dict[str, frozenset[NodeName]] = {}
-        self._aliases_dirty = False
+    kube: Kube
+    inventory_namespace: str
+    alias_label: str
+    compiler: Compiler
+    grants: GrantKeeper
+    nodes: dict[NodeName, NodeState] = field(default_factory=dict, init=False)
+    #: logical name (the alias label's value) -> the nodes that carry it
+    aliases: dict[str, frozenset[NodeName]] = field(default_factory=dict, init=False)
+    _aliases_dirty: bool = field(default=False, init=False)
 
     def apply(self, obj: Obj, deleted: bool, leading: bool) -> set[WakeKey] | None:
         """One node event; returns the binder keys it may unblock, None when nothing the binder

@@ -6,6 +6,7 @@ reconcile loop, from the maps marked here and by the model's changes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from controller import podfacts
 from controller.binder import Binder
@@ -21,26 +22,22 @@ from placement.model import Model
 from placement.types import MapKey
 
 
+@dataclass(eq=False)
 class PodWatch:
-    def __init__(
-        self,
-        binder: Binder,
-        drift: DriftTracker,
-        rollouts: Rollouts,
-        renumber: RenumberTracker,
-        statuses: DirtyMaps,
-    ) -> None:
-        self.binder = binder
-        self.drift = drift
-        self.rollouts = rollouts
-        self.renumber = renumber
-        self.statuses = statuses
-        #: Maps whose bound pods to judge for drift again.
-        self.drift_dirty = DirtyMaps()
-        self._running: dict[str, bool] = {}  # bound pod uid -> Running (informer threads write)
-        #: bound pod uid -> (key ring version, annotations) last decoded and judged for it, so
-        #: that the pod's later events (kwok or the kubelet writing its status) cost a comparison.
-        self._bindings_seen: dict[str, tuple[str, Mapping[str, str]]] = {}
+    binder: Binder
+    drift: DriftTracker
+    rollouts: Rollouts
+    renumber: RenumberTracker
+    statuses: DirtyMaps
+    #: Maps whose bound pods to judge for drift again.
+    drift_dirty: DirtyMaps = field(default_factory=DirtyMaps, init=False)
+    #: bound pod uid -> Running (informer threads write)
+    _running: dict[str, bool] = field(default_factory=dict, init=False)
+    #: bound pod uid -> (key ring version, annotations) last decoded and judged for it, so that
+    #: the pod's later events (kwok or the kubelet writing its status) cost a comparison.
+    _bindings_seen: dict[str, tuple[str, Mapping[str, str]]] = field(
+        default_factory=dict, init=False
+    )
 
     def is_running(self, uid: str) -> bool:
         return self._running.get(uid, False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from controller.dirty import DirtyMaps
 from controller.grantkeeper import GrantKeeper
@@ -25,27 +25,19 @@ from placement.status import MapStatus, Phase
 from placement.types import MapKey, RolloutStrategy
 
 
+@dataclass(eq=False)
 class StatusWriter:
-    def __init__(
-        self,
-        kube: Kube,
-        events: EventRecorder,
-        metrics: ControllerMetrics,
-        dirty: DirtyMaps,
-        *,
-        sources: Informer | None,
-        bound_seconds: float,
-    ) -> None:
-        self.kube = kube
-        self.events = events
-        self.metrics = metrics
-        self.dirty = dirty
-        #: The source ConfigMaps' informer; None when maps come from git (no object to patch).
-        self.sources = sources
-        self.bound_seconds = bound_seconds
-        self._statuses: dict[MapKey, str] = {}
-        self._written: dict[MapKey, tuple[MapStatus, float]] = {}  # last patched, and when
-        self._phases: dict[MapKey, Phase] = {}
+    kube: Kube
+    events: EventRecorder
+    metrics: ControllerMetrics
+    dirty: DirtyMaps
+    #: The source ConfigMaps' informer; None when maps come from git (no object to patch).
+    sources: Informer | None = field(kw_only=True)
+    bound_seconds: float = field(kw_only=True)
+    _statuses: dict[MapKey, str] = field(default_factory=dict, init=False)
+    #: last patched, and when
+    _written: dict[MapKey, tuple[MapStatus, float]] = field(default_factory=dict, init=False)
+    _phases: dict[MapKey, Phase] = field(default_factory=dict, init=False)
 
     def forget(self, key: MapKey) -> None:
         """The map's source is gone."""

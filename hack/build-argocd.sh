@@ -33,9 +33,7 @@ components=(argocd-application-controller argocd-repo-server argocd-applications
 main() {
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
   local version kustomize_version
-  version=$(awk '$1 == "github.com/argoproj/argo-cd/v3" && $2 ~ /^v/ {print $2; exit}
-                 $1 == "require" && $2 == "github.com/argoproj/argo-cd/v3" {print $3; exit}' \
-    "$here/argocd/go.mod")
+  version=$(go_version github.com/argoproj/argo-cd/v3 "$here/argocd/go.mod")
   kustomize_version=$(tr -d '[:space:]' <"$here/argocd/kustomize.version")
   [ -n "$version" ] || die "$here/argocd/go.mod: no 'github.com/argoproj/argo-cd/v3 vX.Y.Z' requirement"
   [ -n "$kustomize_version" ] || die "$here/argocd/kustomize.version is empty"

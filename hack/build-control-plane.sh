@@ -71,9 +71,7 @@ main() {
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
   # Versions are read from the wrapper modules so that one place pins them.
   k8s_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/k8s/go.mod")
-  etcd_version=$(awk '$1 == "go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2; exit}
-                      $1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3; exit}' \
-    "$here/etcd/go.mod")
+  etcd_version=$(go_version go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")
   kwok_version=$(tr -d '[:space:]' <"$here/kwok.version")
   [ -n "$k8s_version" ] || die "$here/k8s/go.mod: no 'k8s.io/kubernetes vX.Y.Z' requirement"
   [ -n "$etcd_version" ] || die "$here/etcd/go.mod: no 'go.etcd.io/etcd/server/v3 vX.Y.Z' requirement"

@@ -33,6 +33,13 @@ run_build() {
   log "built $label in $((SECONDS - start))s"
 }
 
+# go_version MODULE GO_MOD -> the version of MODULE that GO_MOD requires (in a require block or on a
+# `require MODULE vX.Y.Z` line); empty when it requires none.
+go_version() {
+  awk -v module="$1" '$1 == module && $2 ~ /^v/ {print $2; exit}
+                      $1 == "require" && $2 == module {print $3; exit}' "$2"
+}
+
 # go_in DIR ARGS... -> runs `go ARGS` in DIR (run_build starts it in a subshell of its own).
 go_in() {
   cd "$1"

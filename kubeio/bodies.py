@@ -41,23 +41,24 @@ def lease_spec(
     }
 
 
-def lease(name: str, namespace: str, spec: Obj) -> Obj:
+def _named(api_version: str, kind: str, name: str, namespace: str, **fields: Any) -> Obj:
+    """An object `namespace/name` of `kind` with `fields` beside its metadata."""
     return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
+        "apiVersion": api_version,
+        "kind": kind,
         "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
+        **fields,
     }
+
+
+def lease(name: str, namespace: str, spec: Obj) -> Obj:
+    return _named("coordination.k8s.io/v1", "Lease", name, namespace, spec=spec)
 
 
 def eviction(name: str, namespace: str, uid: str) -> Obj:
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": name, "namespace": namespace},
-        # Evicts this pod only, not a successor that took its name meanwhile.
-        "deleteOptions": {"preconditions": {"uid": uid}},
-    }
+    # Evicts this pod only, not a successor that took its name meanwhile.
+    preconditions = {"preconditions": {"uid": uid}}
+    return _named("policy/v1", "Eviction", name, namespace, deleteOptions=preconditions)
 
 
 def delete_options(grace_period_seconds: int | None = None) -> Obj:

@@ -49,18 +49,19 @@ class IndexChoice:
     error: str = ""
 
 
-def _parse(value: str, what: str) -> int | str:
+def _labelled(pod: PodIdentity, label: str, source: IndexSource) -> IndexChoice:
+    """The index the pod's `label` holds, or why it is not one."""
+    value = pod.labels[label]
     if not (value.isdecimal() and value.isascii()) or int(value) > MAX_INDEX:
-        return f"{what} {value!r} is not an index between 0 and {MAX_INDEX}"
-    return int(value)
+        return IndexChoice(
+            None, source, f"label {label} {value!r} is not an index between 0 and {MAX_INDEX}"
+        )
+    return IndexChoice(int(value), source)
 
 
 def resolve_index(pod: PodIdentity, indexing: Indexing) -> IndexChoice:
     if indexing is not Indexing.ALLOCATE and INDEX_LABEL in pod.labels:
-        parsed = _parse(pod.labels[INDEX_LABEL], f"label {INDEX_LABEL}")
-        if isinstance(parsed, str):
-            return IndexChoice(None, IndexSource.LABEL, parsed)
-        return IndexChoice(parsed, IndexSource.LABEL)
+        return _labelled(pod, INDEX_LABEL, IndexSource.LABEL)
     if indexing is Indexing.LABEL:
         return IndexChoice(
             None,
@@ -69,10 +70,7 @@ def resolve_index(pod: PodIdentity, indexing: Indexing) -> IndexChoice:
         )
     if indexing in (Indexing.AUTO, Indexing.ORDINAL):
         if STATEFULSET_INDEX_LABEL in pod.labels:
-            parsed = _parse(pod.labels[STATEFULSET_INDEX_LABEL], f"label {STATEFULSET_INDEX_LABEL}")
-            if isinstance(parsed, str):
-                return IndexChoice(None, IndexSource.ORDINAL, parsed)
-            return IndexChoice(parsed, IndexSource.ORDINAL)
+            return _labelled(pod, STATEFULSET_INDEX_LABEL, IndexSource.ORDINAL)
         if pod.owner_kind == "StatefulSet" or pod.named_by_hand or indexing is Indexing.ORDINAL:
             ordinal = name_ordinal(pod.name)
             if ordinal is not None and ordinal <= MAX_INDEX:

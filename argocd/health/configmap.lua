@@ -112,15 +112,31 @@ local function decode_json(text)
     end
   end
 
-  local function parse_object()
+  -- An object or an array, from its opening bracket: `member` reads one member into the result;
+  -- members are separated by ',' up to `close`.
+  local function parse_members(close, member)
     pos = pos + 1
     local result = {}
     skip()
-    if string.sub(text, pos, pos) == "}" then
+    if string.sub(text, pos, pos) == close then
       pos = pos + 1
       return result
     end
     while true do
+      member(result)
+      skip()
+      local c = string.sub(text, pos, pos)
+      pos = pos + 1
+      if c == close then
+        return result
+      elseif c ~= "," then
+        fail("expected ',' or '" .. close .. "'")
+      end
+    end
+  end
+
+  local function parse_object()
+    return parse_members("}", function(result)
       skip()
       if string.sub(text, pos, pos) ~= '"' then
         fail("expected a key")
@@ -132,36 +148,13 @@ local function decode_json(text)
       end
       pos = pos + 1
       result[key] = value()
-      skip()
-      local c = string.sub(text, pos, pos)
-      pos = pos + 1
-      if c == "}" then
-        return result
-      elseif c ~= "," then
-        fail("expected ',' or '}'")
-      end
-    end
+    end)
   end
 
   local function parse_array()
-    pos = pos + 1
-    local result = {}
-    skip()
-    if string.sub(text, pos, pos) == "]" then
-      pos = pos + 1
-      return result
-    end
-    while true do
+    return parse_members("]", function(result)
       table.insert(result, value())
-      skip()
-      local c = string.sub(text, pos, pos)
-      pos = pos + 1
-      if c == "]" then
-        return result
-      elseif c ~= "," then
-        fail("expected ',' or ']'")
-      end
-    end
+    end)
   end
 
   value = function()

@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import yaml
 
+from gpuplace.commands._args import documented_command
 from gpuplace.commands._env import env_str
 from placement.annotations import LEGACY_NODE_LABEL
 from placement.errors import format_all
@@ -44,11 +45,11 @@ def default_image() -> str:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser(
+    p = documented_command(
+        subparsers,
         "preflight",
-        help="print an Argo Workflow that checks a map's declared GPUs on their nodes",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "print an Argo Workflow that checks a map's declared GPUs on their nodes",
+        __doc__,
     )
     p.add_argument("map_file", metavar="MAP_FILE", help="PlacementMap YAML file ('-' for stdin)")
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")

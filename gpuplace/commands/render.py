@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from gpuplace.commands._args import add_paths, documented_command
 from gpuplace.commands._tree import read_paths
 from placement.annotations import (
     PLACEMENT_KEY,
@@ -30,13 +31,13 @@ from placement.snapshot import Snapshot, SourceMap, load_snapshot
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+    parser = documented_command(
+        subparsers,
         "render",
-        help="print source ConfigMaps for the maps under DIR (kubectl apply -f -)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "print source ConfigMaps for the maps under DIR (kubectl apply -f -)",
+        __doc__,
     )
-    parser.add_argument("paths", nargs="+", metavar="DIR", help="map directory or file")
+    add_paths(parser, "DIR", "map directory or file")
     parser.add_argument(
         "--revision",
         default="",

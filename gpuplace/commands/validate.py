@@ -17,6 +17,7 @@ import json
 import sys
 from typing import Any
 
+from gpuplace.commands._args import add_paths, documented_command
 from gpuplace.commands._tree import read_paths
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.grants import check_map, parse_policy, resolve
@@ -24,13 +25,10 @@ from placement.snapshot import Snapshot, load_snapshot
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "validate",
-        help="validate placement maps in files and directories",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = documented_command(
+        subparsers, "validate", "validate placement maps in files and directories", __doc__
     )
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="map file or directory")
+    add_paths(parser, "PATH", "map file or directory")
     parser.add_argument(
         "--format", choices=("text", "json"), default="text", help="output format (default text)"
     )

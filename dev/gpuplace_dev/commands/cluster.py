@@ -28,6 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from gpuplace.commands._args import documented_command
 from gpuplace_dev.localcluster import (
     REAL_NODE_NAME,
     BinariesError,
@@ -42,11 +43,11 @@ from gpuplace_dev.localcluster.chart import ChartError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+    parser = documented_command(
+        subparsers,
         "cluster",
-        help="start or stop a local control plane (etcd, kube-apiserver, controllers, kwok)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "start or stop a local control plane (etcd, kube-apiserver, controllers, kwok)",
+        __doc__,
     )
     commands = parser.add_subparsers(dest="cluster_command", required=True, metavar="up|down")
 

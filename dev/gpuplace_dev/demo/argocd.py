@@ -27,6 +27,7 @@ from gpuplace_dev.localargocd.apps import (
 )
 from gpuplace_dev.localargocd.launcher import NAMESPACE, LocalArgoCD
 from gpuplace_dev.localcluster import LocalCluster
+from gpuplace_dev.localcluster.process import poll
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
 
@@ -188,20 +189,19 @@ class ArgoCDSync:
         self, what: str, probe: Callable[[], Any], timeout: float = 180.0, name: str = APPLICATION
     ) -> Any:
         """Until `probe` returns something true; a timeout describes the Application `name`."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def check_alive() -> None:
             self._check_alive()
             self.argocd.check_alive()
-            result = probe()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                state = self.state(name)
-                raise TimeoutError(
-                    f"timed out after {timeout:.0f}s waiting for {what}; "
-                    + (state.describe() if state else f"no Application {name}")
-                )
-            time.sleep(0.5)
+
+        result = poll(probe, timeout, check_alive, interval=0.5)
+        if not result:
+            state = self.state(name)
+            raise TimeoutError(
+                f"timed out after {timeout:.0f}s waiting for {what}; "
+                + (state.describe() if state else f"no Application {name}")
+            )
+        return result
 
     # -- syncing --------------------------------------------------------------------------------
     def refresh(self, name: str = APPLICATION) -> None:

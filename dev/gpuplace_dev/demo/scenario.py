@@ -36,6 +36,7 @@ from gpuplace_dev.localcluster import (
     chart,
     find_binaries,
 )
+from gpuplace_dev.localcluster.process import poll
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
 from kubeio.paths import CONFIGMAPS, MUTATING_WEBHOOKS, PODS, RESOURCE_CLAIMS
@@ -97,16 +98,14 @@ class Demo:
         self.out(f"    ok  {claim}")
 
     def wait(self, what: str, probe: Callable[[], Any], timeout: float = 90.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.components is not None:
-                self.components.check_alive()
-            result = probe()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(0.3)
+        result = poll(probe, timeout, self._check_alive)
+        if not result:
+            raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+        return result
+
+    def _check_alive(self) -> None:
+        if self.components is not None:
+            self.components.check_alive()
 
     # -- helpers --------------------------------------------------------------------------------
     @property

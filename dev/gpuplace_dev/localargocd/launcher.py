@@ -16,14 +16,13 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gpuplace_dev.localargocd.binaries import ArgoCDBinaries, find_argocd
 from gpuplace_dev.localcluster import LocalCluster
-from gpuplace_dev.localcluster.process import ManagedProcess, spawn, stop_all
+from gpuplace_dev.localcluster.process import ManagedProcess, first_exited, poll, spawn, stop_all
 from gpuplace_dev.localcluster.tools import helm_binary
 from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS
 
@@ -182,13 +181,9 @@ class LocalArgoCD:
         self.stop()
 
     def check_alive(self) -> None:
-        for process in self.processes:
-            code = process.exit_code()
-            if code is not None:
-                raise ArgoCDError(
-                    f"{process.name} exited with status {code}; last lines of {process.log}:\n"
-                    f"{process.log_tail(20)}"
-                )
+        exited = first_exited(self.processes, lines=20)
+        if exited is not None:
+            raise ArgoCDError(exited)
 
     # ----------------------------------------------------------------------------- setup
 
@@ -311,12 +306,7 @@ class LocalArgoCD:
 
     def wait(self, what: str, probe: Callable[[], Any], timeout: float) -> Any:
         """Polls ``probe`` until it returns something true; fails early when a component died."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_alive()
-            result = probe()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise ArgoCDError(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(0.3)
+        result = poll(probe, timeout, self.check_alive)
+        if not result:
+            raise ArgoCDError(f"timed out after {timeout:.0f}s waiting for {what}")
+        return result

@@ -36,6 +36,7 @@ from gpuplace_dev.localcluster.pki import CertificateAuthority, CertKeyPair, Sig
 from gpuplace_dev.localcluster.process import (
     ManagedProcess,
     ProcessRecord,
+    first_exited,
     spawn,
     stop_all,
     stop_records,
@@ -275,13 +276,9 @@ class LocalCluster:
 
     def check_alive(self) -> None:
         """Raises `ClusterError` with the log tail of the first component that has exited."""
-        for process in self._processes:
-            code = process.exit_code()
-            if code is not None:
-                raise ClusterError(
-                    f"{process.name} exited with status {code}; last lines of {process.log}:\n"
-                    f"{process.log_tail()}"
-                )
+        exited = first_exited(self._processes)
+        if exited is not None:
+            raise ClusterError(exited)
         for record in self._records:
             if not record.alive():
                 raise ClusterError(

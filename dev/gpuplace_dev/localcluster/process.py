@@ -17,9 +17,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _STOP_POLL_SECONDS = 0.02
@@ -97,6 +98,38 @@ def spawn(
             pass_fds=tuple(pass_fds),
         )
     return ManagedProcess(name, popen, log)
+
+
+def first_exited(processes: Iterable[ManagedProcess], lines: int = 40) -> str | None:
+    """Which of ``processes`` (in start order) has exited, with the last ``lines`` of its log;
+    None while every one runs."""
+    for process in processes:
+        code = process.exit_code()
+        if code is not None:
+            return (
+                f"{process.name} exited with status {code}; last lines of {process.log}:\n"
+                f"{process.log_tail(lines)}"
+            )
+    return None
+
+
+def poll(
+    probe: Callable[[], Any],
+    timeout: float,
+    check_alive: Callable[[], None],
+    interval: float = 0.3,
+) -> Any:
+    """Calls ``check_alive`` (which raises when a component has died), then ``probe``, until
+    ``probe`` returns something true, and returns that; None after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        check_alive()
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval)
 
 
 def stop_all(
