@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
+
+from tests.e2e.demokit import run_demo
 
 pytestmark = pytest.mark.e2e
 
 
 def test_demo_runs_every_step_and_every_check_passes() -> None:
-    result = subprocess.run(
-        # The sync as `kubectl apply --server-side` of the kustomize build; the ArgoCD tier
-        # (tests/e2e_argocd) runs the same scenario through ArgoCD.
-        [sys.executable, "-m", "gpuplace", "demo", "--no-argocd"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        check=False,
-    )
+    # The sync as `kubectl apply --server-side` of the kustomize build; the ArgoCD tier
+    # (tests/e2e_argocd) runs the same scenario through ArgoCD.
+    result = run_demo("--no-argocd", timeout=900)
     print(result.stdout[-8000:])
     print(result.stderr[-4000:], file=sys.stderr)
     assert result.returncode == 0

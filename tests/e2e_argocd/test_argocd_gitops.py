@@ -12,12 +12,12 @@ that the Application's sync and health status was shown at each one.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 
 import pytest
+
+from tests.e2e.demokit import run_demo
 
 pytestmark = pytest.mark.argocd
 
@@ -25,14 +25,7 @@ APP = "Application gpuplace-maps-dev"
 
 
 def test_git_commits_reach_the_cluster_through_argocd() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "gpuplace", "demo", "--argocd"],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        check=False,
-    )
+    result = run_demo("--argocd", timeout=1200)
     print(result.stdout)
     print(result.stderr[-4000:], file=sys.stderr)
     out = result.stdout

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -603,6 +604,15 @@ static nvmlReturn_t lookup(nvmlDevice_t handle, enum call call, struct device_co
     return NVML_SUCCESS;
 }
 
+/* lookup() for a query that writes its answer through `result`: a null `result` is an invalid
+ * argument, reported only once the handle itself has been accepted (as the real library does). */
+static nvmlReturn_t lookup_into(nvmlDevice_t handle, enum call call, const void *result,
+                                struct device_config **out) {
+    nvmlReturn_t ret = lookup(handle, call, out);
+    if (ret == NVML_SUCCESS && !result) ret = NVML_ERROR_INVALID_ARGUMENT;
+    return ret;
+}
+
 static nvmlReturn_t copy_string(char *out, unsigned length, const char *value) {
     if (!out) return NVML_ERROR_INVALID_ARGUMENT;
     if (strlen(value) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -752,37 +762,33 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus_id, nvmlDevice
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     LOCKED_BEGIN();
     struct device_config *d;
-    if ((ret = lookup(device, CALL_INDEX, &d)) || !index) {
-        ret = ret ? ret : NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
+    if ((ret = lookup_into(device, CALL_INDEX, index, &d))) goto out;
     *index = device->index;
     LOCKED_END();
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+/* A query that copies the string field at `field` of a device's configuration to the caller. */
+static nvmlReturn_t device_string(nvmlDevice_t device, enum call call, size_t field, char *out,
+                                  unsigned length) {
     LOCKED_BEGIN();
     struct device_config *d;
-    if ((ret = lookup(device, CALL_UUID, &d))) goto out;
-    ret = copy_string(uuid, length, d->uuid);
+    if ((ret = lookup(device, call, &d))) goto out;
+    ret = copy_string(out, length, (const char *)d + field);
     LOCKED_END();
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    return device_string(device, CALL_UUID, offsetof(struct device_config, uuid), uuid, length);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-    LOCKED_BEGIN();
-    struct device_config *d;
-    if ((ret = lookup(device, CALL_NAME, &d))) goto out;
-    ret = copy_string(name, length, d->name);
-    LOCKED_END();
+    return device_string(device, CALL_NAME, offsetof(struct device_config, name), name, length);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     LOCKED_BEGIN();
     struct device_config *d;
-    if ((ret = lookup(device, CALL_MEMORY, &d)) || !memory) {
-        ret = ret ? ret : NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
+    if ((ret = lookup_into(device, CALL_MEMORY, memory, &d))) goto out;
     /* Version 1 counts reserved memory as used, as the real library does. */
     memory->total = d->memory_total;
     memory->used = d->memory_used + d->memory_reserved;
@@ -793,10 +799,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     LOCKED_BEGIN();
     struct device_config *d;
-    if ((ret = lookup(device, CALL_MEMORY, &d)) || !memory) {
-        ret = ret ? ret : NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
+    if ((ret = lookup_into(device, CALL_MEMORY, memory, &d))) goto out;
     if (memory->version != NVML_MEMORY_V2) {
         ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
         goto out;
@@ -811,10 +814,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     LOCKED_BEGIN();
     struct device_config *d;
-    if ((ret = lookup(device, CALL_PCI, &d)) || !pci) {
-        ret = ret ? ret : NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
+    if ((ret = lookup_into(device, CALL_PCI, pci, &d))) goto out;
     memset(pci, 0, sizeof *pci);
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", d->pci_domain & 0xFFFF,
              d->pci_bus, d->pci_device, d->pci_function);
@@ -834,10 +834,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *
 EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
     LOCKED_BEGIN();
     struct device_config *d;
-    if ((ret = lookup(device, CALL_NUMA, &d)) || !node) {
-        ret = ret ? ret : NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
+    if ((ret = lookup_into(device, CALL_NUMA, node, &d))) goto out;
     if (!d->has_numa) {
         ret = NVML_ERROR_NOT_SUPPORTED;
         goto out;
@@ -849,10 +846,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *n
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
     LOCKED_BEGIN();
     struct device_config *d;
-    if ((ret = lookup(device, CALL_MINOR, &d)) || !minor) {
-        ret = ret ? ret : NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
+    if ((ret = lookup_into(device, CALL_MINOR, minor, &d))) goto out;
     *minor = d->minor;
     LOCKED_END();
 }
@@ -866,10 +860,7 @@ static unsigned long long supported_events(const struct device_config *d) {
 EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
     LOCKED_BEGIN();
     struct device_config *d;
-    if ((ret = lookup(device, CALL_SUPPORTED_EVENTS, &d)) || !types) {
-        ret = ret ? ret : NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
+    if ((ret = lookup_into(device, CALL_SUPPORTED_EVENTS, types, &d))) goto out;
     *types = supported_events(d);
     LOCKED_END();
 }
@@ -949,35 +940,35 @@ static nvmlReturn_t wait_event(nvmlEventSet_t set, unsigned timeout_ms, unsigned
     }
 }
 
-EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
-    if (!data) return NVML_ERROR_INVALID_ARGUMENT;
+/* Waits for an XID event and fills in the fields that both versions of nvmlEventData share;
+ * leaves them untouched when there is none. */
+static nvmlReturn_t take_event(nvmlEventSet_t set, unsigned timeout_ms, nvmlDevice_t *device,
+                               unsigned long long *type, unsigned long long *event_data) {
     unsigned index;
     unsigned long long xid;
-    nvmlReturn_t ret = wait_event(set, timeoutms, &index, &xid);
+    nvmlReturn_t ret = wait_event(set, timeout_ms, &index, &xid);
     if (ret != NVML_SUCCESS) return ret;
     pthread_mutex_lock(&g_lock);
-    data->device = handle_of(index);
-    data->eventType = EVENT_XID_CRITICAL;
-    data->eventData = xid;
+    *device = handle_of(index);
+    *type = EVENT_XID_CRITICAL;
+    *event_data = xid;
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    if (!data) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t ret = take_event(set, timeoutms, &data->device, &data->eventType, &data->eventData);
+    if (ret != NVML_SUCCESS) return ret;
     /* Not a MIG instance: NVML reports all-ones for both ids. */
     data->gpuInstanceId = 0xFFFFFFFFu;
     data->computeInstanceId = 0xFFFFFFFFu;
-    pthread_mutex_unlock(&g_lock);
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_v1_t *data, unsigned int timeoutms) {
     if (!data) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned index;
-    unsigned long long xid;
-    nvmlReturn_t ret = wait_event(set, timeoutms, &index, &xid);
-    if (ret != NVML_SUCCESS) return ret;
-    pthread_mutex_lock(&g_lock);
-    data->device = handle_of(index);
-    data->eventType = EVENT_XID_CRITICAL;
-    data->eventData = xid;
-    pthread_mutex_unlock(&g_lock);
-    return NVML_SUCCESS;
+    return take_event(set, timeoutms, &data->device, &data->eventType, &data->eventData);
 }
 
 EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {

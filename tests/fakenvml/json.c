@@ -267,45 +267,52 @@ static int push(parser *ps, json_value *parent, size_t *cap, json_value **slot) 
     return 1;
 }
 
+/* Makes `v` an empty container of `type` and steps over its opening bracket. Returns 1, having
+ * stepped over `close` as well, when nothing stands between the two. */
+static int open_container(parser *ps, json_value *v, json_type type, int close) {
+    v->type = type;
+    advance(ps); /* [ or { */
+    skip_space(ps);
+    if (peek(ps) != close) return 0;
+    advance(ps);
+    return 1;
+}
+
+enum after { AFTER_FAILED, AFTER_NEXT, AFTER_CLOSED };
+
+/* Reads what follows an item of an array or object: a ',' before the next item, or `close`. */
+static enum after after_item(parser *ps, int close, const char *container) {
+    skip_space(ps);
+    int c = peek(ps);
+    if (c == ',') {
+        advance(ps);
+        return AFTER_NEXT;
+    }
+    if (c == close) {
+        advance(ps);
+        return AFTER_CLOSED;
+    }
+    fail(ps, "unexpected %s in %s, expected ',' or '%c'", describe(c), container, close);
+    return AFTER_FAILED;
+}
+
 static int parse_array(parser *ps, json_value *v, int depth) {
     size_t cap = 0;
-    v->type = JSON_ARRAY;
-    advance(ps); /* [ */
-    skip_space(ps);
-    if (peek(ps) == ']') {
-        advance(ps);
-        return 1;
-    }
+    if (open_container(ps, v, JSON_ARRAY, ']')) return 1;
     for (;;) {
         json_value *item;
         skip_space(ps);
         if (!push(ps, v, &cap, &item)) return 0;
         v->count++;
         if (!parse_value(ps, item, depth + 1)) return 0;
-        skip_space(ps);
-        int c = peek(ps);
-        if (c == ',') {
-            advance(ps);
-            continue;
-        }
-        if (c == ']') {
-            advance(ps);
-            return 1;
-        }
-        fail(ps, "unexpected %s in array, expected ',' or ']'", describe(c));
-        return 0;
+        enum after next = after_item(ps, ']', "array");
+        if (next != AFTER_NEXT) return next == AFTER_CLOSED;
     }
 }
 
 static int parse_object(parser *ps, json_value *v, int depth) {
     size_t cap = 0;
-    v->type = JSON_OBJECT;
-    advance(ps); /* { */
-    skip_space(ps);
-    if (peek(ps) == '}') {
-        advance(ps);
-        return 1;
-    }
+    if (open_container(ps, v, JSON_OBJECT, '}')) return 1;
     for (;;) {
         skip_space(ps);
         if (peek(ps) != '"') {
@@ -341,18 +348,8 @@ static int parse_object(parser *ps, json_value *v, int depth) {
         advance(ps);
         skip_space(ps);
         if (!parse_value(ps, member, depth + 1)) return 0;
-        skip_space(ps);
-        int c = peek(ps);
-        if (c == ',') {
-            advance(ps);
-            continue;
-        }
-        if (c == '}') {
-            advance(ps);
-            return 1;
-        }
-        fail(ps, "unexpected %s in object, expected ',' or '}'", describe(c));
-        return 0;
+        enum after next = after_item(ps, '}', "object");
+        if (next != AFTER_NEXT) return next == AFTER_CLOSED;
     }
 }
 

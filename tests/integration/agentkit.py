@@ -20,8 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuplace_dev.localcluster import LocalCluster
 from placement.inventory import (
     CHECKS_KEY,
@@ -33,7 +31,7 @@ from placement.inventory import (
 )
 from placement.model import MODEL_LABEL, MODEL_NAMESPACE, CompiledSlot, decode_model
 from placement.types import GpuUuid, MapKey, NodeName
-from tests.integration.controllerkit import gpu_uuid, map_yaml, wait_for
+from tests.integration.controllerkit import gpu_uuid, map_yaml, wait_for, write_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKENVML = ROOT / "tests" / "fakenvml"
@@ -165,27 +163,8 @@ def agent_kubeconfig(cluster: LocalCluster, directory: Path) -> Path:
         )
     cert, key = directory / f"{name}.crt", directory / f"{name}.key"
     cluster.ca.issue_client(name).write(cert, key)
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.ca_file),
-                },
-            }
-        ],
-        "users": [
-            {"name": name, "user": {"client-certificate": str(cert), "client-key": str(key)}}
-        ],
-        "contexts": [{"name": name, "context": {"cluster": "local", "user": name}}],
-        "current-context": name,
-    }
-    path = directory / f"{name}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    credentials = {"client-certificate": str(cert), "client-key": str(key)}
+    return write_kubeconfig(cluster, directory / f"{name}.kubeconfig", name, credentials)
 
 
 def _create(cluster: LocalCluster, path: str, body: dict[str, Any]) -> None:

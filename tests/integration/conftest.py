@@ -50,26 +50,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        local.start()
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(
+    with LocalCluster(
         tmp_path_factory.mktemp("real-cluster"),
         real_nodes=1,
         real_node_labels={"gpu-node-name": "realnode"},
-    )
-    try:
-        local.start()
+    ) as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture

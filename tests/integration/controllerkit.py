@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from gpuplace_dev.localcluster.process import die_with_parent
 from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
@@ -25,6 +27,51 @@ from placement.types import GpuUuid, NodeName
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@contextmanager
+def fresh_namespace(
+    cluster: LocalCluster,
+    prefix: str,
+    *,
+    labels: dict[str, str] | None = None,
+    wait: bool = False,
+    timeout: float = 120.0,
+) -> Iterator[str]:
+    """A new namespace `<prefix>-xxxxxx` for the block, deleted after it (`wait`: until it is gone,
+    pods and maps with it)."""
+    name = unique(prefix)
+    cluster.create_namespace(name, labels=labels)
+    try:
+        yield name
+    finally:
+        cluster.delete_namespace(name, wait=wait, timeout=timeout)
+
+
+def write_kubeconfig(
+    cluster: LocalCluster, path: Path, user: str, credentials: dict[str, str], namespace: str = ""
+) -> Path:
+    """Writes to `path` a kubeconfig for `cluster` as `user`, who presents `credentials` (a token,
+    or a client certificate and key), in `namespace` if one is given; returns `path`."""
+    context = {"cluster": "local", "user": user} | ({"namespace": namespace} if namespace else {})
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority": str(cluster.ca_file),
+                },
+            }
+        ],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": user, "context": context}],
+        "current-context": user,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def create_system_namespaces(cluster: LocalCluster) -> None:
@@ -95,6 +142,16 @@ def publish_inventory(cluster: LocalCluster, inventory: NodeInventory) -> None:
     assert status in (200, 201), status
 
 
+def pod_body(namespace: str, name: str, spec: dict[str, Any], **metadata: Any) -> dict[str, Any]:
+    """A Pod `namespace/name` with `spec`; `metadata`: more of its metadata (labels, annotations)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, **metadata},
+        "spec": spec,
+    }
+
+
 def placement_configmap(namespace: str, name: str, text: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -124,6 +181,31 @@ def map_status(cluster: LocalCluster, namespace: str, name: str) -> dict[str, An
     return json.loads(text) if text else None
 
 
+def wait_for_map(
+    cluster: LocalCluster,
+    namespace: str,
+    name: str,
+    phase: str,
+    containing: str = "",
+    what: str = "",
+    timeout: float = 60.0,
+) -> dict[str, Any]:
+    """Waits until map `name` reports `phase` with `containing` in its message; returns its status."""
+    return dict(
+        wait_for(
+            what
+            or f"map {namespace}/{name} {phase}" + (f" with {containing!r}" if containing else ""),
+            lambda: (
+                (s := map_status(cluster, namespace, name))
+                and s["phase"] == phase
+                and containing in s.get("message", "")
+                and s
+            ),
+            timeout=timeout,
+        )
+    )
+
+
 def wait_for(
     what: str | Callable[[], str],
     check: Callable[[], Any],
@@ -144,6 +226,12 @@ def create(cluster: LocalCluster, path: str, body: dict[str, Any]) -> dict[str, 
     status, resp = cluster.request("POST", path, body)
     assert status == 201, resp
     return dict(resp)
+
+
+def create_workload(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
+    """Creates a StatefulSet or Deployment (`statefulset`, `deployment`) in its namespace."""
+    namespace, kind = body["metadata"]["namespace"], body["kind"].lower()
+    return create(cluster, f"/apis/apps/v1/namespaces/{namespace}/{kind}s", body)
 
 
 def gpu_nodes(
@@ -170,6 +258,19 @@ def bound_pods(cluster: LocalCluster, namespace: str) -> dict[str, dict[str, Any
         for p in list_pods(cluster, namespace)
         if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
     }
+
+
+def wait_for_bound(
+    cluster: LocalCluster, namespace: str, count: int, what: str = "", timeout: float = 60.0
+) -> dict[str, dict[str, Any]]:
+    """Waits until exactly `count` pods of `namespace` are bound; returns them by name."""
+    return dict(
+        wait_for(
+            what or f"{count} bound",
+            lambda: (p := bound_pods(cluster, namespace)) and len(p) == count and p,
+            timeout=timeout,
+        )
+    )
 
 
 def gpuplace_status(cluster: LocalCluster) -> str:
@@ -273,6 +374,31 @@ class ControllerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def __enter__(self) -> ControllerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def solo_controller(cluster: LocalCluster, prefix: str, *extra: str) -> ControllerProcess:
+    """A controller campaigning for a lease of its own (both named `<prefix>-xxxxxx`)."""
+    return ControllerProcess(cluster, unique(prefix), *extra, lease=unique(prefix))
+
+
+@contextmanager
+def running_controller(
+    cluster: LocalCluster, *extra: str, prefix: str = "c", log_tail: int = 4000
+) -> Iterator[ControllerProcess]:
+    """A controller for the block; stopped after it, the tail of its log printed (pytest shows it
+    when the test failed)."""
+    proc = ControllerProcess(cluster, unique(prefix), *extra)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        print(proc.log()[-log_tail:])
+
 
 def map_yaml(
     namespace: str, name: str, entries: list[tuple[int, str, list[int]]], **spec: str
@@ -318,6 +444,13 @@ def statefulset(namespace: str, name: str, map_name: str, replicas: int) -> dict
     }
 
 
+def deployment(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
+    body = statefulset(namespace, name, map_name, replicas)
+    body["kind"] = "Deployment"
+    del body["spec"]["serviceName"], body["spec"]["podManagementPolicy"]
+    return body
+
+
 @contextmanager
 def leader_killed_during_burst(
     cluster: LocalCluster,
@@ -340,11 +473,7 @@ def leader_killed_during_burst(
     wait_for("a leads", lambda: "became leader" in a.log())
     b = ControllerProcess(cluster, unique("b"), *controller_args, lease=lease)
     try:
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-            statefulset(namespace, "big", "big", replicas),
-        )
+        create_workload(cluster, statefulset(namespace, "big", "big", replicas))
         wait_for(
             "some pods bound",
             lambda: len(bound_pods(cluster, namespace)) >= 20,

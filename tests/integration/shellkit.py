@@ -4,11 +4,14 @@ pinned `kubectl` and `helm` on PATH and KUBECONFIG naming a local cluster."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from gpuplace_dev.localcluster import LocalCluster
+from gpuplace_dev.localcluster import ClusterState, LocalCluster
 from tests.chartkit import helm_binary
 
 #: README.md, Install: what removes what `helm uninstall` keeps (run by test_chart_keyring.py on a
@@ -47,3 +50,40 @@ def sh(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProc
     )
     assert result.returncode == 0, f"{command!r} in {cwd}:\n{result.stdout}\n{result.stderr}"
     return result
+
+
+@contextmanager
+def cluster_up(
+    directory: Path, *options: str, up_timeout: float, down_timeout: float
+) -> Iterator[tuple[subprocess.CompletedProcess[str], ClusterState]]:
+    """`gpuplace cluster up --dir DIRECTORY OPTIONS` for the block, yielding its result and the
+    state it wrote; then `gpuplace cluster down`, which must leave no process and no directory
+    behind (whatever failed, the processes are killed)."""
+    gpuplace = [sys.executable, "-m", "gpuplace", "cluster"]
+    up = subprocess.run(
+        [*gpuplace, "up", "--dir", str(directory), *options],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=up_timeout,
+    )
+    assert up.returncode == 0, up.stderr
+    state = ClusterState.read(directory / "state.json")
+    try:
+        yield up, state
+    finally:
+        down = subprocess.run(
+            [*gpuplace, "down", "--dir", str(directory)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=down_timeout,
+        )
+        if down.returncode != 0:  # never leave a cluster behind, whatever failed
+            for process in state.processes:
+                if process.alive():
+                    os.killpg(process.pid, signal.SIGKILL)
+
+    assert down.returncode == 0, down.stderr
+    assert not [p.name for p in state.processes if p.alive()]
+    assert not directory.exists()

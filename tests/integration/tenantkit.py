@@ -7,9 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-import yaml
-
 from gpuplace_dev.localcluster import LocalCluster
+from tests.integration.controllerkit import write_kubeconfig
 
 
 class Tenant:
@@ -41,31 +40,12 @@ class Tenant:
             "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request
         )
         assert status == 201, body
-        self.kubeconfig = Path(cluster.directory) / f"kubeconfig-{namespace}-{name}"
-        self.kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "local",
-                            "cluster": {
-                                "server": cluster.server,
-                                "certificate-authority": str(cluster.ca_file),
-                            },
-                        }
-                    ],
-                    "users": [{"name": name, "user": {"token": body["status"]["token"]}}],
-                    "contexts": [
-                        {
-                            "name": name,
-                            "context": {"cluster": "local", "user": name, "namespace": namespace},
-                        }
-                    ],
-                    "current-context": name,
-                }
-            )
+        self.kubeconfig = write_kubeconfig(
+            cluster,
+            Path(cluster.directory) / f"kubeconfig-{namespace}-{name}",
+            name,
+            {"token": body["status"]["token"]},
+            namespace,
         )
 
     def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:

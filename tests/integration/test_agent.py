@@ -38,10 +38,10 @@ from tests.integration.controllerkit import (
     describe_pending,
     get_pod,
     gpu_uuid,
-    map_status,
     pending_reason,
     statefulset,
     wait_for,
+    wait_for_map,
 )
 
 pytestmark = pytest.mark.integration
@@ -117,10 +117,13 @@ def scale(cluster: LocalCluster, namespace: str, name: str, replicas: int) -> No
     cluster.kubectl("-n", namespace, "scale", f"statefulset/{name}", f"--replicas={replicas}")
 
 
-def wait_for_inventory(cluster: LocalCluster, node: str, expected: NodeInventory) -> None:
+def wait_for_inventory(
+    cluster: LocalCluster, node: str, expected: NodeInventory, what: str = "inventory published"
+) -> None:
     wait_for(
         lambda: (
-            f"inventory of {node} equal to {expected} (is {published_inventory(cluster, node)})"
+            f"{what}: inventory of {node} equal to {expected}"
+            f" (is {published_inventory(cluster, node)})"
         ),
         lambda: published_inventory(cluster, node) == expected,
         timeout=WAIT,
@@ -170,15 +173,8 @@ def test_agents_publish_inventories_that_the_controller_places_by(
         key = f"{namespace}/m"
         # Device 7 on a 4-GPU node: the map is Degraded, naming the node and the device.
         update_map(cluster, namespace, "m", placement_map(namespace, "m", [(0, a, 7), (1, b, 1)]))
-        degraded = wait_for(
-            "map Degraded naming the missing device",
-            lambda: (
-                (s := map_status(cluster, namespace, "m"))
-                and s["phase"] == "Degraded"
-                and "device 7 not found" in s["message"]
-                and s
-            ),
-            timeout=WAIT,
+        degraded = wait_for_map(
+            cluster, namespace, "m", "Degraded", "device 7 not found", timeout=WAIT
         )
         assert a in degraded["message"]
         # The agent of that node says the same about the entry.
@@ -296,11 +292,7 @@ def test_agent_writes_only_changes_and_repairs_its_configmap(
     (node,) = kwok_nodes(cluster, unique("aw"), 1)
     gpus = FakeGpus(tmp_path / "nvml.json", node, 4)
     agent = start_agent(node, gpus.path)
-    wait_for(
-        "inventory published",
-        lambda: published_inventory(cluster, node) == gpus.expected(),
-        timeout=WAIT,
-    )
+    wait_for_inventory(cluster, node, gpus.expected())
     # No model entry targets this fresh node.
     assert wait_for("checks published", lambda: published_checks(cluster, node) == [], WAIT)
     before = inventory_configmap(cluster, node)
@@ -328,18 +320,10 @@ def test_agent_writes_only_changes_and_repairs_its_configmap(
     forged = NodeInventory(NodeName(node)).to_json()
     status, body = cluster.request("PATCH", path, {"data": {INVENTORY_KEY: forged}})
     assert status == 200, body
-    wait_for(
-        "the edit undone",
-        lambda: published_inventory(cluster, node) == gpus.expected(),
-        timeout=WAIT,
-    )
+    wait_for_inventory(cluster, node, gpus.expected(), "the edit undone")
     status, body = cluster.request("DELETE", path)
     assert status == 200, body
-    wait_for(
-        "the ConfigMap recreated",
-        lambda: published_inventory(cluster, node) == gpus.expected(),
-        timeout=WAIT,
-    )
+    wait_for_inventory(cluster, node, gpus.expected(), "the ConfigMap recreated")
     assert published_checks(cluster, node) == []
 
     # A deleted Lease is recreated by the next renewal.
@@ -352,71 +336,62 @@ def test_agent_writes_only_changes_and_repairs_its_configmap(
     assert "agent stopped" in agent.log()
 
 
-def test_without_nvml_the_agent_exits_unless_told_to_publish_empty(
-    cluster: LocalCluster, library_dir: Path, kubeconfig: Path, tmp_path: Path
-) -> None:
-    (node,) = kwok_nodes(cluster, unique("an"), 1)
-    missing = tmp_path / "no-such.json"  # the fake then answers DRIVER_NOT_LOADED
-    status, output = run_agent(
-        "agent",
-        f"--node={node}",
-        f"--kubeconfig={kubeconfig}",
-        library_dir=library_dir,
-        config=missing,
-        log_path=tmp_path / "absent.log",
-    )
-    assert status == 1, output
-    assert "NVML is not available on this node" in output
-    assert "--publish-empty" in output
+RunAgent = Callable[..., tuple[int, str]]
+
+
+@pytest.fixture
+def run_agent_on(library_dir: Path, kubeconfig: Path, tmp_path: Path) -> RunAgent:
+    """Runs `gpuplace agent --node=NODE --kubeconfig=... FLAGS` to completion, the fake NVML
+    reading `config`; returns (exit status, output), which is kept in `tmp_path/<log>.log`."""
+
+    def run(node: str, config: Path, log: str, *flags: str) -> tuple[int, str]:
+        return run_agent(
+            "agent",
+            f"--node={node}",
+            f"--kubeconfig={kubeconfig}",
+            *flags,
+            library_dir=library_dir,
+            config=config,
+            log_path=tmp_path / f"{log}.log",
+        )
+
+    return run
+
+
+def assert_nothing_published(cluster: LocalCluster, node: str) -> None:
     assert inventory_configmap(cluster, node) is None
     assert lease(cluster, node) is None
 
-    status, output = run_agent(
-        "agent",
-        f"--node={node}",
-        f"--kubeconfig={kubeconfig}",
-        "--once",
-        "--publish-empty",
-        library_dir=library_dir,
-        config=missing,
-        log_path=tmp_path / "empty.log",
-    )
+
+def test_without_nvml_the_agent_exits_unless_told_to_publish_empty(
+    cluster: LocalCluster, run_agent_on: RunAgent, tmp_path: Path
+) -> None:
+    (node,) = kwok_nodes(cluster, unique("an"), 1)
+    missing = tmp_path / "no-such.json"  # the fake then answers DRIVER_NOT_LOADED
+    status, output = run_agent_on(node, missing, "absent")
+    assert status == 1, output
+    assert "NVML is not available on this node" in output
+    assert "--publish-empty" in output
+    assert_nothing_published(cluster, node)
+
+    status, output = run_agent_on(node, missing, "empty", "--once", "--publish-empty")
     assert status == 0, output
     assert published_inventory(cluster, node) == NodeInventory(NodeName(node))
     assert lease(cluster, node) is not None
 
 
 def test_once_print_writes_nothing_and_once_publishes_once(
-    cluster: LocalCluster, library_dir: Path, kubeconfig: Path, tmp_path: Path
+    cluster: LocalCluster, run_agent_on: RunAgent, tmp_path: Path
 ) -> None:
     (node,) = kwok_nodes(cluster, unique("ao"), 1)
     gpus = FakeGpus(tmp_path / "nvml.json", node, 2)
-    status, output = run_agent(
-        "agent",
-        f"--node={node}",
-        f"--kubeconfig={kubeconfig}",
-        "--once",
-        "--print",
-        "--output=json",
-        library_dir=library_dir,
-        config=gpus.path,
-        log_path=tmp_path / "print.log",
-    )
+    status, output = run_agent_on(node, gpus.path, "print", "--once", "--print", "--output=json")
     assert status == 0, output
     printed = json.loads(output)
     assert NodeInventory.from_json(json.dumps(printed["inventory"])) == gpus.expected()
-    assert inventory_configmap(cluster, node) is None
-    assert lease(cluster, node) is None
+    assert_nothing_published(cluster, node)
 
-    status, output = run_agent(
-        "agent",
-        f"--node={node}",
-        f"--kubeconfig={kubeconfig}",
-        "--once",
-        library_dir=library_dir,
-        config=gpus.path,
-        log_path=tmp_path / "once.log",
-    )
+    status, output = run_agent_on(node, gpus.path, "once", "--once")
     assert status == 0, output
     assert published_inventory(cluster, node) == gpus.expected()
     assert published_checks(cluster, node) == []
@@ -431,20 +406,12 @@ def test_a_removed_gpu_is_logged_by_uuid_not_by_the_index_that_moved(
     (node,) = kwok_nodes(cluster, unique("ar"), 1)
     gpus = FakeGpus(tmp_path / "nvml.json", node, 4)
     agent = start_agent(node, gpus.path)
-    wait_for(
-        "inventory published",
-        lambda: published_inventory(cluster, node) == gpus.expected(),
-        timeout=WAIT,
-    )
+    wait_for_inventory(cluster, node, gpus.expected())
     gone = gpus.devices.pop(0)
     for index, device in enumerate(gpus.devices):
         device["index"] = index
     gpus.write()
-    wait_for(
-        "the three GPUs published",
-        lambda: published_inventory(cluster, node) == gpus.expected(),
-        timeout=WAIT,
-    )
+    wait_for_inventory(cluster, node, gpus.expected(), "the three GPUs published")
     log = agent.log()
     assert f"GPU 0 ({gone['uuid']}) disappeared" in log
     assert "GPU 3 disappeared" not in log and "GPU 3 (" not in log

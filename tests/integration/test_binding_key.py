@@ -25,6 +25,7 @@ from tests.integration.controllerkit import (
     map_status,
     map_yaml,
     pending_reason,
+    solo_controller,
     unique,
     wait_for,
 )
@@ -66,7 +67,7 @@ def controller(cluster: LocalCluster) -> Iterator[list[ControllerProcess]]:
 
 
 def start(cluster: LocalCluster, procs: list[ControllerProcess]) -> ControllerProcess:
-    proc = ControllerProcess(cluster, unique("key"), lease=unique("key"))
+    proc = solo_controller(cluster, "key")
     procs.append(proc)
     wait_for("the controller leads", lambda: "leading:" in proc.log(), timeout=60)
     return proc
@@ -95,6 +96,13 @@ def condition(cluster: LocalCluster, namespace: str, name: str) -> dict[str, str
 def key_of(pod: dict[str, object]) -> str:
     annotations = pod["metadata"]["annotations"]  # type: ignore[index]
     return str(annotations[SIGNATURE_ANNOTATION]).split(":")[1]
+
+
+def key_secret(cluster: LocalCluster) -> dict[str, Any]:
+    """The key ring's Secret, which must exist."""
+    status, secret = cluster.request("GET", SECRET)
+    assert status == 200, secret
+    return dict(secret)
 
 
 def unverifiable(cluster: LocalCluster, namespace: str) -> list[str]:
@@ -254,8 +262,7 @@ def test_a_corrupt_ring_keeps_the_last_good_one_serving_and_is_never_overwritten
     cluster: LocalCluster, team: str, controller: list[ControllerProcess]
 ) -> None:
     _node, proc, good = placed(cluster, team, controller, "c", 3)
-    status, secret = cluster.request("GET", SECRET)
-    assert status == 200
+    secret = key_secret(cluster)
     secret["data"][KEYRING_FIELD] = base64.b64encode(b"{truncated").decode()
     status, body = cluster.request("PUT", SECRET, secret)
     assert status == 200, body
@@ -270,7 +277,7 @@ def test_a_corrupt_ring_keeps_the_last_good_one_serving_and_is_never_overwritten
     # A new leader cannot trust a ring it cannot read: it binds nothing, says why, and leaves the
     # Secret for an administrator to mend.
     proc.stop()
-    restarted = ControllerProcess(cluster, unique("key"), lease=unique("key"))
+    restarted = solo_controller(cluster, "key")
     controller.append(restarted)
     wait_for("the refusal", lambda: "binding key ring not usable" in restarted.log(), timeout=60)
     assert "delete it to start a new key ring" in restarted.log()
@@ -292,12 +299,11 @@ def test_a_key_deleted_under_a_running_leader_is_written_back(
     cluster: LocalCluster, team: str, controller: list[ControllerProcess]
 ) -> None:
     _node, proc, first = placed(cluster, team, controller, "d", 2)
-    status, before = cluster.request("GET", SECRET)
-    assert status == 200
+    before = key_secret(cluster)
     cluster.request("DELETE", SECRET)
     wait_for("the ring written back", lambda: "wrote back the key ring" in proc.log())
-    status, after = cluster.request("GET", SECRET)
-    assert status == 200 and after["data"] == before["data"]
+    after = key_secret(cluster)
+    assert after["data"] == before["data"]
     assert signing_key(cluster) == key_of(first)
     create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("d-1", "d"))
     second = wait_for("d-1 bound", lambda: bound(cluster, team, "d-1"))

@@ -17,7 +17,10 @@ import pytest
 from gpuplace_dev.localcluster import LocalCluster
 from tests.chartkit import CHART, NAMESPACE, RELEASE, helm
 from tests.integration import shellkit
-from tests.integration.controllerkit import ControllerProcess, unique, wait_for
+from tests.integration.controllerkit import (
+    solo_controller,
+    wait_for,
+)
 from tests.integration.trustkit import gpuplace_key
 
 SECRET = f"/api/v1/namespaces/{NAMESPACE}/secrets/gpuplace-binding-key"
@@ -25,12 +28,8 @@ SECRET = f"/api/v1/namespaces/{NAMESPACE}/secrets/gpuplace-binding-key"
 
 @pytest.fixture(scope="module")
 def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path_factory.mktemp("keyring-cluster"))
-    try:
-        local.start()
+    with LocalCluster(tmp_path_factory.mktemp("keyring-cluster")) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def helm_on(cluster: LocalCluster, *args: str) -> str:
@@ -59,7 +58,7 @@ def install(cluster: LocalCluster, *extra: str) -> str:
 
 def filled_by_a_controller(cluster: LocalCluster, tmp: Path) -> tuple[dict[str, str], str]:
     """Runs a controller until it leads; the Secret's data and the signing key it reports."""
-    proc = ControllerProcess(cluster, unique("chart"), lease=unique("chart"))
+    proc = solo_controller(cluster, "chart")
     try:
         wait_for("the controller leads", lambda: "leading:" in proc.log(), timeout=60)
         listed = gpuplace_key(cluster, "list")

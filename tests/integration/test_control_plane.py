@@ -6,12 +6,10 @@ import base64
 import http.server
 import json
 import os
-import signal
 import ssl
 import subprocess
-import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from gpuplace_dev.localcluster import (
     find_binaries,
     kubernetes_version,
 )
-from gpuplace_dev.localcluster.layout import ClusterState
+from tests.integration import shellkit
 
 BUILD_SCRIPT = Path(__file__).parents[2] / "hack" / "build-control-plane.sh"
 #: A scheduler nobody runs: pods that name it stay unbound until a test binds them.
@@ -78,6 +76,32 @@ def pods_by_name(
     }
 
 
+def owner(kind: str, name: str, replicas: int, **spec: Any) -> dict[str, Any]:
+    """An apps/v1 `kind` (StatefulSet, ReplicaSet) of `replicas` pods labelled app=<name>."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            **spec,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec()},
+        },
+    }
+
+
+@pytest.fixture(name="core")
+def core_api(api_client: kubernetes.client.ApiClient) -> kubernetes.client.CoreV1Api:
+    return kubernetes.client.CoreV1Api(api_client)
+
+
+@pytest.fixture(name="apps")
+def apps_api(api_client: kubernetes.client.ApiClient) -> kubernetes.client.AppsV1Api:
+    return kubernetes.client.AppsV1Api(api_client)
+
+
 def test_version_reports_the_pinned_release(cluster: LocalCluster) -> None:
     status, body = cluster.request("GET", "/version")
 
@@ -87,9 +111,9 @@ def test_version_reports_the_pinned_release(cluster: LocalCluster) -> None:
 
 
 def test_fake_nodes_are_ready_with_gpu_capacity(
-    api_client: kubernetes.client.ApiClient, gpu_nodes: list[str]
+    core: kubernetes.client.CoreV1Api, gpu_nodes: list[str]
 ) -> None:
-    node = kubernetes.client.CoreV1Api(api_client).read_node(gpu_nodes[0])
+    node = core.read_node(gpu_nodes[0])
 
     ready = {c.type: c.status for c in node.status.conditions}["Ready"]
     assert ready == "True"
@@ -99,11 +123,10 @@ def test_fake_nodes_are_ready_with_gpu_capacity(
 
 def test_binding_sets_node_and_annotations_in_one_write(
     cluster: LocalCluster,
-    api_client: kubernetes.client.ApiClient,
+    core: kubernetes.client.CoreV1Api,
     namespace: str,
     gpu_nodes: list[str],
 ) -> None:
-    core = kubernetes.client.CoreV1Api(api_client)
     created = core.create_namespaced_pod(namespace, pod_manifest("worker-0"))
     decision = {
         "gpuplace.io/node": gpu_nodes[1],
@@ -135,11 +158,10 @@ def test_binding_sets_node_and_annotations_in_one_write(
 
 
 def test_the_official_client_binds_when_it_leaves_the_response_undecoded(
-    api_client: kubernetes.client.ApiClient, namespace: str, gpu_nodes: list[str]
+    core: kubernetes.client.CoreV1Api, namespace: str, gpu_nodes: list[str]
 ) -> None:
     # The apiserver answers a Binding with a Status, which the generated client cannot decode into
     # a V1Binding (it raises after the binding succeeded); _preload_content=False skips decoding.
-    core = kubernetes.client.CoreV1Api(api_client)
     core.create_namespaced_pod(namespace, pod_manifest("p"))
 
     response = core.create_namespaced_binding(
@@ -163,11 +185,11 @@ def test_the_official_client_binds_when_it_leaves_the_response_undecoded(
 
 def test_binding_an_already_bound_pod_is_a_conflict(
     cluster: LocalCluster,
-    api_client: kubernetes.client.ApiClient,
+    core: kubernetes.client.CoreV1Api,
     namespace: str,
     gpu_nodes: list[str],
 ) -> None:
-    kubernetes.client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod_manifest("p"))
+    core.create_namespaced_pod(namespace, pod_manifest("p"))
     bind(cluster, namespace, "p", gpu_nodes[0])
 
     status, body = cluster.request(
@@ -185,40 +207,53 @@ def test_binding_an_already_bound_pod_is_a_conflict(
     assert "already assigned to node" in body["message"]
 
 
-def test_statefulset_pods_come_from_the_controller_manager_and_run_on_kwok_nodes(
+RunOwner = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture(name="run_owner")
+def owner_runner(
     cluster: LocalCluster,
-    api_client: kubernetes.client.ApiClient,
+    core: kubernetes.client.CoreV1Api,
+    apps: kubernetes.client.AppsV1Api,
     namespace: str,
-    gpu_nodes: list[str],
+) -> RunOwner:
+    """Creates `owner(kind, name, replicas, **spec)` in `namespace` with the official client, then
+    binds each of its pods, as it appears, to `node_of(pod name)` until all run; returns them."""
+
+    def run(
+        kind: str, name: str, replicas: int, node_of: Callable[[str], str], **spec: Any
+    ) -> dict[str, Any]:
+        if kind == "StatefulSet":
+            apps.create_namespaced_stateful_set(namespace, owner(kind, name, replicas, **spec))
+        else:
+            apps.create_namespaced_replica_set(namespace, owner(kind, name, replicas, **spec))
+
+        def all_running() -> bool:
+            pods = pods_by_name(core, namespace, f"app={name}")
+            for pod_name, pod in sorted(pods.items()):
+                if not pod.spec.node_name:
+                    bind(cluster, namespace, pod_name, node_of(pod_name))
+            return len(pods) == replicas and all(p.status.phase == "Running" for p in pods.values())
+
+        what = f"{kind} {name} to run {replicas} pods"
+        cluster.wait_for(what, all_running, timeout=90, interval=0.2)
+        return pods_by_name(core, namespace, f"app={name}")
+
+    return run
+
+
+def test_statefulset_pods_come_from_the_controller_manager_and_run_on_kwok_nodes(
+    run_owner: RunOwner, gpu_nodes: list[str]
 ) -> None:
-    core = kubernetes.client.CoreV1Api(api_client)
-    labels = {"app": "llm"}
-    kubernetes.client.AppsV1Api(api_client).create_namespaced_stateful_set(
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "llm"},
-            "spec": {
-                "replicas": 3,
-                "serviceName": "llm",
-                "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": pod_spec()},
-            },
-        },
+    # OrderedReady: llm-1 appears only once llm-0 runs, so each pod is bound as it shows up.
+    pods = run_owner(
+        "StatefulSet",
+        "llm",
+        3,
+        lambda name: gpu_nodes[int(name.rsplit("-", 1)[1])],
+        serviceName="llm",
     )
 
-    # OrderedReady: llm-1 appears only once llm-0 runs, so bind each pod as it shows up.
-    def all_running() -> bool:
-        pods = pods_by_name(core, namespace, "app=llm")
-        for name, pod in sorted(pods.items()):
-            if not pod.spec.node_name:
-                bind(cluster, namespace, name, gpu_nodes[int(name.rsplit("-", 1)[1])])
-        return len(pods) == 3 and all(p.status.phase == "Running" for p in pods.values())
-
-    cluster.wait_for("StatefulSet llm to run 3 pods", all_running, timeout=90, interval=0.2)
-
-    pods = pods_by_name(core, namespace, "app=llm")
     assert sorted(pods) == ["llm-0", "llm-1", "llm-2"]
     assert [pods[n].spec.node_name for n in sorted(pods)] == gpu_nodes[:3]
     assert all(p.metadata.owner_references[0].kind == "StatefulSet" for p in pods.values())
@@ -227,36 +262,13 @@ def test_statefulset_pods_come_from_the_controller_manager_and_run_on_kwok_nodes
 
 def test_deleting_the_owner_garbage_collects_its_pods(
     cluster: LocalCluster,
-    api_client: kubernetes.client.ApiClient,
+    core: kubernetes.client.CoreV1Api,
+    apps: kubernetes.client.AppsV1Api,
     namespace: str,
     gpu_nodes: list[str],
+    run_owner: RunOwner,
 ) -> None:
-    core = kubernetes.client.CoreV1Api(api_client)
-    apps = kubernetes.client.AppsV1Api(api_client)
-    labels = {"app": "batch"}
-    apps.create_namespaced_replica_set(
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {"name": "batch"},
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": pod_spec()},
-            },
-        },
-    )
-
-    def running() -> bool:
-        pods = pods_by_name(core, namespace, "app=batch")
-        for name, pod in pods.items():
-            if not pod.spec.node_name:
-                bind(cluster, namespace, name, gpu_nodes[2])
-        return len(pods) == 2 and all(p.status.phase == "Running" for p in pods.values())
-
-    cluster.wait_for("ReplicaSet batch to run 2 pods", running, timeout=90, interval=0.2)
-    owned = pods_by_name(core, namespace, "app=batch")
+    owned = run_owner("ReplicaSet", "batch", 2, lambda _name: gpu_nodes[2])
     assert all(p.metadata.owner_references[0].name == "batch" for p in owned.values())
 
     # Background propagation: the ReplicaSet goes at once; the garbage collector removes the pods.
@@ -410,18 +422,9 @@ def test_apiserver_calls_an_https_webhook_and_its_denial_reaches_the_client(
 
 def test_cluster_up_and_down_leave_no_process_behind(tmp_path: Path) -> None:
     directory = tmp_path / "cluster"
-    gpuplace = [sys.executable, "-m", "gpuplace", "cluster"]
-
-    up = subprocess.run(
-        [*gpuplace, "up", "--dir", str(directory), "--nodes", "2", "--gpus", "4"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert up.returncode == 0, up.stderr
-    state = ClusterState.read(directory / "state.json")
-    try:
+    with shellkit.cluster_up(
+        directory, "--nodes", "2", "--gpus", "4", up_timeout=300, down_timeout=120
+    ) as (up, state):
         assert up.stdout == f"export KUBECONFIG={directory / 'kubeconfig'}\n"
         assert [p.name for p in state.processes if p.alive()] == [
             "etcd",
@@ -437,22 +440,6 @@ def test_cluster_up_and_down_leave_no_process_behind(tmp_path: Path) -> None:
             check=True,
         )
         assert nodes.stdout.split() == ["node/gpu-node-01", "node/gpu-node-02"]
-    finally:
-        down = subprocess.run(
-            [*gpuplace, "down", "--dir", str(directory)],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
-        if down.returncode != 0:  # never leave a cluster behind, whatever failed
-            for process in state.processes:
-                if process.alive():
-                    os.killpg(process.pid, signal.SIGKILL)
-
-    assert down.returncode == 0, down.stderr
-    assert not [p.name for p in state.processes if p.alive()]
-    assert not directory.exists()
 
 
 def test_environment_overrides_replace_cached_binaries(

@@ -23,7 +23,10 @@ from tests.integration.controllerkit import (
     apply_map,
     bound_pods,
     create,
+    create_workload,
+    deployment,
     describe_pending,
+    fresh_namespace,
     get_pod,
     gpu_nodes,
     gpu_uuid,
@@ -35,9 +38,12 @@ from tests.integration.controllerkit import (
     now,
     pending_reason,
     publish_inventory,
+    running_controller,
     statefulset,
     unique,
     wait_for,
+    wait_for_bound,
+    wait_for_map,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
@@ -53,25 +59,14 @@ def model_generation(cluster: LocalCluster) -> int:
 
 @pytest.fixture
 def namespace(cluster: LocalCluster) -> Iterator[str]:
-    name = unique("ctl")
-    cluster.create_namespace(name)
-    yield name
-    cluster.delete_namespace(name)
-
-
-def deployment(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
-    body = statefulset(namespace, name, map_name, replicas)
-    body["kind"] = "Deployment"
-    del body["spec"]["serviceName"], body["spec"]["podManagementPolicy"]
-    return body
+    with fresh_namespace(cluster, "ctl") as name:
+        yield name
 
 
 @pytest.fixture
 def controller(cluster: LocalCluster) -> Iterator[ControllerProcess]:
-    proc = ControllerProcess(cluster, unique("c"))
-    yield proc
-    proc.stop()
-    print(proc.log()[-4000:])  # shown by pytest when the test failed
+    with running_controller(cluster) as proc:
+        yield proc
 
 
 def test_statefulset_pods_bound_exactly_as_declared(
@@ -85,14 +80,8 @@ def test_statefulset_pods_bound_exactly_as_declared(
         (3, nodes[1], [0, 1, 2]),
     ]
     apply_map(cluster, namespace, "llm", map_yaml(namespace, "llm", entries))
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "web", "llm", 4),
-    )
-    pods = wait_for(
-        "4 bound pods", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 4 and p
-    )
+    create_workload(cluster, statefulset(namespace, "web", "llm", 4))
+    pods = wait_for_bound(cluster, namespace, 4, "4 bound pods")
     for index, node, devices in entries:
         pod = pods[f"web-{index}"]
         ann = pod["metadata"]["annotations"]
@@ -125,12 +114,8 @@ def test_deployment_allocates_lowest_free_slots(
     apply_map(
         cluster, namespace, "batch", map_yaml(namespace, "batch", entries, indexing="allocate")
     )
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/deployments",
-        deployment(namespace, "work", "batch", 2),
-    )
-    pods = wait_for("2 bound", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 2 and p)
+    create_workload(cluster, deployment(namespace, "work", "batch", 2))
+    pods = wait_for_bound(cluster, namespace, 2)
     assert sorted(p["metadata"]["annotations"][INDEX_ANNOTATION] for p in pods.values()) == [
         "0",
         "1",
@@ -150,9 +135,7 @@ def test_deployment_allocates_lowest_free_slots(
     cluster.kubectl("-n", namespace, "scale", "deployment/work", "--replicas=1")
     wait_for("one pod left", lambda: len(list_pods(cluster, namespace)) == 1, timeout=90)
     cluster.kubectl("-n", namespace, "scale", "deployment/work", "--replicas=3")
-    pods = wait_for(
-        "3 bound again", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p
-    )
+    pods = wait_for_bound(cluster, namespace, 3, "3 bound again")
     assert sorted(p["metadata"]["annotations"][INDEX_ANNOTATION] for p in pods.values()) == [
         "0",
         "1",
@@ -166,18 +149,11 @@ def test_invalid_update_keeps_serving_last_valid_version(
     nodes = gpu_nodes(cluster, unique("inv"), 1)
     good = map_yaml(namespace, "svc", [(0, nodes[0], [0]), (1, nodes[0], [1])])
     apply_map(cluster, namespace, "svc", good)
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "svc", "svc", 1),
-    )
+    create_workload(cluster, statefulset(namespace, "svc", "svc", 1))
     wait_for("svc-0 bound", lambda: "svc-0" in bound_pods(cluster, namespace))
     broken = good.replace("devices: [1]", "devices: [1, 1]")
     apply_map(cluster, namespace, "svc", broken)
-    status = wait_for(
-        "Invalid status",
-        lambda: (s := map_status(cluster, namespace, "svc")) and s["phase"] == "Invalid" and s,
-    )
+    status = wait_for_map(cluster, namespace, "svc", "Invalid", what="Invalid status")
     error = status["errors"][0]
     line = broken.splitlines().index("      devices: [1, 1]") + 1
     column = "      devices: [1, 1]".index("1]") + 1  # the second 1
@@ -192,10 +168,7 @@ def test_invalid_update_keeps_serving_last_valid_version(
     assert pods["svc-1"]["metadata"]["annotations"][CUDA_ANNOTATION] == "1"
     assert pods["svc-0"]["spec"]["nodeName"] == nodes[0]
     apply_map(cluster, namespace, "svc", good)
-    wait_for(
-        "Valid again",
-        lambda: (s := map_status(cluster, namespace, "svc")) and s["phase"] == "Valid",
-    )
+    wait_for_map(cluster, namespace, "svc", "Valid", what="Valid again")
 
 
 def test_conflicting_maps_name_each_other_and_never_share_a_gpu(
@@ -206,24 +179,14 @@ def test_conflicting_maps_name_each_other_and_never_share_a_gpu(
         cluster.create_namespace(ns)
     nodes = gpu_nodes(cluster, unique("cfl"), 1)
     apply_map(cluster, ns_a, "a", map_yaml(ns_a, "a", [(0, nodes[0], [0])]))
-    wait_for("a Valid", lambda: (s := map_status(cluster, ns_a, "a")) and s["phase"] == "Valid")
+    wait_for_map(cluster, ns_a, "a", "Valid", what="a Valid")
     apply_map(cluster, ns_b, "b", map_yaml(ns_b, "b", [(0, nodes[0], [0])]))
-    sa = wait_for(
-        "a Conflict",
-        lambda: (s := map_status(cluster, ns_a, "a")) and s["phase"] == "Conflict" and s,
-    )
-    sb = wait_for(
-        "b Conflict",
-        lambda: (s := map_status(cluster, ns_b, "b")) and s["phase"] == "Conflict" and s,
-    )
+    sa = wait_for_map(cluster, ns_a, "a", "Conflict", what="a Conflict")
+    sb = wait_for_map(cluster, ns_b, "b", "Conflict", what="b Conflict")
     assert f"{ns_b}/b[0]" in sa["message"]
     assert f"{ns_a}/a[0]" in sb["message"]
     for ns, map_name in ((ns_a, "a"), (ns_b, "b")):
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{ns}/statefulsets",
-            statefulset(ns, "w", map_name, 1),
-        )
+        create_workload(cluster, statefulset(ns, "w", map_name, 1))
     wait_for("a's pod bound (incumbent)", lambda: "w-0" in bound_pods(cluster, ns_a))
     wait_for(
         "b's pod Pending with SlotConflict",
@@ -257,11 +220,7 @@ def test_node_and_device_problems_wait_then_bind(
     entries = [(0, late, [0]), (1, ready_nodes[0], [7]), (2, ready_nodes[1], [0])]
     apply_map(cluster, namespace, "m", map_yaml(namespace, "m", entries))
     cluster.kubectl("cordon", ready_nodes[1])
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "p", "m", 3),
-    )
+    create_workload(cluster, statefulset(namespace, "p", "m", 3))
     wait_for(
         "p-0 NodeNotReady", lambda: pending_reason(cluster, namespace, "p-0") == "NodeNotReady"
     )
@@ -271,15 +230,7 @@ def test_node_and_device_problems_wait_then_bind(
     wait_for(
         "p-2 NodeCordoned", lambda: pending_reason(cluster, namespace, "p-2") == "NodeCordoned"
     )
-    degraded = wait_for(
-        "map Degraded naming the missing device",
-        lambda: (
-            (s := map_status(cluster, namespace, "m"))
-            and s["phase"] == "Degraded"
-            and "device 7 not found" in s["message"]
-            and s
-        ),
-    )
+    degraded = wait_for_map(cluster, namespace, "m", "Degraded", "device 7 not found")
     assert ready_nodes[0] in degraded["message"]
     # Act as the node's kubelet would: report Ready.
     ready = {
@@ -321,22 +272,14 @@ def test_restart_rebuilds_the_slot_cache_without_rebinding(
     )
     first = ControllerProcess(cluster, unique("c1"), lease="gpuplace-restart")
     try:
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{namespace}/deployments",
-            deployment(namespace, "d", "r", 2),
-        )
-        before = wait_for(
-            "2 bound", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 2 and p
-        )
+        create_workload(cluster, deployment(namespace, "d", "r", 2))
+        before = wait_for_bound(cluster, namespace, 2)
     finally:
         first.stop()
     second = ControllerProcess(cluster, unique("c2"), lease="gpuplace-restart")
     try:
         cluster.kubectl("-n", namespace, "scale", "deployment/d", "--replicas=3")
-        after = wait_for(
-            "3 bound", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p
-        )
+        after = wait_for_bound(cluster, namespace, 3)
     finally:
         second.stop()
     for name, pod in before.items():
@@ -403,10 +346,7 @@ def test_seed_scenario_legacy_annotation(cluster: LocalCluster, namespace: str) 
                     },
                 },
             )
-        pods = wait_for(
-            "3 legacy pods bound",
-            lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p,
-        )
+        pods = wait_for_bound(cluster, namespace, 3, "3 legacy pods bound")
     finally:
         proc.stop()
         # Logical names node1..3 must not stay taken: a later test's nodes use them too.
@@ -442,11 +382,7 @@ def test_git_source_places_pods_from_a_committed_map(
         "--git-interval-seconds=0.5",
     )
     try:
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-            statefulset(namespace, "g", "g", 1),
-        )
+        create_workload(cluster, statefulset(namespace, "g", "g", 1))
         pods = wait_for(
             "g-0 bound from git", lambda: (p := bound_pods(cluster, namespace)) and "g-0" in p and p
         )

@@ -35,6 +35,9 @@ from tests.integration.controllerkit import (
     bound_pods,
     create,
     create_system_namespaces,
+    create_workload,
+    deployment,
+    fresh_namespace,
     gpu_uuid,
     inventory_for,
     leader_killed_during_burst,
@@ -45,6 +48,7 @@ from tests.integration.controllerkit import (
     statefulset,
     unique,
     wait_for,
+    wait_for_bound,
 )
 from tests.integration.test_webhook import RunningWebhook, free_port
 from webhook.certs import generate_ca
@@ -113,10 +117,8 @@ def dra(cluster: LocalCluster) -> Iterator[Dra]:
 
 @pytest.fixture
 def namespace(cluster: LocalCluster, dra: Dra) -> Iterator[str]:
-    name = unique("dra-it")
-    cluster.create_namespace(name, labels={SCOPE_LABEL: "true"})
-    yield name
-    cluster.delete_namespace(name)
+    with fresh_namespace(cluster, "dra-it", labels={SCOPE_LABEL: "true"}) as name:
+        yield name
 
 
 @pytest.fixture
@@ -198,8 +200,8 @@ def test_statefulset_claims_hold_exactly_the_declared_gpus(
     apply_map(cluster, namespace, "llm", map_yaml(namespace, "llm", entries))
     body = statefulset(namespace, "web", "llm", 3)
     body["spec"]["template"]["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
-    create(cluster, f"/apis/apps/v1/namespaces/{namespace}/statefulsets", body)
-    pods = wait_for("3 bound", lambda: (p := bound_pods(cluster, namespace)) and len(p) == 3 and p)
+    create_workload(cluster, body)
+    pods = wait_for_bound(cluster, namespace, 3)
     for index, node, devices in entries:
         pod = pods[f"web-{index}"]
         assert pod["spec"]["nodeName"] == node
@@ -287,12 +289,8 @@ def test_deployment_and_two_maps_never_share_a_device(
     path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/foreign"
     status, resp = cluster.request("PUT", f"{path}/status", foreign)
     assert status == 200, resp
-    body = statefulset(namespace, "work", "batch", 3)
-    body["kind"] = "Deployment"
-    del body["spec"]["serviceName"], body["spec"]["podManagementPolicy"]
-    create(cluster, f"/apis/apps/v1/namespaces/{namespace}/deployments", body)
-    other = statefulset(namespace, "other", "other", 1)
-    create(cluster, f"/apis/apps/v1/namespaces/{namespace}/statefulsets", other)
+    create_workload(cluster, deployment(namespace, "work", "batch", 3))
+    create_workload(cluster, statefulset(namespace, "other", "other", 1))
 
     def two_work_bound() -> bool:
         pods = bound_pods(cluster, namespace)
@@ -325,11 +323,7 @@ def test_a_declared_device_missing_from_the_slices_blocks_the_slot(
 ) -> None:
     (node,) = dra.nodes("miss", 1, gpus=4, sliced=2)
     apply_map(cluster, namespace, "m", map_yaml(namespace, "m", [(0, node, [1]), (1, node, [3])]))
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "m", "m", 2),
-    )
+    create_workload(cluster, statefulset(namespace, "m", "m", 2))
     pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"))
     assert_claim_is_the_binding(cluster, pod)
     wait_for(
@@ -431,10 +425,6 @@ def test_a_template_someone_else_made_under_the_maps_name_is_replaced(
         return [r["name"] for r in requests] == ["gpus"]
 
     wait_for("the map's own template", ours)
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "m", "m", 1),
-    )
+    create_workload(cluster, statefulset(namespace, "m", "m", 1))
     pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"))
     assert_claim_is_the_binding(cluster, pod)

@@ -36,20 +36,22 @@ from placement.inventory import INVENTORY_NAMESPACE
 from placement.status import MapStatus
 from tests.integration.controllerkit import (
     ControllerProcess,
+    bound_pods,
+    create,
+    create_workload,
+    deployment,
+    fresh_namespace,
     get_pod,
+    gpu_nodes,
     gpu_uuid,
     list_pods,
     map_status,
     map_yaml,
+    running_controller,
     statefulset,
-    wait_for,
-)
-from tests.integration.test_controller import (
-    bound_pods,
-    create,
-    deployment,
-    gpu_nodes,
     unique,
+    wait_for,
+    wait_for_map,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
@@ -57,22 +59,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespace
 
 @pytest.fixture
 def namespace(cluster: LocalCluster) -> Iterator[str]:
-    name = unique("drift")
-    cluster.create_namespace(name)
-    yield name
-    # The maps go now, not whenever the namespace finishes terminating: a controller of a later
-    # test must not see them vanish in the middle of its own checks.
-    selector = f"labelSelector={PLACEMENT_MAP_LABEL}%3Dtrue"
-    cluster.request("DELETE", f"/api/v1/namespaces/{name}/configmaps?{selector}")
-    cluster.delete_namespace(name)
+    with fresh_namespace(cluster, "drift") as name:
+        yield name
+        # The maps go now, not whenever the namespace finishes terminating: a controller of a
+        # later test must not see them vanish in the middle of its own checks.
+        selector = f"labelSelector={PLACEMENT_MAP_LABEL}%3Dtrue"
+        cluster.request("DELETE", f"/api/v1/namespaces/{name}/configmaps?{selector}")
 
 
 @pytest.fixture
 def controller(cluster: LocalCluster) -> Iterator[ControllerProcess]:
-    proc = ControllerProcess(cluster, unique("c"))
-    yield proc
-    proc.stop()
-    print(proc.log()[-6000:])  # shown by pytest when the test failed
+    with running_controller(cluster, log_tail=6000) as proc:
+        yield proc
 
 
 def apply_at(
@@ -108,6 +106,22 @@ def drifted_condition(pod: dict[str, Any] | None) -> dict[str, Any] | None:
         if cond.get("type") == DRIFTED_CONDITION:
             return dict(cond)
     return None
+
+
+def wait_for_drifted(
+    cluster: LocalCluster, namespace: str, name: str, status: str = "True"
+) -> dict[str, Any]:
+    """Waits until pod `name` has a Drifted condition of `status`; returns the condition."""
+    return dict(
+        wait_for(
+            f"{name} Drifted={status}",
+            lambda: (
+                (c := drifted_condition(get_pod(cluster, namespace, name)))
+                and c["status"] == status
+                and c
+            ),
+        )
+    )
 
 
 def running(pod: dict[str, Any]) -> bool:
@@ -146,11 +160,7 @@ def test_moved_slot_of_a_manual_map_marks_the_running_pod_drifted(
         "c0ffee1",
         "maps/llm.yaml",
     )
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "web", "llm", 1),
-    )
+    create_workload(cluster, statefulset(namespace, "web", "llm", 1))
     pod = wait_for(
         "web-0 Running", lambda: (p := get_pod(cluster, namespace, "web-0")) and running(p) and p
     )
@@ -166,14 +176,7 @@ def test_moved_slot_of_a_manual_map_marks_the_running_pod_drifted(
         "beef002",
         "maps/llm.yaml",
     )
-    cond = wait_for(
-        "web-0 Drifted",
-        lambda: (
-            (c := drifted_condition(get_pod(cluster, namespace, "web-0")))
-            and c["status"] == "True"
-            and c
-        ),
-    )
+    cond = wait_for_drifted(cluster, namespace, "web-0")
     assert cond["reason"] == "SlotMoved"
     message = cond["message"]
     assert f"node {a} GPUs {gpu_uuid(a, 0)},{gpu_uuid(a, 1)}" in message  # old placement
@@ -233,13 +236,7 @@ def test_moved_slot_of_a_manual_map_marks_the_running_pod_drifted(
         "c0ffee3",
         "maps/llm.yaml",
     )
-    wait_for(
-        "web-0 no longer Drifted",
-        lambda: (
-            (c := drifted_condition(get_pod(cluster, namespace, "web-0")))
-            and c["status"] == "False"
-        ),
-    )
+    wait_for_drifted(cluster, namespace, "web-0", "False")
     wait_for(
         "map counts 0 drifted",
         lambda: (s := map_status(cluster, namespace, "llm")) and s["slots"]["drifted"] == 0,
@@ -251,22 +248,11 @@ def test_deleted_map_leaves_its_pods_drifted(
 ) -> None:
     (a,) = gpu_nodes(cluster, unique("del"), 1)
     apply_at(cluster, namespace, "gone", map_yaml(namespace, "gone", [(0, a, [0])]), "1111111")
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "g", "gone", 1),
-    )
+    create_workload(cluster, statefulset(namespace, "g", "gone", 1))
     wait_for("g-0 bound", lambda: "g-0" in bound_pods(cluster, namespace))
     status, _ = cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/configmaps/gone")
     assert status == 200
-    cond = wait_for(
-        "g-0 Drifted",
-        lambda: (
-            (c := drifted_condition(get_pod(cluster, namespace, "g-0")))
-            and c["status"] == "True"
-            and c
-        ),
-    )
+    cond = wait_for_drifted(cluster, namespace, "g-0")
     assert cond["reason"] == "MapDeleted"
 
 
@@ -281,11 +267,7 @@ def test_evict_rollout_moves_a_statefulset_one_pod_at_a_time(
         return text.replace("spec:\n", "spec:\n" + rollout, 1)
 
     apply_at(cluster, namespace, "train", evict_map(a, 0), "aaaa001")
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "t", "train", 4),
-    )
+    create_workload(cluster, statefulset(namespace, "t", "train", 4))
     pdb = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -382,15 +364,9 @@ def test_allocation_takes_the_next_servable_slot_when_the_lowest_node_is_cordone
         map_yaml(namespace, "pool", entries, indexing="allocate"),
         "ccc0001",
     )
-    wait_for(
-        "map Valid", lambda: (s := map_status(cluster, namespace, "pool")) and s["phase"] == "Valid"
-    )
+    wait_for_map(cluster, namespace, "pool", "Valid", what="map Valid")
     cluster.kubectl("cordon", a)
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/deployments",
-        deployment(namespace, "d", "pool", 1),
-    )
+    create_workload(cluster, deployment(namespace, "d", "pool", 1))
     pods = wait_for(
         "one replica bound", lambda: (p := bound_pods(cluster, namespace)) and p, timeout=20
     )
@@ -408,11 +384,7 @@ def test_restart_with_an_invalid_source_keeps_serving_the_last_valid_version(
     apply_at(cluster, namespace, "svc", good, "9000001")
     first = ControllerProcess(cluster, unique("c1"), lease="gpuplace-lkg")
     try:
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-            statefulset(namespace, "s", "svc", 1),
-        )
+        create_workload(cluster, statefulset(namespace, "s", "svc", 1))
         wait_for("s-0 bound", lambda: "s-0" in bound_pods(cluster, namespace))
     finally:
         first.stop()
@@ -420,14 +392,8 @@ def test_restart_with_an_invalid_source_keeps_serving_the_last_valid_version(
     apply_at(cluster, namespace, "svc", broken, "9000002")
     second = ControllerProcess(cluster, unique("c2"), lease="gpuplace-lkg")
     try:
-        status = wait_for(
-            "Invalid, still serving",
-            lambda: (
-                (s := map_status(cluster, namespace, "svc"))
-                and s["phase"] == "Invalid"
-                and "still serving" in s["message"]
-                and s
-            ),
+        status = wait_for_map(
+            cluster, namespace, "svc", "Invalid", "still serving", what="Invalid, still serving"
         )
         assert "restored from the stored model" in status["message"]
         assert status["servingVersion"]
@@ -467,11 +433,7 @@ def test_diff_names_the_running_pods_a_change_makes_drift(
     a, b = gpu_nodes(cluster, unique("df"), 2)
     before = map_yaml(namespace, "m", [(0, a, [0]), (1, a, [1])])
     apply_at(cluster, namespace, "m", before, "d000001")
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "x", "m", 2),
-    )
+    create_workload(cluster, statefulset(namespace, "x", "m", 2))
     wait_for("2 bound", lambda: len(bound_pods(cluster, namespace)) == 2)
     repo = git.Repo.init(tmp_path / "repo", initial_branch="main")
     path = tmp_path / "repo" / "maps" / "m.yaml"
@@ -499,11 +461,7 @@ def test_a_restamped_unchanged_map_keeps_the_revision_its_text_came_from(
     apply_at(cluster, namespace, "keep", text, "1000001", "maps/keep.yaml")
     first = ControllerProcess(cluster, unique("c1"), lease="gpuplace-rev")
     try:
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-            statefulset(namespace, "k", "keep", 1),
-        )
+        create_workload(cluster, statefulset(namespace, "k", "keep", 1))
         wait_for("k-0 bound", lambda: "k-0" in bound_pods(cluster, namespace))
         # A later commit that leaves this map alone: ArgoCD stamps the new revision anyway.
         apply_at(cluster, namespace, "keep", text, "1000002", "maps/keep.yaml")

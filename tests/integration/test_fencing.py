@@ -22,11 +22,16 @@ from placement.annotations import DEVICES_ANNOTATION
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
+    bound_pods,
+    create_workload,
+    fresh_namespace,
+    gpu_nodes,
     map_yaml,
     statefulset,
+    unique,
     wait_for,
+    wait_for_bound,
 )
-from tests.integration.test_controller import bound_pods, create, gpu_nodes, unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
 
@@ -34,10 +39,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespace
 @pytest.fixture
 def namespace(cluster: LocalCluster) -> Iterator[str]:
     """Removed, pods and maps with it, before the next test: its controllers find a quiet cluster."""
-    name = unique("fence")
-    cluster.create_namespace(name)
-    yield name
-    cluster.delete_namespace(name, wait=True, timeout=180)
+    with fresh_namespace(cluster, "fence", wait=True, timeout=180) as name:
+        yield name
 
 
 def bindings_by(cluster: LocalCluster, identity: str, namespace: str) -> list[datetime]:
@@ -81,11 +84,7 @@ def test_a_leader_paused_past_its_lease_sends_no_binding_after_it(
     wait_for("a leads", lambda: "leading: model generation" in a.log())
     b = ControllerProcess(cluster, b_id, lease=name)
     try:
-        create(
-            cluster,
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-            statefulset(namespace, "big", "big", 200),
-        )
+        create_workload(cluster, statefulset(namespace, "big", "big", 200))
         wait_for("a binds", lambda: len(bindings_by(cluster, a_id, namespace)) >= 10, interval=0.05)
         os.killpg(a.proc.pid, signal.SIGSTOP)  # mid-burst: its queue still holds decisions
         stopped = datetime.now(UTC)
@@ -121,11 +120,7 @@ def test_a_start_up_slower_than_the_lease_keeps_it(cluster: LocalCluster, namesp
     nodes = gpu_nodes(cluster, unique("slow"), 2, gpus=8)
     entries = [(i, nodes[i // 8], [i % 8]) for i in range(16)]
     apply_map(cluster, namespace, "m", map_yaml(namespace, "m", entries))
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "m", "m", 16),
-    )
+    create_workload(cluster, statefulset(namespace, "m", "m", 16))
     name = unique("gpuplace-slow")
     a_id, b_id = unique("a"), unique("b")
     # Lease 3 s; a start-up of 8 s: the lease is renewed throughout.
@@ -134,11 +129,7 @@ def test_a_start_up_slower_than_the_lease_keeps_it(cluster: LocalCluster, namesp
         wait_for("a wins the lease", lambda: "became leader" in a.log())
         b = ControllerProcess(cluster, b_id, lease=name)
         try:
-            pods = wait_for(
-                "all 16 bound",
-                lambda: (p := bound_pods(cluster, namespace)) and len(p) == 16 and p,
-                timeout=60,
-            )
+            pods = wait_for_bound(cluster, namespace, 16, "all 16 bound", timeout=60)
             spec = lease(cluster, name)
             assert spec["holderIdentity"] == a_id
             assert spec.get("leaseTransitions", 0) == 0
@@ -159,11 +150,7 @@ def test_a_lease_lost_during_start_up_means_no_binding(
     nodes = gpu_nodes(cluster, unique("lost"), 1, gpus=8)
     entries = [(i, nodes[0], [i]) for i in range(8)]
     apply_map(cluster, namespace, "m", map_yaml(namespace, "m", entries))
-    create(
-        cluster,
-        f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        statefulset(namespace, "m", "m", 8),
-    )
+    create_workload(cluster, statefulset(namespace, "m", "m", 8))
     pods_path = f"/api/v1/namespaces/{namespace}/pods"
     wait_for("8 pods", lambda: len(cluster.request("GET", pods_path)[1]["items"]) == 8)
     name = unique("gpuplace-lost")

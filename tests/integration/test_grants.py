@@ -26,6 +26,7 @@ from tests.integration.controllerkit import (
     map_yaml,
     pending_reason,
     publish_inventory,
+    solo_controller,
     unique,
     wait_for,
 )
@@ -107,7 +108,7 @@ def pod(name: str, **spec: Any) -> dict[str, Any]:
 @pytest.fixture
 def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerProcess, Components]]:
     create_system_namespaces(cluster)
-    controller = ControllerProcess(cluster, unique("grants"), lease=unique("grants"))
+    controller = solo_controller(cluster, "grants")
     components = Components(cluster, tmp_path)
     components.webhook("env", f"--configuration-name={CONFIGURATION}")
     try:
@@ -237,9 +238,7 @@ def test_deny_by_default_places_only_what_a_grant_allows(cluster: LocalCluster) 
     node = unique("deny")
     cluster.create_nodes([FakeNode(node, gpus=2)])
     publish_inventory(cluster, inventory_for(node, 2))
-    controller = ControllerProcess(
-        cluster, unique("deny"), "--grants-default=deny", lease=unique("deny")
-    )
+    controller = solo_controller(cluster, "deny", "--grants-default=deny")
     try:
         text = map_yaml(namespace, "m", [(0, node, [0])])
         apply_map(cluster, namespace, "m", text)

@@ -28,6 +28,7 @@ from kubeio.paths import (
 )
 from placement.annotations import PLACEMENT_MAP_LABEL
 from tests.chartkit import INVENTORY, NAMESPACE, SCENARIOS, render
+from tests.integration.controllerkit import write_kubeconfig
 
 pytestmark = pytest.mark.integration
 
@@ -63,24 +64,9 @@ def chart(
 
 
 def as_token(cluster: LocalCluster, token: str, tmp: Path) -> Kube:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "t",
-        "clusters": [
-            {
-                "name": "c",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.ca_file),
-                },
-            }
-        ],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}],
-    }
-    path = tmp / f"kubeconfig-{uuid.uuid4().hex[:6]}"
-    path.write_text(yaml.safe_dump(config))
+    path = write_kubeconfig(
+        cluster, tmp / f"kubeconfig-{uuid.uuid4().hex[:6]}", "u", {"token": token}
+    )
     return Kube.connect(ClientSettings(kubeconfig=str(path)))
 
 

@@ -32,12 +32,14 @@ from tests.integration.controllerkit import (
     apply_map,
     create_system_namespaces,
     describe_pending,
+    fresh_namespace,
     get_pod,
     gpu_uuid,
     inventory_for,
     list_pods,
     map_status,
     pending_reason,
+    pod_body,
     publish_inventory,
     wait_for,
 )
@@ -165,10 +167,8 @@ def placement(cluster: LocalCluster) -> Iterator[Placement]:
 
 @pytest.fixture
 def ns(cluster: LocalCluster, placement: Placement) -> Iterator[str]:
-    name = unique("legacy-it")
-    cluster.create_namespace(name, labels={SCOPE_LABEL: "true"})
-    yield name
-    cluster.delete_namespace(name)
+    with fresh_namespace(cluster, "legacy-it", labels={SCOPE_LABEL: "true"}) as name:
+        yield name
     assert placement.controller.alive(), placement.controller.log()[-4000:]
 
 
@@ -187,19 +187,11 @@ def wait_webhook(cluster: LocalCluster, namespace: str) -> None:
 
 
 def legacy_pod(namespace: str, name: str, text: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": {LEGACY_ANNOTATION: text},
-        },
-        "spec": {
-            "schedulerName": "gpu-scheduler",
-            "containers": [{"name": "check", "image": "busybox:1.35"}],
-        },
+    spec = {
+        "schedulerName": "gpu-scheduler",
+        "containers": [{"name": "check", "image": "busybox:1.35"}],
     }
+    return pod_body(namespace, name, spec, annotations={LEGACY_ANNOTATION: text})
 
 
 def statefulset(namespace: str) -> dict[str, Any]:
@@ -465,16 +457,8 @@ def test_aks_example_as_the_statefulset_controller_creates_it(
 def migration_pod(namespace: str, index: int) -> dict[str, Any]:
     """examples/workloads/legacy-webhook-test.yaml as the README's migration says: the annotation
     replaced by the label gpuplace.io/map."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"webhook-test-{index}",
-            "namespace": namespace,
-            "labels": {MAP_LABEL: "webhook-test"},
-        },
-        "spec": {"containers": [{"name": "test", "image": "busybox:1.35"}]},
-    }
+    spec = {"containers": [{"name": "test", "image": "busybox:1.35"}]}
+    return pod_body(namespace, f"webhook-test-{index}", spec, labels={MAP_LABEL: "webhook-test"})
 
 
 def test_migration_example_places_bare_pods_as_the_text_says_in_every_order(

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from gpuplace_dev.demo.components import Components, demo_uuid
+from gpuplace_dev.demo.realnode import printed as report  # the NAME=value lines the probe printed
 from gpuplace_dev.localcluster import GPU_PROBE_IMAGE, REAL_NODE_NAME, LocalCluster
 from placement.annotations import (
     CUDA_ANNOTATION,
@@ -36,6 +37,7 @@ from tests.integration.controllerkit import (
     map_status,
     map_yaml,
     placement_configmap,
+    pod_body,
     wait_for,
 )
 from tests.integration.tenantkit import Tenant
@@ -103,17 +105,7 @@ def probe_pod(
     }
     if scheduler is not None:
         spec["schedulerName"] = scheduler
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": labels or {},
-            "annotations": annotations or {},
-        },
-        "spec": spec,
-    }
+    return pod_body(namespace, name, spec, labels=labels or {}, annotations=annotations or {})
 
 
 def admit(cluster: LocalCluster, ns: str, name: str, map_name: str) -> None:
@@ -169,16 +161,6 @@ def wait_running(
         running,
         timeout=120,
     )
-
-
-def report(text: str) -> dict[str, str]:
-    """The NAME=value lines the probe printed (its own status lines start with 'gpu-probe:')."""
-    found = {}
-    for line in text.splitlines():
-        if "=" in line and not line.startswith("gpu-probe:"):
-            name, _, value = line.partition("=")
-            found[name] = value
-    return found
 
 
 def logs(cluster: LocalCluster, namespace: str, name: str, *args: str) -> str:

@@ -4,10 +4,7 @@ machine's real-node lock while up, and leaves no process, mount or system path b
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,11 +14,11 @@ from gpuplace_dev.localcluster import (
     GPU_PROBE_IMAGE,
     REAL_NODE_LOCK,
     REAL_NODE_NAME,
-    ClusterState,
     RealNodeError,
     find_binaries,
 )
 from gpuplace_dev.localcluster.realnode import SYSTEM_PATHS, NodeLock
+from tests.integration import shellkit
 
 pytestmark = pytest.mark.real_node
 
@@ -40,19 +37,14 @@ def processes_named(name: str) -> list[int]:
 
 def test_cluster_up_real_node_runs_pods_and_down_removes_everything(tmp_path: Path) -> None:
     directory = tmp_path / "cluster"
-    gpuplace = [sys.executable, "-m", "gpuplace", "cluster"]
     existed = {path: path.exists() for path in SYSTEM_PATHS}
     kubectl = [str(find_binaries(build=False).kubectl), f"--kubeconfig={directory / 'kubeconfig'}"]
 
-    up = subprocess.run(
-        [*gpuplace, "up", "--dir", str(directory), "--nodes", "1", "--real-node",
-         "--real-node-label", "gpu-node-name=node9"],
-        capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
-    assert up.returncode == 0, up.stderr
-    state = ClusterState.read(directory / "state.json")
-    node_directory = (directory / "node").resolve()
-    try:
+    with shellkit.cluster_up(
+        directory, "--nodes", "1", "--real-node", "--real-node-label", "gpu-node-name=node9",
+        up_timeout=600, down_timeout=180,
+    ) as (up, state):  # fmt: skip
+        node_directory = (directory / "node").resolve()
         assert "and real node localhost" in up.stderr
         assert [p.name for p in state.processes if p.alive()] == [
             "etcd",
@@ -100,19 +92,6 @@ def test_cluster_up_real_node_runs_pods_and_down_removes_everything(tmp_path: Pa
         ).stdout
         assert "CUDA_VISIBLE_DEVICES=7" in logs.splitlines()
         assert processes_named("gpu-probe")
-    finally:
-        down = subprocess.run(
-            [*gpuplace, "down", "--dir", str(directory)],
-            capture_output=True, text=True, check=False, timeout=180,
-        )  # fmt: skip
-        if down.returncode != 0:  # never leave a cluster behind, whatever failed
-            for process in state.processes:
-                if process.alive():
-                    os.killpg(process.pid, signal.SIGKILL)
-
-    assert down.returncode == 0, down.stderr
-    assert not [p.name for p in state.processes if p.alive()]
-    assert not directory.exists()
     # The containers and their shims are gone with the node, and so is everything it wrote
     # outside its directory.
     deadline = time.monotonic() + 10

@@ -11,22 +11,21 @@ from collections.abc import Iterator
 import pytest
 
 from gpuplace_dev.demo.components import Components, demo_uuid
+from gpuplace_dev.demo.realnode import printed as report
 from gpuplace_dev.localcluster import REAL_NODE_NAME, LocalCluster
 from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL
 from placement.inventory import INVENTORY_NAMESPACE
 from placement.model import MODEL_NAMESPACE
 from tests.integration.controllerkit import map_yaml, wait_for
 from tests.integration.test_real_node import (
+    GPUS,
+    NODE_NUMBER,
     bound_map,
     create_pod,
     logs,
     probe_pod,
-    report,
     wait_running,
 )
-
-NODE_NUMBER = 9
-GPUS = 4
 
 
 @pytest.fixture(scope="module")

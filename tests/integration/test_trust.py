@@ -20,7 +20,6 @@ from placement.annotations import (
     SIGNATURE_ANNOTATION,
 )
 from tests.integration.controllerkit import (
-    ControllerProcess,
     apply_map,
     create,
     get_pod,
@@ -30,7 +29,7 @@ from tests.integration.controllerkit import (
     map_yaml,
     pending_reason,
     publish_inventory,
-    unique,
+    solo_controller,
     wait_for,
 )
 from tests.integration.tenantkit import Tenant
@@ -46,6 +45,18 @@ from tests.integration.trustkit import (
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
 
 
+@pytest.fixture(name="node")
+def fresh_node(cluster: LocalCluster) -> str:
+    """A node of its own, with 4 fake GPUs and their inventory."""
+    return node_with_gpus(cluster)
+
+
+@pytest.fixture(name="tenant")
+def tenant_account(cluster: LocalCluster, team_and_tenant: tuple[str, str]) -> Tenant:
+    """The hostile tenant, in the second namespace of `team_and_tenant`."""
+    return Tenant(cluster, team_and_tenant[1])
+
+
 def forged_annotations(namespace: str, node: str, devices: list[int]) -> dict[str, str]:
     return {
         MAP_ANNOTATION: "owner",
@@ -58,11 +69,9 @@ def forged_annotations(namespace: str, node: str, devices: list[int]) -> dict[st
 
 
 def test_forged_bindings_are_refused_or_hold_nothing(
-    cluster: LocalCluster, team_and_tenant: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str], tenant: Tenant, node: str
 ) -> None:
     team, tenant_ns = team_and_tenant
-    tenant = Tenant(cluster, tenant_ns)
-    node = node_with_gpus(cluster)
     # The tenant cannot bind pods itself: only the binder's Bindings write the annotations.
     assert tenant.can("create", "pods")
     assert not tenant.can("create", "pods", "binding")
@@ -91,8 +100,7 @@ def test_forged_bindings_are_refused_or_hold_nothing(
 
     # 3. A forged binding that got past admission (here through an identity allowed to bind, as
     #    on a cluster without the policy): its unsigned annotations hold nothing.
-    proc = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
-    try:
+    with solo_controller(cluster, "trust") as proc:
         # Pods created before the binding key existed hold without a signature (upgrades): the
         # forged one is created once the leader has its key.
         wait_for("the controller leads", lambda: "leading:" in proc.log())
@@ -125,29 +133,21 @@ def test_forged_bindings_are_refused_or_hold_nothing(
         annotations = owner["metadata"]["annotations"]
         assert annotations[DEVICES_ANNOTATION] == f"{gpu_uuid(node, 0)},{gpu_uuid(node, 1)}"
         assert annotations[SIGNATURE_ANNOTATION].startswith("v2:")
-    finally:
-        proc.stop()
     # After a restart the cache is rebuilt from signed pods only: GPU 2 is free for index 1.
-    again = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
-    try:
+    with solo_controller(cluster, "trust") as again:
         create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("own-1", "owner"))
         second = wait_for("own-1 bound", lambda: bound(cluster, team, "own-1"))
         assert second["metadata"]["annotations"][DEVICES_ANNOTATION] == gpu_uuid(node, 2)
         assert "bind refused" not in again.log()
-    finally:
-        again.stop()
     kept = bound(cluster, team, "own-0")
     assert kept is not None and kept["metadata"]["annotations"] == annotations
 
 
 def test_tenant_cannot_rewrite_its_bound_pods_binding(
-    cluster: LocalCluster, team_and_tenant: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str], tenant: Tenant, node: str
 ) -> None:
     _team, tenant_ns = team_and_tenant
-    tenant = Tenant(cluster, tenant_ns)
-    node = node_with_gpus(cluster)
-    proc = ControllerProcess(cluster, unique("trust"), lease=unique("trust"))
-    try:
+    with solo_controller(cluster, "trust"):
         text = map_yaml(tenant_ns, "mine", [(0, node, [3])])
         configmap = tenant.kubectl(
             "create", "configmap", "mine", f"--from-literal=placement.yaml={text}"
@@ -157,8 +157,6 @@ def test_tenant_cannot_rewrite_its_bound_pods_binding(
         assert labelled.returncode == 0, labelled.stderr
         assert tenant.create(map_pod("mine-0", "mine")).returncode == 0
         pod = wait_for("mine-0 bound", lambda: bound(cluster, tenant_ns, "mine-0"), timeout=60)
-    finally:
-        proc.stop()
     before = pod["metadata"]["annotations"]
     assert before[CUDA_ANNOTATION] == "3"
     for args in (
@@ -181,10 +179,9 @@ def test_tenant_cannot_rewrite_its_bound_pods_binding(
 
 
 def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
-    cluster: LocalCluster, team_and_tenant: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str], node: str
 ) -> None:
     team, _ = team_and_tenant
-    node = node_with_gpus(cluster)
     # Bound before gpuplace came (here: created bound, as a webhook-based scheduler does).
     old = map_pod("old-trainer-0", "unused", schedulerName="gpu-scheduler")
     old["metadata"] = {
@@ -195,8 +192,7 @@ def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
     old["spec"]["nodeName"] = node
     create(cluster, f"/api/v1/namespaces/{team}/pods", old)
     apply_map(cluster, team, "new", map_yaml(team, "new", [(0, node, [1]), (1, node, [2])]))
-    proc = ControllerProcess(cluster, unique("cutover"), lease=unique("cutover"))
-    try:
+    with solo_controller(cluster, "cutover") as proc:
         for name in ("new-0", "new-1"):
             create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod(name, "new"))
         wait_for("new-1 bound", lambda: bound(cluster, team, "new-1"))
@@ -212,18 +208,14 @@ def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
         )
         placed = wait_for("new-0 bound", lambda: bound(cluster, team, "new-0"))
         assert placed["metadata"]["annotations"][DEVICES_ANNOTATION] == gpu_uuid(node, 1)
-    finally:
-        proc.stop()
 
 
 def test_a_renumbered_node_marks_its_bound_pods_and_maps(
-    cluster: LocalCluster, team_and_tenant: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str], node: str
 ) -> None:
     team, _ = team_and_tenant
-    node = node_with_gpus(cluster)
     apply_map(cluster, team, "r", map_yaml(team, "r", [(0, node, [1]), (1, node, [2])]))
-    proc = ControllerProcess(cluster, unique("renumber"), lease=unique("renumber"))
-    try:
+    with solo_controller(cluster, "renumber") as proc:
         for name in ("r-0", "r-1"):
             create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod(name, "r"))
         first = wait_for("r-0 bound", lambda: bound(cluster, team, "r-0"))
@@ -268,15 +260,12 @@ def test_a_renumbered_node_marks_its_bound_pods_and_maps(
         assert metric(proc, "gpuplace_renumbered_pods") == 1
         row = status_row(cluster, "r-0")
         assert "DevicesRenumbered: GPUs of node" in row
-    finally:
-        proc.stop()
 
 
 def test_pods_bound_before_signing_began_keep_their_gpus(
-    cluster: LocalCluster, team_and_tenant: tuple[str, str]
+    cluster: LocalCluster, team_and_tenant: tuple[str, str], node: str
 ) -> None:
     team, _ = team_and_tenant
-    node = node_with_gpus(cluster)
     old = map_pod("old-0", "owner")
     create(cluster, f"/api/v1/namespaces/{team}/pods", old)
     binding = {
@@ -290,11 +279,8 @@ def test_pods_bound_before_signing_began_keep_their_gpus(
     time.sleep(1.1)  # creation times have a resolution of one second
     cluster.request("DELETE", "/api/v1/namespaces/gpuplace-system/secrets/gpuplace-binding-key")
     apply_map(cluster, team, "owner", map_yaml(team, "owner", [(0, node, [0, 1]), (1, node, [2])]))
-    proc = ControllerProcess(cluster, unique("upgrade"), lease=unique("upgrade"))
-    try:
+    with solo_controller(cluster, "upgrade") as proc:
         wait_for("the controller leads", lambda: "leading:" in proc.log())
         create(cluster, f"/api/v1/namespaces/{team}/pods", map_pod("owner-0", "owner"))
         wait_for("owner-0 waits", lambda: pending_reason(cluster, team, "owner-0") == "SlotTaken")
         assert not any(e["reason"] == "BindingUnverified" for e in events(cluster, team, "old-0"))
-    finally:
-        proc.stop()

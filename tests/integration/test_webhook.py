@@ -35,6 +35,7 @@ from placement.annotations import (
 from placement.devices import DeclaredDevices
 from placement.model import MODEL_LABEL, CompiledMap, CompiledSlot, Model, encode_model
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName
+from tests.integration import controllerkit
 from webhook.app import create_app
 from webhook.certs import KeyPair, generate_ca, issue_serving
 from webhook.manifests import (
@@ -57,14 +58,7 @@ CUDA_FIELD = f"metadata.annotations['{CUDA_ANNOTATION}']"
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    return controllerkit.wait_for(what, check, timeout=timeout, interval=0.1)
 
 
 def put(cluster: LocalCluster, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -416,20 +410,13 @@ def merge_key_bomb(namespace: str, levels: int = 12) -> str:
     return "\n".join([*lines, "spec: {placements: []}", ""])
 
 
-def map_configmap(namespace: str, name: str, text: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace, "labels": {PLACEMENT_MAP_LABEL: "true"}},
-        "data": {"placement.yaml": text},
-    }
-
-
 def test_merge_key_bomb_is_refused_with_a_short_message(cluster: LocalCluster, ns: str) -> None:
     text = merge_key_bomb(ns)
     assert len(text) < 600
     status, body = cluster.request(
-        "POST", f"/api/v1/namespaces/{ns}/configmaps", map_configmap(ns, "bomb", text)
+        "POST",
+        f"/api/v1/namespaces/{ns}/configmaps",
+        controllerkit.placement_configmap(ns, "bomb", text),
     )
     assert status == 422, body
     message = body["message"]
@@ -449,14 +436,14 @@ def test_a_one_mebibyte_map_is_validated_by_the_webhook(cluster: LocalCluster, n
     ]
     text = header + "".join(entries)
     assert 1_000_000 < len(text) < 1_048_000
-    good = map_configmap(ns, "big", text)
+    good = controllerkit.placement_configmap(ns, "big", text)
     status, body = cluster.request(
         "POST", f"/api/v1/namespaces/{ns}/configmaps?dryRun=All", good, timeout=60
     )
     assert status == 201, str(body)[:500]
     # The same map with one bad entry at its end: the webhook read all of it.
     last = entries[-1].replace("devices: [", "devices: [banana, ")
-    bad = map_configmap(ns, "big", header + "".join(entries[:-1]) + last)
+    bad = controllerkit.placement_configmap(ns, "big", header + "".join(entries[:-1]) + last)
     status, body = cluster.request(
         "POST", f"/api/v1/namespaces/{ns}/configmaps?dryRun=All", bad, timeout=60
     )

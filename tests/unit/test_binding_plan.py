@@ -97,6 +97,16 @@ def pod(
     return PodFacts("ml", name, uid or f"uid-{name}", labels or {}, owner, "llm", None)
 
 
+def assumed(
+    cluster: Cluster, cache: SlotCache, name: str, uid: str, owner: str = "StatefulSet"
+) -> Placement:
+    """Plans pod `name` and records its placement in `cache`, as the binder does before binding."""
+    result = plan(pod(name, uid=uid, owner=owner), cluster, cache)
+    assert isinstance(result, Placement), result
+    cache.assume(uid, f"ml/{name}", result)
+    return result
+
+
 TWO_SLOTS = [DeclaredSlot(0, "gpu-1", (0, 1)), DeclaredSlot(1, "gpu-2", (2,))]
 
 
@@ -132,9 +142,7 @@ def wait_reason(result: Placement | Status) -> str:
 def test_slot_taken_names_the_slot() -> None:
     cluster = build(TWO_SLOTS)
     cache = SlotCache()
-    first = plan(pod("web-0", uid="a"), cluster, cache)
-    assert isinstance(first, Placement)
-    cache.assume("a", "ml/web-0", first)
+    assumed(cluster, cache, "web-0", "a")
     second = plan(pod("web-0", uid="b"), cluster, cache)
     assert isinstance(second, Status)
     assert second.reason == "SlotTaken"
@@ -146,10 +154,7 @@ def test_allocate_takes_lowest_free_and_reports_no_free_slot() -> None:
     cache = SlotCache()
     taken = []
     for uid in ("a", "b"):
-        result = plan(pod(f"dep-{uid}", uid=uid, owner="ReplicaSet"), cluster, cache)
-        assert isinstance(result, Placement)
-        cache.assume(uid, f"ml/dep-{uid}", result)
-        taken.append(result.decision.index)
+        taken.append(assumed(cluster, cache, f"dep-{uid}", uid, "ReplicaSet").decision.index)
     assert taken == [0, 1]
     third = plan(pod("dep-c", uid="c", owner="ReplicaSet"), cluster, cache)
     assert wait_reason(third) == "NoFreeSlot"
@@ -218,9 +223,7 @@ def test_invalid_index_label_is_unresolvable() -> None:
 def test_gpu_held_by_an_old_pod_is_busy_until_released() -> None:
     cluster = build(TWO_SLOTS)
     cache = SlotCache()
-    first = plan(pod("web-0", uid="a"), cluster, cache)
-    assert isinstance(first, Placement)
-    cache.assume("a", "ml/web-0", first)
+    assumed(cluster, cache, "web-0", "a")
     moved = build([DeclaredSlot(0, "gpu-1", (2,)), DeclaredSlot(1, "gpu-1", (1,))])
     busy = plan(pod("web-1", uid="b"), moved, cache)
     assert wait_reason(busy) == "DeviceBusy"
@@ -233,9 +236,7 @@ def test_shared_maps_may_share_gpus() -> None:
     cluster = build(slots, sharing=Sharing.SHARED)
     cache = SlotCache()
     for uid, name in (("a", "web-0"), ("b", "web-1")):
-        result = plan(pod(name, uid=uid), cluster, cache)
-        assert isinstance(result, Placement)
-        cache.assume(uid, f"ml/{name}", result)
+        assumed(cluster, cache, name, uid)
 
 
 def test_legacy_pod_resolves_logical_node_by_alias() -> None:
@@ -301,13 +302,10 @@ def test_allocate_falls_back_to_the_lowest_servable_slot(
     }
     cluster = build(THREE_SLOTS, indexing=Indexing.ALLOCATE, nodes=nodes, inventories=inventories)
     cache = SlotCache()
-    first = plan(pod("w-a", uid="a", owner="ReplicaSet"), cluster, cache)
-    assert isinstance(first, Placement), first
+    first = assumed(cluster, cache, "w-a", "a", "ReplicaSet")
     assert (first.decision.index, first.decision.node) == (1, "gpu-2")
-    cache.assume("a", "ml/w-a", first)
-    second = plan(pod("w-b", uid="b", owner="ReplicaSet"), cluster, cache)
-    assert isinstance(second, Placement) and second.decision.index == 2
-    cache.assume("b", "ml/w-b", second)
+    second = assumed(cluster, cache, "w-b", "b", "ReplicaSet")
+    assert second.decision.index == 2
     # Only the unservable slot is left: the pod waits for what blocks it, by name.
     third = plan(pod("w-c", uid="c", owner="ReplicaSet"), cluster, cache)
     assert wait_reason(third) == reason

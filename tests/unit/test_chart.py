@@ -35,6 +35,7 @@ from tests.chartkit import (
     render,
     render_with_sources,
 )
+from tests.unit.webhook_builders import POD_CREATE_RULES
 
 COMPONENTS = ("controller", "webhook", "agent")
 
@@ -259,15 +260,7 @@ def test_mutating_webhook_selects_opted_in_pods_on_create(
     assert pods["objectSelector"] == {
         "matchExpressions": [{"key": "gpuplace.io/map", "operator": "Exists"}]
     }
-    assert pods["rules"] == [
-        {
-            "apiGroups": [""],
-            "apiVersions": ["v1"],
-            "operations": ["CREATE"],
-            "resources": ["pods"],
-            "scope": "Namespaced",
-        }
-    ]
+    assert pods["rules"] == POD_CREATE_RULES
     maps = hooks["placementmaps.gpuplace.io"]
     assert maps["objectSelector"] == {"matchLabels": {"gpuplace.io/placement-map": "true"}}
     assert maps["rules"][0]["operations"] == ["CREATE", "UPDATE"]

@@ -27,6 +27,7 @@ from agent.nvml import sysfs_numa_node
 from agent.probe import MemoryProbe
 from placement.inventory import GpuDevice, NodeInventory
 from placement.types import GpuUuid, NodeName
+from tests.integration.agentkit import build_fake_nvml
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKENVML = ROOT / "tests" / "fakenvml"
@@ -109,17 +110,10 @@ def write_config(path: Path, config: dict[str, Any] | str) -> None:
 
 @pytest.fixture(scope="session")
 def fake_nvml_dir() -> Path:
-    result = subprocess.run(
-        ["make", "--no-print-directory", "-C", str(FAKENVML)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"building the fake NVML library failed:\n{result.stdout}{result.stderr}")
-    library = FAKENVML / "build" / "libnvidia-ml.so.1"
-    assert library.is_file()
-    return library.parent
+    try:
+        return build_fake_nvml()
+    except RuntimeError as error:
+        pytest.fail(str(error))
 
 
 class ProbeProcess:

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from placement.errors import Diagnostic
 from placement.snapshot import load_snapshot
+from tests.unit.webhook_builders import map_header
 
-MAP = """\
-apiVersion: gpuplace.io/v1alpha1
-kind: PlacementMap
-metadata:
-  name: llm
-  namespace: inference
-spec:
-  placements: [{index: 0, node: gpu-1, devices: [0]}]
-"""
+MAP = map_header() + "  placements: [{index: 0, node: gpu-1, devices: [0]}]\n"
 
 GOOD = """\
 apiVersion: kustomize.config.k8s.io/v1beta1

@@ -189,6 +189,16 @@ def run_in_thread(me: LeaderElector) -> threading.Thread:
     return thread
 
 
+def leading_in_thread(
+    leases: Leases, clock: Clock
+) -> tuple[LeaderElector, threading.Event, threading.Thread]:
+    """An elector leading in a thread of its own, and the event it sets when it stops leading."""
+    stopped = threading.Event()
+    me = elector(leases, clock, retry=0.01)
+    me.on_stopped = stopped.set
+    return me, stopped, run_in_thread(me)
+
+
 def test_run_leads_then_stops_cleanly_and_releases() -> None:
     leases, clock = Leases(), Clock()
     events: list[str] = []
@@ -206,10 +216,7 @@ def test_run_leads_then_stops_cleanly_and_releases() -> None:
 
 def test_run_steps_down_when_another_holds_the_lease_and_does_not_release_it() -> None:
     leases, clock = Leases(), Clock()
-    stopped = threading.Event()
-    me = elector(leases, clock, retry=0.01)
-    me.on_stopped = stopped.set
-    thread = run_in_thread(me)
+    me, stopped, thread = leading_in_thread(leases, clock)
     # Another replica took the lease (it judged ours expired): we see a fresh record of it.
     clock.now += 100
     leases.take_over("other", "x")
@@ -221,10 +228,7 @@ def test_run_steps_down_when_another_holds_the_lease_and_does_not_release_it() -
 
 def test_run_steps_down_when_renewals_fail_past_the_deadline() -> None:
     leases, clock = Leases(), Clock()
-    stopped = threading.Event()
-    me = elector(leases, clock, retry=0.01)
-    me.on_stopped = stopped.set
-    thread = run_in_thread(me)
+    me, stopped, thread = leading_in_thread(leases, clock)
     leases.fail_next = [APIError(500, "InternalError", "apiserver down")] * 100_000
     clock.now += 10.0  # the renew deadline passes without a successful renewal
     assert stopped.wait(30)

@@ -33,7 +33,7 @@ from placement.types import (
     NodeName,
     Sharing,
 )
-from placement.validate import document_to_map, load_maps, parse_map
+from placement.validate import _KNOWN_FIELDS, document_to_map, load_maps, parse_map
 from placement.yamlsource import Document
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -87,24 +87,7 @@ structures = st.recursive(
     max_leaves=20,
 )
 # Keys the schema knows, so random structures reach deep into the validator.
-known_keys = st.sampled_from(
-    [
-        "index",
-        "node",
-        "devices",
-        "count",
-        "require",
-        "product",
-        "minMemoryMiB",
-        "sharing",
-        "indexing",
-        "envMode",
-        "placements",
-        "map",
-        "name",
-        "namespace",
-    ]
-)
+known_keys = st.sampled_from(_KNOWN_FIELDS)
 schema_like = st.recursive(
     json_scalars | st.integers(-5, 300) | st.sampled_from(["exclusive", "shared", "gpu-a-01"]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(known_keys, inner, max_size=5),

@@ -9,15 +9,9 @@ import pytest
 from placement.errors import PlacementError
 from placement.types import GpuUuid, MapKey, Sharing
 from placement.validate import load_maps, parse_map, parse_map_for
+from tests.unit.webhook_builders import map_header
 
-HEADER = """\
-apiVersion: gpuplace.io/v1alpha1
-kind: PlacementMap
-metadata:
-  name: llm
-  namespace: inference
-spec:
-"""
+HEADER = map_header()
 # The spec body below starts on line 7.
 UUID_A = "GPU-5c1d0c3e-0b7a-4c2e-9f61-3a1b2c3d4e00"
 

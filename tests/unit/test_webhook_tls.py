@@ -14,7 +14,12 @@ import pytest
 from cryptography import x509
 
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
-from tests.unit.webhook_builders import make_model, make_pod, review
+from tests.unit.webhook_builders import (
+    POD_CREATE_RULES,
+    make_model,
+    make_pod,
+    review,
+)
 from webhook.app import create_app
 from webhook.certs import KeyPair, generate_ca, issue_serving, merge_bundle, split_bundle
 from webhook.manifests import (
@@ -252,15 +257,7 @@ def test_mutating_configuration_shape() -> None:
     assert pods["objectSelector"] == {
         "matchExpressions": [{"key": MAP_LABEL, "operator": "Exists"}]
     }
-    assert pods["rules"] == [
-        {
-            "apiGroups": [""],
-            "apiVersions": ["v1"],
-            "operations": ["CREATE"],
-            "resources": ["pods"],
-            "scope": "Namespaced",
-        }
-    ]
+    assert pods["rules"] == POD_CREATE_RULES
     assert (pods["failurePolicy"], pods["sideEffects"], pods["timeoutSeconds"]) == (
         "Fail",
         "None",

@@ -17,6 +17,16 @@ from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName
 
 NS = "inference"
 MAP = MAP_LABEL
+#: What the pods webhook must be called for, in the chart and in `gpuplace webhook`'s registration.
+POD_CREATE_RULES = [
+    {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE"],
+        "resources": ["pods"],
+        "scope": "Namespaced",
+    }
+]
 
 
 class PodBuilder:
@@ -110,7 +120,8 @@ def make_configmap(
     return obj
 
 
-def placement_yaml(name: str = "llm", namespace: str = NS, devices: str = "[0, 1]") -> str:
+def map_header(name: str = "llm", namespace: str = NS) -> str:
+    """A PlacementMap document up to its `spec:` line (six lines): the spec follows, indented."""
     return (
         "apiVersion: gpuplace.io/v1alpha1\n"
         "kind: PlacementMap\n"
@@ -118,6 +129,11 @@ def placement_yaml(name: str = "llm", namespace: str = NS, devices: str = "[0, 1
         f"  name: {name}\n"
         f"  namespace: {namespace}\n"
         "spec:\n"
+    )
+
+
+def placement_yaml(name: str = "llm", namespace: str = NS, devices: str = "[0, 1]") -> str:
+    return map_header(name, namespace) + (
         "  placements:\n"
         "    - index: 0\n"
         "      node: gpu-a-01\n"
