@@ -64,7 +64,7 @@ class InventoryPublisher:
         self.namespace = namespace
         self.node = node
         self.collection = CONFIGMAPS.collection(namespace)
-        self.path = f"{self.collection}/{node}"
+        self.path = CONFIGMAPS.item(node, namespace)
         self._wake = wake
         self._lock = threading.Lock()
         self._server: Data | _Unknown | None = UNKNOWN  # None: the ConfigMap does not exist

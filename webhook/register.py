@@ -31,19 +31,20 @@ def apply_configuration(kube: Kube, configuration: dict[str, Any]) -> Obj:
     return kube.apply(path, configuration, FIELD_MANAGER)
 
 
-def patch_ca_bundle(kube: Kube, collection: str, name: str, ca_bundle: bytes) -> bool | None:
+def patch_ca_bundle(kube: Kube, resource: Resource, name: str, ca_bundle: bytes) -> bool | None:
     """Sets every webhook's caBundle; True if written, False if already set, None if absent."""
+    path = resource.item(name)
 
     def attempt() -> bool | None:
         try:
-            current = kube.get(f"{collection}/{name}")
+            current = kube.get(path)
         except APINotFoundError:
             return None
         updated = with_ca_bundle(current, ca_bundle)
         if updated is None:
             return False
-        kube.put(f"{collection}/{name}", updated)
-        log.info("caBundle written into %s %s", collection.rsplit("/", 1)[-1], name)
+        kube.put(path, updated)
+        log.info("caBundle written into %s %s", resource.plural, name)
         return True
 
-    return on_conflict(attempt, f"{collection}/{name}")
+    return on_conflict(attempt, path)

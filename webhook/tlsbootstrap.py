@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIError, APINotFoundError
 from kubeio.informer import Informer
-from kubeio.paths import SECRETS
+from kubeio.paths import MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS
 from kubeio.retry import on_conflict
 from webhook.certs import KeyPair, generate_ca, issue_serving, merge_bundle
 from webhook.manifests import MUTATING_PATH, VALIDATING_PATH, with_ca_bundle
@@ -104,7 +104,7 @@ class CASecret:
         self._kube = kube
         self._settings = settings
         self._collection = SECRETS.collection(settings.namespace)
-        self._path = f"{self._collection}/{settings.ca_secret}"
+        self._path = SECRETS.item(settings.ca_secret, settings.namespace)
 
     def _new_ca(self, now: datetime) -> KeyPair:
         return generate_ca(
@@ -255,9 +255,9 @@ class TLSBootstrap:
 
     def write_bundle(self) -> None:
         name = self._registration.configuration_name
-        for collection in (MUTATING_PATH, VALIDATING_PATH):
-            written = patch_ca_bundle(self._kube, collection, name, self.bundle)
-            kind = collection.rsplit("/", 1)[-1]
+        for resource in (MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS):
+            written = patch_ca_bundle(self._kube, resource, name, self.bundle)
+            kind = resource.plural
             if written is None and kind not in self._missing_reported:
                 self._missing_reported.add(kind)
                 log.warning(
