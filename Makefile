@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: help venv image e2e-chart control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
+.PHONY: test-tools help venv image e2e-chart control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
 
 help:
 	@echo "make test | demo | demo-quick | lint | image | e2e-chart | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
@@ -56,7 +56,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-unit: $(STAMP) tools fakenvml
+# Debian packages the tests run: zsh (the completion scripts), promtool (from prometheus: the
+# metrics' names and help, the alert rules' unit tests).
+test-tools:
+	@hack/ensure-apt.sh zsh promtool:prometheus
+
+unit: $(STAMP) tools fakenvml test-tools
 	$(BIN)/pytest tests/unit -q
 
 integration: $(STAMP) control-plane node tools fakenvml
@@ -65,7 +70,7 @@ integration: $(STAMP) control-plane node tools fakenvml
 e2e: $(STAMP) control-plane node fakenvml
 	$(BIN)/pytest tests/e2e -q
 
-test: $(STAMP) control-plane node tools fakenvml
+test: $(STAMP) control-plane node tools fakenvml test-tools
 	$(BIN)/pytest tests -q -m "not argocd and not chart"
 
 # gpuplace installed as a platform team installs it: the image built here (make image), the chart

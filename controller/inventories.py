@@ -81,6 +81,11 @@ class InventoryTracker:
             self.states[node] = state
             self.on_change(node, inventory if state.fresh else None)
 
+    def inventories(self) -> dict[NodeName, NodeInventory]:
+        """Every node's inventory as its agent last published it, fresh or not (a snapshot)."""
+        with self._lock:
+            return dict(self._inventories)
+
     def check_expiry(self) -> None:
         """Re-judges freshness; run every second or so by a timer (no API calls)."""
         with self._lock:

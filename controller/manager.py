@@ -32,6 +32,7 @@ from controller.dirty import DirtyMaps
 from controller.dra import DraTracker, TemplateKeeper
 from controller.drift import DriftTracker
 from controller.gitsource import GitSource
+from controller.gpumetrics import GpuCollector
 from controller.grantkeeper import GrantKeeper
 from controller.informers import SharedInformers, snapshot
 from controller.inventories import InventoryTracker
@@ -96,6 +97,9 @@ class Controller:
             fence=self._holds_lease,
         )
         self.binder.report.on_map = self._on_trust_change
+        self.metrics.registry.register(
+            GpuCollector(self.tracker.inventories, self.binder.cache.holdings)
+        )
         self.renumber = RenumberTracker(kube, self.events, self.metrics.renumbered.set)
         self.maps = ModelKeeper(
             self.compiler,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, field
+from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -92,6 +94,13 @@ class ControllerMetrics:
             "Bound pods whose slot their map has moved or removed since they were bound",
             registry=r,
         )
+        self.build_info = Gauge(
+            "gpuplace_build_info",
+            "The running gpuplace (1): its version and Python's",
+            ["version", "python"],
+            registry=r,
+        )
+        self.build_info.labels(_version(), platform.python_version()).set(1)
         # Every labelled series exists from the start (at 0), so dashboards and alerts see a
         # value, not an absent series, until the first event of its kind.
         for result in ("bound", "conflict", "error"):
@@ -102,3 +111,10 @@ class ControllerMetrics:
             self.maps.labels(phase).set(0)
         for state in ("total", "served", "blocked", "bound", "drifted"):
             self.slots.labels(state).set(0)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("gpuplace")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -10,6 +10,7 @@ import pkgutil
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
+from importlib import metadata
 from importlib.metadata import entry_points
 from typing import Protocol, cast
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuplace", description="GitOps-driven, declarative GPU placement for Kubernetes."
     )
+    parser.add_argument("--version", action="version", version=f"gpuplace {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules: dict[str, Callable[[], object]] = {
         info.name: partial(importlib.import_module, f"gpuplace.commands.{info.name}")
@@ -40,7 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
         modules.setdefault(point.name, point.load)
     for name in sorted(modules):
         cast(CommandModule, modules[name]()).register(subparsers)
+    # The whole command line, for the commands that describe it (`gpuplace completion`).
+    parser.set_defaults(root_parser=parser)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version ("unknown" when run from a bare checkout)."""
+    try:
+        return metadata.version("gpuplace")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

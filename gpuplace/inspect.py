@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from kubeio.client import Kube
 from kubeio.errors import APINotFoundError
 from kubeio.paths import CONFIGMAPS, EVENTS, PODS
-from kubeio.pod import Pod
+from kubeio.pod import Condition, Pod
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
@@ -249,51 +250,122 @@ def _provenance(pod: Pod) -> list[str]:
     return out
 
 
-def explain(kube: Kube, namespace: str, name: str) -> str:
-    """Why a pod is where it is, or why it is Pending, in a few lines."""
+@dataclass(frozen=True)
+class Explanation:
+    """Why a pod is where it is, or why it is Pending: the data of `gpuplace explain` (its JSON
+    and YAML outputs), and the lines of its text."""
+
+    pod: str
+    phase: str
+    node: str
+    by_gpuplace: bool  # bound through a gpuplace Binding (its annotations)
+    map: str
+    index: str
+    gpus: str
+    cuda_visible_devices: str
+    provenance: tuple[str, ...]  # model generation, or the legacy line it came from
+    placed_by: str  # revision and file of the map, "" for legacy pods
+    drifted: Condition | None
+    unverifiable: Condition | None
+    pending: str  # why it waits, when not bound
+    map_status: str  # "<phase>: <message>", "missing", or "" without a map or a status
+    events: tuple[dict[str, str], ...]  # the last five: type, reason, message
+
+    def lines(self) -> list[str]:
+        out = [f"pod {self.pod}"]
+        if self.node and self.by_gpuplace:
+            out.append(
+                f"  bound to node {self.node} by gpuplace: map {self.map} index {self.index}"
+            )
+            out.append(f"  GPUs: {self.gpus or '(indices only)'}")
+            out.append(f"  CUDA_VISIBLE_DEVICES in the container: {self.cuda_visible_devices}")
+            out.extend(f"  {line}" for line in self.provenance)
+            if self.placed_by:
+                out.append(f"  placed by: {self.placed_by}")
+            if self.drifted is not None:
+                out.append(f"  Drifted ({self.drifted.reason}): {self.drifted.message}")
+            if self.unverifiable is not None:
+                out.append(f"  BindingUnverifiable: {self.unverifiable.message}")
+        elif self.node:
+            out.append(f"  bound to node {self.node}, not by gpuplace (no placement annotations)")
+        else:
+            out.append(f"  Pending: {self.pending or 'not examined by the binder yet'}")
+        namespace = self.pod.split("/", 1)[0]
+        if self.map_status == "missing":
+            out.append(f"  map {namespace}/{self.map}: no such placement ConfigMap")
+        elif self.map_status:
+            out.append(f"  map {namespace}/{self.map}: {self.map_status}")
+        for event in self.events:
+            out.append(f"  event {event['type']} {event['reason']}: {event['message']}")
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        data = dataclasses.asdict(self)
+        return {_camel(k): v for k, v in data.items()}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def explanation(kube: Kube, namespace: str, name: str) -> Explanation | None:
+    """The pod's explanation; None when there is no such pod."""
     try:
         pod = Pod.of(kube.get(PODS.item(name, namespace)))
     except (APINotFoundError, ValueError):  # ValueError: no such name can exist (".", "")
-        return f"pod {namespace}/{name} not found"
+        return None
     row = PodRow.of(pod)
     ann = pod.annotations
-    lines = [f"pod {namespace}/{name}"]
-    if row.node:
-        if CUDA_ANNOTATION in ann:
-            lines.append(f"  bound to node {row.node} by gpuplace: map {row.map} index {row.index}")
-            lines.append(f"  GPUs: {row.devices or '(indices only)'}")
-            lines.append(f"  CUDA_VISIBLE_DEVICES in the container: {row.cuda_visible_devices}")
-            lines.extend(_provenance(pod))
-            if not ann.get(MAP_ANNOTATION, "").startswith(LEGACY_MAP_PREFIX):
-                lines.append(f"  placed by: {placed_by(ann)}")
-            drifted = pod.condition(DRIFTED_CONDITION)
-            if drifted is not None:
-                lines.append(f"  Drifted ({drifted.reason}): {drifted.message}")
-            unverifiable = pod.condition(UNVERIFIABLE_CONDITION)
-            if unverifiable is not None:
-                lines.append(f"  BindingUnverifiable: {unverifiable.message}")
-        else:
-            lines.append(f"  bound to node {row.node}, not by gpuplace (no placement annotations)")
-    else:
-        lines.append(f"  Pending: {row.reason or 'not examined by the binder yet'}")
-    map_name = pod.map_name
+    by_gpuplace = bool(row.node) and CUDA_ANNOTATION in ann
+    legacy = ann.get(MAP_ANNOTATION, "").startswith(LEGACY_MAP_PREFIX)
+    map_name = pod.map_name or ""
+    map_status = ""
     if map_name:  # a label value is a name, or no map at all
         try:
             cm = kube.get(CONFIGMAPS.item(map_name, namespace))
             text = (cm["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)
             if text:
                 status = MapStatus.from_json(text)
-                lines.append(
-                    f"  map {namespace}/{map_name}: {status.phase.value}: {status.message}"
-                )
+                map_status = f"{status.phase.value}: {status.message}"
         except APINotFoundError:
-            lines.append(f"  map {namespace}/{map_name}: no such placement ConfigMap")
+            map_status = "missing"
     events = kube.get(EVENTS.collection(namespace), fieldSelector=f"involvedObject.name={name}")[
         "items"
     ]
-    for event in sorted(events, key=lambda e: e.get("lastTimestamp") or "")[-5:]:
-        lines.append(f"  event {event.get('type')} {event.get('reason')}: {event.get('message')}")
-    return "\n".join(lines)
+    last = sorted(events, key=lambda e: e.get("lastTimestamp") or "")[-5:]
+    return Explanation(
+        pod=f"{namespace}/{name}",
+        phase=pod.phase,
+        node=row.node,
+        by_gpuplace=by_gpuplace,
+        map=map_name or row.map,
+        index=row.index,
+        gpus=row.devices,
+        cuda_visible_devices=row.cuda_visible_devices,
+        provenance=tuple(line.strip() for line in _provenance(pod)) if by_gpuplace else (),
+        placed_by=placed_by(ann) if by_gpuplace and not legacy else "",
+        drifted=pod.condition(DRIFTED_CONDITION) if by_gpuplace else None,
+        unverifiable=pod.condition(UNVERIFIABLE_CONDITION) if by_gpuplace else None,
+        pending="" if row.node else row.reason,
+        map_status=map_status,
+        events=tuple(
+            {
+                "type": str(e.get("type")),
+                "reason": str(e.get("reason")),
+                "message": str(e.get("message")),
+            }
+            for e in last
+        ),
+    )
+
+
+def explain(kube: Kube, namespace: str, name: str) -> str:
+    """Why a pod is where it is, or why it is Pending, in a few lines."""
+    found = explanation(kube, namespace, name)
+    if found is None:
+        return f"pod {namespace}/{name} not found"
+    return "\n".join(found.lines())
 
 
 def placed_by(annotations: Mapping[str, str]) -> str:

@@ -11,7 +11,7 @@
 #   crds/argocd/*.yaml             Application, ApplicationSet, AppProject (argo-cd manifests/crds)
 #   crds/argo-workflows/*.yaml     Workflow (the full CRD, with the OpenAPI schema)
 #   crds/cert-manager/*.yaml       Certificate, Issuer
-#   crds/prometheus-operator/*.yaml  ServiceMonitor
+#   crds/prometheus-operator/*.yaml  ServiceMonitor, PrometheusRule
 set -euo pipefail
 
 # One place pins every version. ArgoCD's is the release hack/build-argocd.sh builds (pinned in
@@ -94,6 +94,7 @@ fetch_crds cert-manager "github.com/cert-manager/cert-manager@$cert_manager_vers
   cert-manager.io_certificates.yaml cert-manager.io_issuers.yaml
 fetch_crds prometheus-operator \
   "github.com/prometheus-operator/prometheus-operator@$prometheus_operator_version" \
-  example/prometheus-operator-crd monitoring.coreos.com_servicemonitors.yaml
+  example/prometheus-operator-crd monitoring.coreos.com_servicemonitors.yaml \
+  monitoring.coreos.com_prometheusrules.yaml
 
 echo "$tools"

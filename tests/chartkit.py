@@ -112,6 +112,16 @@ SCENARIOS = (
         "service-monitor",
         {"global": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     ),
+    Scenario(
+        "monitoring",
+        {
+            "global": {
+                "serviceMonitor": {"enabled": True},
+                "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+                "grafanaDashboard": {"enabled": True},
+            }
+        },
+    ),
     Scenario("agent-off", {"agent": {"enabled": False}}),
     Scenario("dra", {"global": {"enforcement": {"mode": "dra"}}}),
     Scenario("nvml-runtime", {"agent": {"nvml": {"hostPath": ""}, "runtimeClassName": "nvidia"}}),

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from kubeio.client import ClientSettings, Kube
 from placement.dra import DEFAULT_ATTRIBUTE, DEFAULT_DEVICE_CLASS, DEFAULT_DRIVER, Enforcement
 
 #: The parser, or one of its argument groups (both have add_argument).
@@ -116,6 +117,19 @@ class EnvFlags:
 
 def add_kubeconfig_flag(flags: EnvFlags) -> None:
     flags.string("--kubeconfig", "KUBECONFIG", None)
+
+
+def add_cluster_flags(flags: EnvFlags) -> None:
+    """`--kubeconfig` and `--context`, for the commands that read a cluster."""
+    add_kubeconfig_flag(flags)
+    flags.string(
+        "--context", "GPUPLACE_CONTEXT", None, help="kubeconfig context (default: current-context)"
+    )
+
+
+def connect(args: argparse.Namespace) -> Kube:
+    """A client for the cluster `add_cluster_flags` named."""
+    return Kube.connect(ClientSettings(kubeconfig=args.kubeconfig, context=args.context))
 
 
 def add_log_flags(flags: EnvFlags, level: str | None = "info", **level_kwargs: Any) -> None:

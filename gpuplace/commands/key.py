@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from controller.bindingkey import KeySecret, StoredRing, fetch, write
 from gpuplace import inspect, keys
-from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag
-from kubeio.client import ClientSettings, Kube
+from gpuplace.commands._env import EnvFlags, add_cluster_flags, connect
+from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APIError
 from kubeio.paths import PODS
 from kubeio.retry import on_conflict
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog="adopt [NAMESPACE/POD ...] [--dry-run]: `gpuplace key adopt --help` for more.",
     )
     flags = EnvFlags(p)
-    add_kubeconfig_flag(flags)
+    add_cluster_flags(flags)
     flags.string(
         "--namespace", "GPUPLACE_NAMESPACE", "gpuplace-system", help="the controller's namespace"
     )
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    kube = Kube.connect(ClientSettings(kubeconfig=args.kubeconfig))
+    kube = connect(args)
     where = KeySecret(args.namespace, args.secret)
     try:
         match args.verb:

@@ -1,32 +1,66 @@
-"""`gpuplace status`: maps, slots, bound pods and degraded devices of a cluster, as tables."""
+"""`gpuplace status`: maps, slots, bound pods and degraded devices of a cluster, as tables (or
+`-o json|yaml`); `--gpus` shows the node x GPU grid of `gpuplace gpus` instead."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+import yaml
 
 from gpuplace import inspect
-from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag
-from kubeio.client import ClientSettings, Kube
+from gpuplace.commands._env import EnvFlags, add_cluster_flags, connect
+from gpuplace.commands.gpus import OUTPUTS, add_grid_flags, show
+from kubeio.client import Kube
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("status", help="show maps, slots, bound pods, degraded devices")
-    add_kubeconfig_flag(EnvFlags(p))
+    add_cluster_flags(EnvFlags(p))
     p.add_argument(
-        "--scheduler-name",
-        action="append",
-        dest="schedulers",
-        help="binder schedulerName(s) whose pods to list (default gpuplace, gpu-scheduler)",
+        "--gpus", action="store_true", help="the node x GPU grid instead (as `gpuplace gpus`)"
     )
+    add_grid_flags(p)
+    p.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="default text")
     p.set_defaults(handler=run)
 
 
+def collect(kube: Kube, schedulers: list[str]) -> dict[str, Any]:
+    """What `status` shows, as data (the JSON and YAML outputs; the text renders the same)."""
+    return {
+        "maps": [
+            {"map": key, "status": json.loads(s.to_json()) if s is not None else None}
+            for key, s in inspect.map_statuses(kube)
+        ],
+        "pods": [dataclasses.asdict(r) for r in inspect.gpuplace_pods(kube, schedulers)],
+        "placementPolicy": inspect.placement_policy_exists(kube),
+        "degradedDevices": [
+            {"node": node, "device": device} for node, device in inspect.degraded_devices(kube)
+        ],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
-    kube = Kube.connect(ClientSettings(kubeconfig=args.kubeconfig))
+    kube = connect(args)
+    if args.gpus:
+        print(show(kube, args, args.output))
+        return 0
+    schedulers = args.schedulers or ["gpuplace", "gpu-scheduler"]
+    if args.output != "text":
+        data = collect(kube, schedulers)
+        if args.output == "json":
+            json.dump(data, sys.stdout, indent=2)
+            print()
+        else:
+            print(yaml.safe_dump(data, sort_keys=False).rstrip())
+        return 0
     print("Placement maps")
     print(inspect.map_table(inspect.map_statuses(kube)))
     print("\nPods")
-    rows = inspect.gpuplace_pods(kube, args.schedulers or ["gpuplace", "gpu-scheduler"])
+    rows = inspect.gpuplace_pods(kube, schedulers)
     print(inspect.pod_table(rows))
     lost = [r for r in rows if r.reason.startswith("BindingUnverifiable")]
     if lost:

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import ssl
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -36,8 +32,8 @@ from placement.devices import DeclaredDevices
 from placement.model import MODEL_LABEL, CompiledMap, CompiledSlot, Model, encode_model
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName
 from tests.integration import controllerkit
-from webhook.app import create_app
-from webhook.certs import KeyPair, generate_ca, issue_serving
+from tests.integration.webhookkit import RunningWebhook, free_port
+from webhook.certs import generate_ca
 from webhook.manifests import (
     MUTATING_PATH,
     VALIDATING_PATH,
@@ -47,9 +43,6 @@ from webhook.manifests import (
 )
 from webhook.modelcache import ModelCache
 from webhook.register import apply_configuration
-from webhook.server import WebhookServer
-from webhook.settings import AdmissionSettings, ServerSettings, WebhookSettings
-from webhook.tls import ServingTLS
 
 SCOPE_LABEL = "gpuplace.io/webhook-it"
 CONFIGURATION = "gpuplace-webhook-it"
@@ -130,58 +123,6 @@ def create_pod(
         path += "?dryRun=All"
     status, body = cluster.request("POST", path, obj)
     return status, body
-
-
-@dataclass
-class RunningWebhook:
-    """Our server in this process: the app, the model cache, TLS from a CA made for the test."""
-
-    cluster: LocalCluster
-    ca: KeyPair
-    models: ModelCache
-    port: int = 0
-    server: WebhookServer | None = None
-    tls: ServingTLS | None = None
-    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
-
-    def start(self) -> None:
-        settings = WebhookSettings(
-            admission=self.admission,
-            server=ServerSettings(
-                host="127.0.0.1", port=self.port, threads=8, shutdown_delay_seconds=0
-            ),
-        )
-        self.tls = ServingTLS(
-            issue_serving(self.ca, ["localhost"], ["127.0.0.1"], timedelta(days=1))
-        )
-        self.server = WebhookServer(create_app(settings, self.models), self.tls, settings.server)
-        self.server.start()
-        self.port = self.server.port
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        if self.tls is not None:
-            self.tls.close()
-            self.tls = None
-
-    def get(self, path: str) -> tuple[int, str]:
-        context = ssl.create_default_context(cadata=self.ca.cert_pem.decode())
-        try:
-            with urllib.request.urlopen(
-                f"https://127.0.0.1:{self.port}{path}", context=context, timeout=10
-            ) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-
-def free_port() -> int:
-    """A fixed port (not 0): cheroot sets SO_REUSEADDR only then, so a restart can bind again."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def calls(webhook: RunningWebhook) -> float:

@@ -10,7 +10,18 @@ import pytest
 
 from gpuplace import cli
 
-PRODUCT = ["agent", "controller", "diff", "explain", "key", "preflight", "render", "status"]
+PRODUCT = [
+    "agent",
+    "completion",
+    "controller",
+    "diff",
+    "explain",
+    "gpus",
+    "key",
+    "preflight",
+    "render",
+    "status",
+]
 
 
 def commands(parser: argparse.ArgumentParser) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tempfile
@@ -40,7 +41,9 @@ from gpuplace_dev.localcluster.process import poll
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
 from kubeio.paths import CONFIGMAPS, MUTATING_WEBHOOKS, PODS, RESOURCE_CLAIMS
-from placement.inventory import INVENTORY_NAMESPACE
+from kubeio.pod import Pod
+from placement.annotations import DEVICES_ANNOTATION
+from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
 from placement.model import MODEL_LABEL, MODEL_NAMESPACE
 
 NODES = 4
@@ -144,6 +147,7 @@ class Demo:
         self._operator_step(moved)
         if self.real_node:
             self._dra_step(repo)
+        self._grid_step()
         self.step(f"All {len(self.checks)} checks passed")
 
     def _start_cluster(self) -> None:
@@ -474,6 +478,41 @@ class Demo:
             f"placed by: revision {moved}" in explained.stdout
             and "llm-serving.yaml" in explained.stdout,
             f"gpuplace explain names the synced commit {moved} and the map's file",
+        )
+
+    def _grid_step(self) -> None:
+        """`gpuplace gpus`: the node x GPU grid, checked against the inventories and the pods."""
+        assert self.cluster is not None
+        self.step("Who holds which GPU: gpuplace gpus")
+        kubeconfig = f"--kubeconfig={self.cluster.kubeconfig}"
+        self.out(_indent(run_cli("gpus", kubeconfig).stdout))
+        shown = run_cli("gpus", "-o", "json", kubeconfig)
+        cells = json.loads(shown.stdout)["gpus"] if shown.returncode == 0 else []
+        configmaps = self.kube.get(CONFIGMAPS.collection(INVENTORY_NAMESPACE))["items"]
+        inventories = [
+            NodeInventory.from_json(cm["data"][INVENTORY_KEY])
+            for cm in configmaps
+            if INVENTORY_KEY in (cm.get("data") or {})
+        ]
+        self.check(
+            all(
+                sorted(c["index"] for c in cells if c["node"] == inv.node)
+                == sorted(d.index for d in inv.devices)
+                for inv in inventories
+            )
+            and bool(inventories),
+            f"the grid shows every GPU of the {len(inventories)} nodes with an inventory",
+        )
+        held = {(h["namespace"], h["pod"], c["uuid"]) for c in cells for h in c["holders"]}
+        declared: set[tuple[str, str, str]] = set()
+        for obj in self.kube.get(PODS.collection())["items"]:
+            pod = Pod.of(obj)
+            devices = pod.annotations.get(DEVICES_ANNOTATION, "")
+            if pod.bound and not pod.finished and devices:
+                declared |= {(pod.namespace, pod.name, u) for u in devices.split(",")}
+        self.check(
+            bool(declared) and declared <= held,
+            f"it names the holder of each of the {len(declared)} GPUs the pods' bindings declare",
         )
 
     def _sync(self, repo: GitOpsRepo, revision: str, *, rejected: bool = False) -> SyncResult:

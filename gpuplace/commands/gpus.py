@@ -1,0 +1,73 @@
+"""`gpuplace gpus` (also `gpuplace status --gpus`): who holds which GPU on which node.
+
+A node x GPU grid: for each GPU the map and index of the pod holding it, or free; degraded
+(unhealthy, with the agent's reason), drifted, renumbered or unverifiable holders are marked, and
+GPUs several pods share show each. Below the grid, one line per GPU that is shared or has a
+problem, with its pods and why (`-o json` has every GPU with its holders). Read from
+the nodes' inventories (the agents) and the bound pods' binding annotations, with one LIST each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpuplace import occupancy
+from gpuplace.commands._args import documented_command
+from gpuplace.commands._env import EnvFlags, add_cluster_flags, connect
+from kubeio.client import Kube
+
+OUTPUTS = ("text", "json", "yaml")
+
+
+def add_grid_flags(parser: argparse.ArgumentParser) -> None:
+    """The grid's filters and output format (also on `gpuplace status`)."""
+    parser.add_argument(
+        "--node", action="append", default=[], metavar="NODE", help="only this node (repeatable)"
+    )
+    parser.add_argument(
+        "--map", help="only nodes where this map (NAME or NAMESPACE/NAME) holds GPUs"
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", help="only nodes where pods of this namespace hold GPUs"
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="pods of every namespace (the default)"
+    )
+    parser.add_argument(
+        "--scheduler-name",
+        action="append",
+        dest="schedulers",
+        help="binder schedulerName(s) whose pods to read (default gpuplace, gpu-scheduler)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = documented_command(subparsers, "gpus", "show which pod holds which GPU (a grid)", __doc__)
+    add_cluster_flags(EnvFlags(p))
+    add_grid_flags(p)
+    p.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="default text")
+    p.set_defaults(handler=run)
+
+
+def filters_of(args: argparse.Namespace) -> occupancy.Filters:
+    return occupancy.Filters(
+        nodes=frozenset(args.node),
+        namespace=None if args.all_namespaces else args.namespace,
+        map=args.map,
+    )
+
+
+def show(kube: Kube, args: argparse.Namespace, output: str) -> str:
+    filters = filters_of(args)
+    cells = occupancy.read_cells(
+        kube, filters, tuple(args.schedulers or occupancy.DEFAULT_SCHEDULERS)
+    )
+    return occupancy.render(cells, output, filters, occupancy.use_colour(sys.stdout.isatty()))
+
+
+def run(args: argparse.Namespace) -> int:
+    kube = connect(args)
+    print(show(kube, args, args.output))
+    return 0

@@ -1,0 +1,228 @@
+"""`gpuplace gpus`: who holds which GPU, read from a cluster and drawn as a node x GPU grid."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import yaml
+
+from kubeio.client import Kube
+from kubeio.paths import CONFIGMAPS, PODS
+from kubeio.pod import Pod
+from placement.annotations import (
+    DRIFTED_CONDITION,
+    RENUMBERED_CONDITION,
+    UNVERIFIABLE_CONDITION,
+    decode_binding,
+    legacy_map_key,
+)
+from placement.errors import PlacementError
+from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
+from placement.occupancy import CellState, GpuCell, Holder, occupancy, summary
+from placement.types import NodeName
+
+DEFAULT_SCHEDULERS = ("gpuplace", "gpu-scheduler")
+
+_COLOURS = {
+    CellState.FREE: "32",  # green
+    CellState.SHARED: "36",  # cyan
+    CellState.DRIFTED: "33",  # yellow
+    CellState.RENUMBERED: "33",
+    CellState.UNVERIFIABLE: "33",
+    CellState.DEGRADED: "31",  # red
+    CellState.MISSING: "31",
+}
+
+
+def holder_of(pod: Pod) -> Holder | None:
+    """What a bound pod holds by its binding annotations, or by its own gpu-scheduling-map line
+    when the earlier tools bound it; None when it is not bound or holds nothing."""
+    if not pod.bound:
+        return None
+    flags = {
+        "drifted": _message(pod, DRIFTED_CONDITION),
+        "renumbered": _message(pod, RENUMBERED_CONDITION),
+        "unverifiable": _message(pod, UNVERIFIABLE_CONDITION),
+    }
+    node = NodeName(pod.node_name)
+    decision = decode_binding(pod.namespace, pod.annotations)
+    if decision is not None:
+        indices = tuple(
+            int(i) for i in decision.cuda_visible_devices.split(",") if i.strip().isdigit()
+        )
+        return Holder(
+            pod.namespace,
+            pod.name,
+            decision.map.name,
+            decision.index,
+            node,
+            tuple(decision.devices),
+            () if decision.devices else indices,
+            **flags,
+        )
+    if pod.legacy_text is None or pod.has_binding():
+        return None
+    try:
+        line = pod.legacy_line()
+    except PlacementError:
+        return None
+    if line.index is None or line.entry is None:
+        return None
+    devices = line.entry.devices
+    return Holder(
+        pod.namespace,
+        pod.name,
+        legacy_map_key(pod.namespace, pod.name).name,
+        line.index,
+        node,
+        tuple(d for d in devices if isinstance(d, str)),
+        tuple(d for d in devices if isinstance(d, int)),
+        **flags,
+    )
+
+
+def _message(pod: Pod, kind: str) -> str:
+    cond = pod.condition(kind)
+    return (cond.message or cond.reason or kind) if cond is not None else ""
+
+
+@dataclass(frozen=True)
+class Filters:
+    nodes: frozenset[str] = frozenset()
+    namespace: str | None = None  # None: every namespace
+    map: str | None = None  # a map's name, or namespace/name
+
+    def holder_matches(self, holder: Holder) -> bool:
+        if self.namespace is not None and holder.namespace != self.namespace:
+            return False
+        if self.map is None:
+            return True
+        if "/" in self.map:
+            return f"{holder.namespace}/{holder.map}" == self.map
+        return holder.map == self.map
+
+    @property
+    def by_holder(self) -> bool:
+        return self.namespace is not None or self.map is not None
+
+
+def read_cells(
+    kube: Kube,
+    filters: Filters = Filters(),
+    schedulers: Sequence[str] = DEFAULT_SCHEDULERS,
+    inventory_namespace: str = INVENTORY_NAMESPACE,
+) -> list[GpuCell]:
+    """One LIST of the inventories and one of the pods per binder schedulerName."""
+    inventories: dict[NodeName, NodeInventory] = {}
+    for cm in kube.get(CONFIGMAPS.collection(inventory_namespace))["items"]:
+        text = (cm.get("data") or {}).get(INVENTORY_KEY)
+        if text is None:
+            continue
+        try:
+            inventory = NodeInventory.from_json(text)
+        except ValueError:
+            continue
+        inventories[inventory.node] = inventory
+    holders: list[Holder] = []
+    for name in schedulers:
+        items = kube.get(
+            PODS.collection(filters.namespace), fieldSelector=f"spec.schedulerName={name}"
+        )["items"]
+        for obj in items:
+            pod = Pod.of(obj)
+            holder = holder_of(pod) if not pod.finished else None
+            if holder is not None:
+                holders.append(holder)
+    cells = occupancy(inventories, holders)
+    return select(cells, filters)
+
+
+def select(cells: Iterable[GpuCell], filters: Filters) -> list[GpuCell]:
+    """The cells of the nodes asked for; with a namespace or map filter, only the nodes where a
+    matching pod holds a GPU (their other GPUs stay in the picture: free, or held by others)."""
+    cells = [c for c in cells if not filters.nodes or c.node in filters.nodes]
+    if filters.by_holder:
+        wanted = {c.node for c in cells if any(filters.holder_matches(h) for h in c.holders)}
+        cells = [c for c in cells if c.node in wanted]
+    return cells
+
+
+def cell_text(cell: GpuCell, filters: Filters) -> str:
+    if cell.state in (CellState.DEGRADED, CellState.MISSING) and not cell.holders:
+        return cell.state.value.upper()
+    if not cell.holders:
+        return "free"
+    shown = [f"{h.map}#{h.index}" if filters.holder_matches(h) else "(other)" for h in cell.holders]
+    text = "+".join(shown)
+    if cell.state not in (CellState.HELD, CellState.SHARED):
+        text += f" !{cell.state.value}"
+    return text
+
+
+def grid(cells: Sequence[GpuCell], filters: Filters = Filters(), colour: bool = False) -> str:
+    """Nodes down, GPU indices across; a GPU held by a pod that no inventory lists gets a column
+    `?` of its own. Then one line per GPU that is shared or has a problem, with its pods and why."""
+    if not cells:
+        return "no GPUs: no node inventory (is the agent running?) and no bound pod"
+    indices = sorted({c.index for c in cells if c.index is not None})
+    columns: list[int | None] = [*indices]
+    if any(c.index is None for c in cells):
+        columns.append(None)
+    rows: dict[NodeName, dict[int | None, list[GpuCell]]] = {}
+    for cell in cells:
+        rows.setdefault(cell.node, {}).setdefault(cell.index, []).append(cell)
+    headers = ["NODE", *(f"GPU{i}" if i is not None else "?" for i in columns)]
+    table: list[list[tuple[str, CellState | None]]] = []
+    for node in sorted(rows):
+        line: list[tuple[str, CellState | None]] = [(node, None)]
+        for column in columns:
+            here = rows[node].get(column, [])
+            if not here:
+                line.append(("", None))
+                continue
+            worst = min((c.state for c in here), key=list(CellState).index)
+            line.append((", ".join(cell_text(c, filters) for c in here), worst))
+        table.append(line)
+    widths = [max(len(h), *(len(r[i][0]) for r in table)) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for line in table:
+        parts = []
+        for (text, state), width in zip(line, widths, strict=True):
+            padded = text.ljust(width)
+            if colour and state in _COLOURS:
+                padded = f"\x1b[{_COLOURS[state]}m{padded}\x1b[0m"
+            parts.append(padded)
+        out.append("  ".join(parts).rstrip())
+    counts = summary(cells)
+    out.append("")
+    out.append(", ".join(f"{n} {state}" for state, n in counts.items() if n) + " GPU(s)")
+    # Plain holdings are in the grid already; the lines are for what needs a look.
+    details = [c for c in cells if c.state not in (CellState.FREE, CellState.HELD)]
+    if details:
+        out.append("")
+        for cell in details:
+            where = f"{cell.node} GPU{cell.index if cell.index is not None else '?'} {cell.uuid}"
+            pods = ", ".join(
+                f"{h.namespace}/{h.pod} ({h.slot})" if filters.holder_matches(h) else "(other)"
+                for h in cell.holders
+            )
+            why = f": {cell.reason}" if cell.reason else ""
+            out.append(f"{where}  {cell.state.value}{why}" + (f"  held by {pods}" if pods else ""))
+    return "\n".join(out)
+
+
+def render(cells: Sequence[GpuCell], output: str, filters: Filters, colour: bool) -> str:
+    if output == "text":
+        return grid(cells, filters, colour)
+    data = {"gpus": [c.to_dict() for c in cells], "summary": summary(cells)}
+    if output == "json":
+        return json.dumps(data, indent=2)
+    return yaml.safe_dump(data, sort_keys=False).rstrip()
+
+
+def use_colour(stream_is_tty: bool) -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return stream_is_tty and not os.environ.get("NO_COLOR")

@@ -1,0 +1,106 @@
+"""The per-GPU series (controller/gpumetrics.py): DCGM exporter's label names, built from the
+inventories and the slot cache at scrape time; every family passes `promtool check metrics`
+(Debian's prometheus package, installed by `make unit`/`make test`; a missing promtool fails),
+but for DCGM's camelCase `modelName`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.gpumetrics import GpuCollector
+from controller.metrics import ControllerMetrics
+from controller.slotcache import Holding
+from placement.devices import GpuId
+from placement.inventory import GpuDevice, NodeInventory
+from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
+
+A = NodeName("node-a")
+INVENTORY = NodeInventory(
+    A,
+    (
+        GpuDevice(0, GpuUuid("GPU-a0"), "NVIDIA H100 80GB HBM3"),
+        GpuDevice(1, GpuUuid("GPU-a1"), "NVIDIA H100 80GB HBM3", healthy=False),
+    ),
+)
+
+
+def holding(uid: str, pod: str, index: int, *gpus: str, assumed: bool = False) -> Holding:
+    slot = SlotKey(MapKey("ml", "llm"), index)
+    return Holding(uid, pod, slot, A, gpus, Sharing.EXCLUSIVE, assumed)
+
+
+def scrape(holdings: list[Holding]) -> str:
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: {A: INVENTORY}, lambda: holdings))
+    return generate_latest(registry).decode()
+
+
+def samples(text: str, name: str) -> list[dict[str, str]]:
+    return [
+        dict(s.labels)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    ]
+
+
+def test_info_per_gpu_and_a_holder_per_held_gpu_with_dcgm_labels() -> None:
+    text = scrape(
+        [
+            holding("u0", "ml/web-0", 0, GpuId.of_uuid("GPU-a0")),
+            holding("u1", "ml/web-1", 1, GpuId.of_index(1)),  # held by index: UUID from inventory
+            holding("u2", "ml/web-2", 2, GpuId.of_uuid("GPU-a0"), assumed=True),  # not bound yet
+        ]
+    )
+    assert samples(text, "gpuplace_gpu_info") == [
+        {
+            "Hostname": "node-a",
+            "gpu": "0",
+            "UUID": "GPU-a0",
+            "modelName": "NVIDIA H100 80GB HBM3",
+            "healthy": "true",
+        },
+        {
+            "Hostname": "node-a",
+            "gpu": "1",
+            "UUID": "GPU-a1",
+            "modelName": "NVIDIA H100 80GB HBM3",
+            "healthy": "false",
+        },
+    ]
+    holders = samples(text, "gpuplace_gpu_holder")
+    assert [(h["pod"], h["gpu"], h["UUID"], h["map"], h["index"]) for h in holders] == [
+        ("web-0", "0", "GPU-a0", "llm", "0"),
+        ("web-1", "1", "GPU-a1", "llm", "1"),
+    ]
+    assert {h["namespace"] for h in holders} == {"ml"}
+
+
+def test_promtool_accepts_every_family() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool not found: make unit installs Debian's prometheus"
+    registry = ControllerMetrics().registry
+    registry.register(
+        GpuCollector(lambda: {A: INVENTORY}, lambda: [holding("u0", "ml/web-0", 0, "GPU-a0")])
+    )
+    text = generate_latest(registry)
+    assert b"gpuplace_build_info{" in text
+    # promtool's linter wants snake_case label names; `modelName` is DCGM exporter's own (the
+    # point of these labels is to match its series), so that remark, and only it, is expected.
+    linted = check_metrics(promtool, text)
+    assert set(linted.stderr.decode().splitlines()) == {
+        "gpuplace_gpu_info label names should be written in 'snake_case' not 'camelCase'"
+    }
+    renamed = text.replace(b"modelName=", b"model_name=")
+    clean = check_metrics(promtool, renamed)
+    assert clean.returncode == 0, clean.stderr.decode() + clean.stdout.decode()
+
+
+def check_metrics(promtool: str, text: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, timeout=60, check=False
+    )
