@@ -56,10 +56,11 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Debian packages the tests run: zsh (the completion scripts), promtool (from prometheus: the
-# metrics' names and help, the alert rules' unit tests).
+# Debian packages the tests run: zsh (the completion scripts), prometheus and promtool (the
+# metrics' names and help, the alert rules' unit tests, the dashboard's queries), chromium (the
+# web view in a real browser).
 test-tools:
-	@hack/ensure-apt.sh zsh promtool:prometheus
+	@hack/ensure-apt.sh zsh promtool:prometheus chromium
 
 unit: $(STAMP) tools fakenvml test-tools
 	$(BIN)/pytest tests/unit -q

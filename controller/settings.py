@@ -50,6 +50,13 @@ class ControllerSettings:
     git: GitSourceSettings = field(default_factory=GitSourceSettings)
     metrics_host: str = "0.0.0.0"  # noqa: S104 - a pod's metrics port listens on all interfaces
     metrics_port: int = 8080
+    #: The read-only web view (controller/webview.py): "host:port", or "" for none.
+    web_address: str = ""
+    #: Ask the web view's callers for a bearer token (TokenReview + SubjectAccessReview on
+    #: services/proxy of `web_service` in the system namespace): for a view exposed beyond
+    #: `kubectl port-forward`.
+    web_authenticate: bool = False
+    web_service: str = "gpuplace-controller"
     resync_seconds: float = 300.0
     #: A map's status is rewritten within half a second of any change, except when only its
     #: bound-slot count moved: that goes out at most this often, or a burst of binds would cost a

@@ -122,6 +122,7 @@ SCENARIOS = (
             }
         },
     ),
+    Scenario("web-view", {"controller": {"web": {"enabled": True, "authenticate": True}}}),
     Scenario("agent-off", {"agent": {"enabled": False}}),
     Scenario("dra", {"global": {"enforcement": {"mode": "dra"}}}),
     Scenario("nvml-runtime", {"agent": {"nvml": {"hostPath": ""}, "runtimeClassName": "nvidia"}}),

@@ -11,8 +11,10 @@ import threading
 import uuid
 from types import FrameType
 
+from controller.informers import snapshot
 from controller.manager import Controller
 from controller.settings import BinderSettings, ControllerSettings, GitSourceSettings
+from controller.webview import Authorizer, ViewSources, WebServer
 from gpuplace.commands._env import (
     EnvFlags,
     add_enforcement_flags,
@@ -21,7 +23,7 @@ from gpuplace.commands._env import (
     add_log_flags,
 )
 from kubeio import logs
-from kubeio.client import ClientSettings, Kube
+from kubeio.client import ClientSettings, Kube, Obj
 from kubeio.httpserver import OpsServer
 from placement.dra import DraSettings, Enforcement
 
@@ -53,6 +55,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     flags.number("--retry-seconds", "GPUPLACE_RETRY_SECONDS", 2.0)
     _add_source_flags(flags)
     flags.string("--metrics-address", "GPUPLACE_METRICS_ADDRESS", "0.0.0.0:8080")
+    flags.string(
+        "--web-address",
+        "GPUPLACE_WEB_ADDRESS",
+        "",
+        help="serve the read-only web view (grid, maps, waiting pods) on HOST:PORT; off when empty",
+    )
+    flags.toggle(
+        "--web-authenticate",
+        "GPUPLACE_WEB_AUTHENTICATE",
+        False,
+        help="ask the web view's callers for a bearer token, checked with a TokenReview and a "
+        "SubjectAccessReview (get services/proxy of --web-service); for a view exposed beyond "
+        "kubectl port-forward",
+    )
+    flags.string("--web-service", "GPUPLACE_WEB_SERVICE", "gpuplace-controller")
     # Test hook (see ControllerSettings.startup_delay_seconds), not for production.
     p.add_argument("--startup-delay-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
     add_log_flags(flags)
@@ -110,6 +127,9 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         git=GitSourceSettings(args.repo, args.branch, args.path, args.git_interval_seconds),
         metrics_host=host or "0.0.0.0",  # noqa: S104
         metrics_port=int(port),
+        web_address=args.web_address,
+        web_authenticate=args.web_authenticate,
+        web_service=args.web_service,
         binder=BinderSettings(
             scheduler_name=args.scheduler_name,
             legacy_scheduler_names=legacy_names,
@@ -150,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     )
     ops.start()
     log.info("controller %s starting; metrics on port %d", settings.identity, ops.port)
+    web = start_web_view(kube, settings, controller)
 
     def shutdown(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: shutting down", signum)
@@ -162,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     while runner.is_alive():
         runner.join(0.5)
     ops.stop()
+    if web is not None:
+        web.stop()
     if controller.lost_leadership.is_set():
         log.error(
             "leadership lost (the apiserver could not be reached to renew the lease within "
@@ -173,3 +196,36 @@ def run(args: argparse.Namespace) -> int:
         )
         os._exit(1)
     return 0
+
+
+def start_web_view(
+    kube: Kube, settings: ControllerSettings, controller: Controller
+) -> WebServer | None:
+    """The read-only web view on `--web-address`, from this replica's caches; None when off."""
+    if not settings.web_address:
+        return None
+    host, _, port = settings.web_address.rpartition(":")
+    informers = controller.informers
+
+    def maps() -> list[Obj]:
+        return list(snapshot(informers.sources).values()) if informers.sources is not None else []
+
+    sources = ViewSources(
+        settings.identity,
+        controller.elector.is_leader.is_set,
+        controller.tracker.inventories,
+        informers.pods_held,
+        maps,
+    )
+    authorizer = (
+        Authorizer(kube, settings.system_namespace, settings.web_service)
+        if settings.web_authenticate
+        else None
+    )
+    web = WebServer(host or "0.0.0.0", int(port), sources, authorizer).start()  # noqa: S104
+    log.info(
+        "web view on port %d%s",
+        web.port,
+        " (bearer tokens checked)" if authorizer is not None else "",
+    )
+    return web

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from gpuplace.occupancy import Filters, grid, holder_of, render, select
+from controller.holders import holder_of
+from gpuplace.occupancy import Filters, grid, render, select
 from kubeio.pod import Pod
 from placement.annotations import (
     DRIFTED_CONDITION,

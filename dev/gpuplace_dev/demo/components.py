@@ -100,6 +100,8 @@ class Components:
         self.workdir = workdir
         self.items: list[Component] = []
         self.webhook_port = 0
+        #: The controller's read-only web view, on every controller this starts.
+        self.web_port = free_port()
 
     def _gpuplace(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "gpuplace", *args, f"--kubeconfig={self.cluster.kubeconfig}"]
@@ -138,6 +140,7 @@ class Components:
                 "controller",
                 f"--identity={identity}",
                 "--metrics-address=127.0.0.1:0",
+                f"--web-address=127.0.0.1:{self.web_port}",
                 "--lease-seconds=5",
                 "--renew-deadline-seconds=3",
                 "--retry-seconds=1",

@@ -7,6 +7,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from gpuplace_dev.demo.argocd import (
     APPLICATION,
     APPLICATIONSET,
     CHART_APPLICATION,
+    RELEASE_NAMESPACE,
     ROOT_APPLICATION,
     ArgoCDSync,
     set_chart_value,
@@ -59,6 +61,11 @@ WORKLOAD_PODS = [
     "legacy/webhook-test-1",
     "legacy/webhook-test-2",
 ]
+
+
+#: The chart's read-only web view (controller.web), as the demo turns it on.
+WEB_SERVICE = "gpuplace-controller-web"
+WEB_PORT = 8090
 
 
 class DemoError(Exception):
@@ -274,6 +281,7 @@ class Demo:
             "app of apps syncs the chart first (sync wave -10), then the maps (wave 0)"
         )
         values = chart.local_values(image, self.real_nvml_config.parent)
+        values["controller"]["web"] = {"enabled": True, "port": WEB_PORT, "authenticate": False}
         write_platform(repo.path, values, "clusters", skip=("prod",))
         commit = repo.commit("gpuplace for the dev cluster: its chart, its Applications, the maps")
         self.out(
@@ -513,6 +521,31 @@ class Demo:
         self.check(
             bool(declared) and declared <= held,
             f"it names the holder of each of the {len(declared)} GPUs the pods' bindings declare",
+        )
+        self._web_view_step()
+
+    def _web_view_step(self) -> None:
+        """Where the controller's read-only web view is, and that it serves the grid."""
+        assert self.cluster is not None
+        kubeconfig = f"--kubeconfig={self.cluster.kubeconfig}"
+        if self.in_cluster:
+            # Through the apiserver's service proxy, as `kubectl proxy` users would reach it.
+            proxy = f"/api/v1/namespaces/{RELEASE_NAMESPACE}/services/{WEB_SERVICE}:web/proxy/"
+            page = self.cluster.kubectl("get", "--raw", proxy, check=False).stdout
+            where = (
+                f"kubectl {kubeconfig} -n {RELEASE_NAMESPACE} port-forward svc/{WEB_SERVICE} "
+                f"{WEB_PORT}, then http://localhost:{WEB_PORT}/"
+            )
+        else:
+            assert self.components is not None
+            url = f"http://127.0.0.1:{self.components.web_port}/"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                page = response.read().decode()
+            where = url
+        self.out(f"    the web view (read-only, every controller replica): {where}")
+        self.check(
+            'id="grid"' in page and "Who holds which GPU" in page,
+            "the controller's web view serves the grid",
         )
 
     def _sync(self, repo: GitOpsRepo, revision: str, *, rejected: bool = False) -> SyncResult:
