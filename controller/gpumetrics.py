@@ -19,7 +19,8 @@ from prometheus_client.registry import Collector
 from controller.slotcache import Holding
 from placement.devices import GpuId
 from placement.inventory import NodeInventory
-from placement.types import GpuUuid, NodeName
+from placement.status import MapStatus
+from placement.types import GpuUuid, MapKey, NodeName
 
 INFO_LABELS = ("Hostname", "gpu", "UUID", "modelName", "healthy")
 HOLDER_LABELS = ("Hostname", "gpu", "UUID", "namespace", "pod", "map", "index")
@@ -90,3 +91,25 @@ def _device(gpu: GpuId, inventory: NodeInventory | None) -> tuple[str, str]:
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+SLOT_STATES = ("total", "served", "bound", "blocked", "drifted", "renumbered", "unverifiable")
+
+
+class MapSlotsCollector(Collector):
+    """`gpuplace_map_slots{namespace, map, state}`: each map's slot counts as its status last
+    reported them (the leader computes statuses; a standby exports none). Bounded by the maps."""
+
+    def __init__(self, statuses: Callable[[], Mapping[MapKey, MapStatus]]) -> None:
+        self.statuses = statuses
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "gpuplace_map_slots",
+            "A map's slots by state, as its status reports them",
+            labels=("namespace", "map", "state"),
+        )
+        for key, status in sorted(dict(self.statuses()).items()):
+            for state in SLOT_STATES:
+                family.add_metric([key.namespace, key.name, state], getattr(status.slots, state))
+        yield family

@@ -11,7 +11,6 @@ from placement.annotations import (
     decode_binding,
     legacy_map_key,
 )
-from placement.errors import PlacementError
 from placement.occupancy import Holder
 from placement.types import NodeName
 
@@ -42,13 +41,8 @@ def holder_of(pod: Pod) -> Holder | None:
             () if decision.devices else indices,
             **flags,
         )
-    if pod.legacy_text is None or pod.has_binding():
-        return None
-    try:
-        line = pod.legacy_line()
-    except PlacementError:
-        return None
-    if line.index is None or line.entry is None:
+    line = pod.prebound_line()
+    if line is None or line.index is None or line.entry is None:
         return None
     devices = line.entry.devices
     return Holder(

@@ -32,7 +32,7 @@ from controller.dirty import DirtyMaps
 from controller.dra import DraTracker, TemplateKeeper
 from controller.drift import DriftTracker
 from controller.gitsource import GitSource
-from controller.gpumetrics import GpuCollector
+from controller.gpumetrics import GpuCollector, MapSlotsCollector
 from controller.grantkeeper import GrantKeeper
 from controller.informers import SharedInformers, snapshot
 from controller.inventories import InventoryTracker
@@ -124,6 +124,7 @@ class Controller:
             sources=self.informers.sources,
             bound_seconds=settings.status_bound_seconds,
         )
+        self.metrics.registry.register(MapSlotsCollector(lambda: dict(self.status_writer.latest)))
         self.keys = KeyWatch(
             kube,
             KeySecret(settings.system_namespace, settings.binder.key_secret_name),

@@ -14,7 +14,6 @@ from placement.annotations import (
 )
 from placement.binding import Cluster, PodFacts
 from placement.devices import GpuId
-from placement.errors import PlacementError
 from placement.keyring import TrustView, Verdict
 from placement.types import NodeName, Sharing, SlotKey
 
@@ -120,15 +119,10 @@ def prebound_legacy(pod: Pod, cluster: Cluster) -> Holding | str | None:
     """What a pod that another scheduler bound holds, by its `gpu-scheduling-map` line (cut-over
     from the earlier tools): a Holding; a reason it holds nothing (outside its namespace's
     grants); or None when it is not such a pod (gpuplace annotations, no line for its index)."""
-    if pod.legacy_text is None or pod.has_binding():
-        return None
-    try:
-        line = pod.legacy_line()
-    except PlacementError:
+    line = pod.prebound_line()
+    if line is None or line.index is None or line.entry is None:
         return None
     entry = line.entry
-    if line.index is None or entry is None:
-        return None
     refusal = cluster.model.grants.refusal(pod.namespace, entry.node, entry.devices)
     if refusal is not None:
         return refusal

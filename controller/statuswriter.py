@@ -38,11 +38,15 @@ class StatusWriter:
     #: last patched, and when
     _written: dict[MapKey, tuple[MapStatus, float]] = field(default_factory=dict, init=False)
     _phases: dict[MapKey, Phase] = field(default_factory=dict, init=False)
+    #: Every map's status as last computed (read by the per-map series at scrape time; a dict
+    #: swapped entry by entry on the reconcile thread, copied by the reader).
+    latest: dict[MapKey, MapStatus] = field(default_factory=dict, init=False)
 
     def forget(self, key: MapKey) -> None:
         """The map's source is gone."""
         self._statuses.pop(key, None)
         self._written.pop(key, None)
+        self.latest.pop(key, None)
 
     def write(
         self,
@@ -74,6 +78,7 @@ class StatusWriter:
                 pods.renumber.count(key),
                 pods.binder.report.count(key),
             )
+            self.latest[key] = status
             if not self._write_one(key, status):
                 deferred.add(key)
         self.dirty.update(deferred)

@@ -131,9 +131,7 @@ def _legacy_line(pod: Pod) -> PodLine | None:
 
 def prebound_line(pod: Pod) -> str | None:
     """The devices of a pod bound by the earlier tools (legacy line, no gpuplace binding)."""
-    if pod.legacy_text is None or pod.has_binding() or not pod.bound:
-        return None
-    line = _legacy_line(pod)
+    line = pod.prebound_line() if pod.bound else None
     entry = line.entry if line is not None else None
     return None if entry is None else ",".join(map(str, entry.devices))
 

@@ -15,6 +15,7 @@ from typing import Any
 from kubeio.client import Obj
 from kubeio.events import ObjectRef
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, binding_annotations
+from placement.errors import PlacementError
 from placement.indexing import PodIdentity
 from placement.legacy import PodLine, pod_line
 
@@ -170,6 +171,18 @@ class Pod:
     def legacy_text(self) -> str | None:
         """Annotation gpu-scheduling-map: the earlier tools' map, carried by the pod itself."""
         return self.annotations.get(LEGACY_ANNOTATION)
+
+    def prebound_line(self) -> PodLine | None:
+        """For a pod the earlier tools placed (its own gpu-scheduling-map text, no gpuplace
+        binding): that text read for it, when it has a line for the pod's index; else None
+        (broken text included: such a pod holds nothing by it)."""
+        if self.legacy_text is None or self.has_binding():
+            return None
+        try:
+            line = self.legacy_line()
+        except PlacementError:
+            return None
+        return line if line.index is not None and line.entry is not None else None
 
     def legacy_line(self) -> PodLine:
         """The pod's own gpu-scheduling-map text, parsed for this pod (its name's ordinal picks

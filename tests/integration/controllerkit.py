@@ -23,6 +23,7 @@ from gpuplace_dev.localcluster.process import die_with_parent
 from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
 from placement.types import GpuUuid, NodeName
+from tests.integration.webhookkit import free_port
 
 
 def unique(prefix: str) -> str:
@@ -491,3 +492,26 @@ def leader_killed_during_burst(
         a.kill() if a.alive() else None
         b.stop()
         print(b.log()[-4000:])  # shown by pytest when the test failed
+
+
+@contextmanager
+def occupied_gpus(
+    cluster: LocalCluster, prefix: str, flag: str
+) -> Iterator[tuple[str, list[str], ControllerProcess, int]]:
+    """A controller serving `flag`=127.0.0.1:<port> (its metrics or web address), two nodes of
+    4 GPUs (GPU 3 of the second unhealthy), map `llm` of 3 slots and StatefulSet `web`: web-0
+    and web-1 bound, web-2 waiting for the unhealthy GPU. Yields (namespace, nodes, controller,
+    port)."""
+    create_system_namespaces(cluster)
+    port = free_port()
+    with (
+        fresh_namespace(cluster, prefix) as namespace,
+        running_controller(cluster, f"{flag}=127.0.0.1:{port}") as controller,
+    ):
+        nodes = gpu_nodes(cluster, unique(prefix), 2)
+        publish_inventory(cluster, inventory_for(nodes[1], 4, unhealthy=[3]))
+        entries = [(0, nodes[0], [0, 1]), (1, nodes[0], [2]), (2, nodes[1], [3])]
+        apply_map(cluster, namespace, "llm", map_yaml(namespace, "llm", entries))
+        create_workload(cluster, statefulset(namespace, "web", "llm", 3))
+        wait_for_bound(cluster, namespace, 2, "2 bound pods")
+        yield namespace, nodes, controller, port

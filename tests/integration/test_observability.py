@@ -29,20 +29,9 @@ from placement.annotations import DEVICES_ANNOTATION, MAP_LABEL
 from tests.chartkit import CHART
 from tests.integration.controllerkit import (
     ControllerProcess,
-    apply_map,
-    create_system_namespaces,
-    create_workload,
-    fresh_namespace,
-    gpu_nodes,
     gpu_uuid,
-    inventory_for,
-    map_yaml,
-    publish_inventory,
-    running_controller,
-    statefulset,
-    unique,
+    occupied_gpus,
     wait_for,
-    wait_for_bound,
     write_kubeconfig,
 )
 from tests.integration.webhookkit import RunningWebhook, free_port
@@ -73,21 +62,8 @@ def metrics(port: int) -> str:
 
 @pytest.fixture(scope="module")
 def placed(cluster: LocalCluster) -> Iterator[tuple[str, list[str], ControllerProcess, int]]:
-    """Two nodes of 4 GPUs (GPU 3 of the second unhealthy), a map of 3 slots, 3 bound pods."""
-    create_system_namespaces(cluster)
-    port = free_port()
-    with (
-        fresh_namespace(cluster, "obs") as namespace,
-        running_controller(cluster, f"--metrics-address=127.0.0.1:{port}") as controller,
-    ):
-        nodes = gpu_nodes(cluster, unique("obs"), 2)
-        publish_inventory(cluster, inventory_for(nodes[1], 4, unhealthy=[3]))
-        entries = [(0, nodes[0], [0, 1]), (1, nodes[0], [2]), (2, nodes[1], [3])]
-        apply_map(cluster, namespace, "llm", map_yaml(namespace, "llm", entries))
-        create_workload(cluster, statefulset(namespace, "web", "llm", 3))
-        # web-2's GPU is unhealthy: it waits; the other two bind.
-        wait_for_bound(cluster, namespace, 2, "2 bound pods")
-        yield namespace, nodes, controller, port
+    with occupied_gpus(cluster, "obs", "--metrics-address") as placed:
+        yield placed
 
 
 def test_the_grid_agrees_with_the_annotations_and_the_slot_cache(

@@ -17,22 +17,10 @@ import pytest
 from gpuplace_dev.localcluster import LocalCluster
 from tests.integration.controllerkit import (
     ControllerProcess,
-    apply_map,
-    create_system_namespaces,
-    create_workload,
-    fresh_namespace,
-    gpu_nodes,
     gpu_uuid,
-    inventory_for,
-    map_yaml,
-    publish_inventory,
-    running_controller,
-    statefulset,
-    unique,
+    occupied_gpus,
     wait_for,
-    wait_for_bound,
 )
-from tests.integration.webhookkit import free_port
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "out" / "artifacts"
 
@@ -107,19 +95,8 @@ class Cells(HTMLParser):
 
 @pytest.fixture
 def view(cluster: LocalCluster) -> Iterator[tuple[str, list[str], ControllerProcess, int]]:
-    create_system_namespaces(cluster)
-    port = free_port()
-    with (
-        fresh_namespace(cluster, "web") as namespace,
-        running_controller(cluster, f"--web-address=127.0.0.1:{port}") as controller,
-    ):
-        nodes = gpu_nodes(cluster, unique("web"), 2)
-        publish_inventory(cluster, inventory_for(nodes[1], 4, unhealthy=[3]))
-        entries = [(0, nodes[0], [0, 1]), (1, nodes[0], [2]), (2, nodes[1], [3])]
-        apply_map(cluster, namespace, "llm", map_yaml(namespace, "llm", entries))
-        create_workload(cluster, statefulset(namespace, "web", "llm", 3))
-        wait_for_bound(cluster, namespace, 2, "2 bound pods")
-        yield namespace, nodes, controller, port
+    with occupied_gpus(cluster, "web", "--web-address") as placed:
+        yield placed
 
 
 def test_a_browser_shows_every_gpu_its_holder_the_maps_and_the_waiting_pod(

@@ -11,11 +11,12 @@ import subprocess
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.gpumetrics import GpuCollector
+from controller.gpumetrics import GpuCollector, MapSlotsCollector
 from controller.metrics import ControllerMetrics
 from controller.slotcache import Holding
 from placement.devices import GpuId
 from placement.inventory import GpuDevice, NodeInventory
+from placement.status import MapStatus, Phase, SlotCounts
 from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
 
 A = NodeName("node-a")
@@ -80,6 +81,31 @@ def test_info_per_gpu_and_a_holder_per_held_gpu_with_dcgm_labels() -> None:
     assert {h["namespace"] for h in holders} == {"ml"}
 
 
+def test_slots_per_map_from_the_statuses() -> None:
+    registry = CollectorRegistry()
+    status = MapStatus(Phase.DEGRADED, slots=SlotCounts(total=4, served=3, bound=2, blocked=1))
+    registry.register(MapSlotsCollector(lambda: {MapKey("ml", "llm"): status}))
+    rows = {
+        s["state"]: s for s in samples(generate_latest(registry).decode(), "gpuplace_map_slots")
+    }
+    assert set(rows) == {
+        "total",
+        "served",
+        "bound",
+        "blocked",
+        "drifted",
+        "renumbered",
+        "unverifiable",
+    }
+    assert rows["blocked"] == {"namespace": "ml", "map": "llm", "state": "blocked"}
+    values = {
+        s.labels["state"]: s.value
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in f.samples
+    }
+    assert (values["total"], values["bound"], values["blocked"]) == (4, 2, 1)
+
+
 def test_promtool_accepts_every_family() -> None:
     promtool = shutil.which("promtool")
     assert promtool is not None, "promtool not found: make unit installs Debian's prometheus"
@@ -87,7 +113,13 @@ def test_promtool_accepts_every_family() -> None:
     registry.register(
         GpuCollector(lambda: {A: INVENTORY}, lambda: [holding("u0", "ml/web-0", 0, "GPU-a0")])
     )
+    registry.register(
+        MapSlotsCollector(
+            lambda: {MapKey("ml", "llm"): MapStatus(Phase.VALID, slots=SlotCounts(1))}
+        )
+    )
     text = generate_latest(registry)
+    assert b"gpuplace_map_slots{" in text
     assert b"gpuplace_build_info{" in text
     # promtool's linter wants snake_case label names; `modelName` is DCGM exporter's own (the
     # point of these labels is to match its series), so that remark, and only it, is expected.

@@ -102,6 +102,8 @@ class Components:
         self.webhook_port = 0
         #: The controller's read-only web view, on every controller this starts.
         self.web_port = free_port()
+        #: The controller's /metrics (the slot cache's gpuplace_gpu_holder series).
+        self.metrics_port = free_port()
 
     def _gpuplace(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "gpuplace", *args, f"--kubeconfig={self.cluster.kubeconfig}"]
@@ -139,7 +141,7 @@ class Components:
             self._gpuplace(
                 "controller",
                 f"--identity={identity}",
-                "--metrics-address=127.0.0.1:0",
+                f"--metrics-address=127.0.0.1:{self.metrics_port}",
                 f"--web-address=127.0.0.1:{self.web_port}",
                 "--lease-seconds=5",
                 "--renew-deadline-seconds=3",

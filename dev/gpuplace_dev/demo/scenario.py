@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -66,6 +67,8 @@ WORKLOAD_PODS = [
 #: The chart's read-only web view (controller.web), as the demo turns it on.
 WEB_SERVICE = "gpuplace-controller-web"
 WEB_PORT = 8090
+#: The chart's controller.metricsPort (the pod proxy takes a port number).
+CONTROLLER_METRICS_PORT = 8080
 
 
 class DemoError(Exception):
@@ -522,7 +525,40 @@ class Demo:
             bool(declared) and declared <= held,
             f"it names the holder of each of the {len(declared)} GPUs the pods' bindings declare",
         )
+        cached = self._slot_cache_holders()
+        self.check(
+            cached == held,
+            f"it agrees with the leader's slot cache ({len(cached)} held GPUs in "
+            "gpuplace_gpu_holder)",
+        )
         self._web_view_step()
+
+    def _slot_cache_holders(self) -> set[tuple[str, str, str]]:
+        """(namespace, pod, UUID) of every gpuplace_gpu_holder series: the leader's slot cache."""
+        assert self.cluster is not None
+        texts: list[str] = []
+        if self.in_cluster:
+            pods = self.kube.get(
+                PODS.collection(RELEASE_NAMESPACE),
+                labelSelector="app.kubernetes.io/component=controller",
+            )["items"]
+            for pod in pods:  # every replica: only the leader's cache holds anything
+                name = pod["metadata"]["name"]
+                port = CONTROLLER_METRICS_PORT
+                path = f"/api/v1/namespaces/{RELEASE_NAMESPACE}/pods/{name}:{port}/proxy/metrics"
+                texts.append(self.cluster.kubectl("get", "--raw", path, check=False).stdout)
+        else:
+            assert self.components is not None
+            url = f"http://127.0.0.1:{self.components.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                texts.append(response.read().decode())
+        out: set[tuple[str, str, str]] = set()
+        for text in texts:
+            for line in text.splitlines():
+                if line.startswith("gpuplace_gpu_holder{"):
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+                    out.add((labels["namespace"], labels["pod"], labels["UUID"]))
+        return out
 
     def _web_view_step(self) -> None:
         """Where the controller's read-only web view is, and that it serves the grid."""
