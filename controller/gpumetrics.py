@@ -19,24 +19,29 @@ from prometheus_client.registry import Collector
 from controller.slotcache import Holding
 from placement.devices import GpuId
 from placement.inventory import NodeInventory
+from placement.model import Model
 from placement.status import MapStatus
 from placement.types import GpuUuid, MapKey, NodeName
 
 INFO_LABELS = ("Hostname", "gpu", "UUID", "modelName", "healthy")
 HOLDER_LABELS = ("Hostname", "gpu", "UUID", "namespace", "pod", "map", "index")
+DECLARED_LABELS = ("Hostname", "gpu", "UUID", "namespace", "map", "index")
 
 
 class GpuCollector(Collector):
-    """Reads `inventories()` and `holdings()` when Prometheus scrapes. Only the leader's slot
-    cache holds anything: a standby exports its GPUs' info and no holders."""
+    """Reads `inventories()`, `holdings()` and `model()` when Prometheus scrapes. Only the
+    leader's slot cache holds anything: a standby exports its GPUs' info, the declared slots of
+    the model it serves, and no holders."""
 
     def __init__(
         self,
         inventories: Callable[[], Mapping[NodeName, NodeInventory]],
         holdings: Callable[[], Iterable[Holding]],
+        model: Callable[[], Model] = Model,
     ) -> None:
         self.inventories = inventories
         self.holdings = holdings
+        self.model = model
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         inventories = self.inventories()
@@ -77,6 +82,20 @@ class GpuCollector(Collector):
                     1,
                 )
         yield holder
+        declared = GaugeMetricFamily(
+            "gpuplace_gpu_declared",
+            "A GPU a slot of a valid map declares (1), held or not: a map's claim on the device",
+            labels=DECLARED_LABELS,
+        )
+        for key, cmap in sorted(self.model().maps.items()):
+            for slot in cmap.slots.values():
+                node_inventory = inventories.get(slot.node)
+                for gpu in slot.gpus:
+                    index, uuid = _device(gpu, node_inventory)
+                    declared.add_metric(
+                        [slot.node, index, uuid, key.namespace, key.name, str(slot.index)], 1
+                    )
+        yield declared
 
 
 def _device(gpu: GpuId, inventory: NodeInventory | None) -> tuple[str, str]:

@@ -32,7 +32,6 @@ from controller.dirty import DirtyMaps
 from controller.dra import DraTracker, TemplateKeeper
 from controller.drift import DriftTracker
 from controller.gitsource import GitSource
-from controller.gpumetrics import GpuCollector, MapSlotsCollector
 from controller.grantkeeper import GrantKeeper
 from controller.informers import SharedInformers, snapshot
 from controller.inventories import InventoryTracker
@@ -97,9 +96,6 @@ class Controller:
             fence=self._holds_lease,
         )
         self.binder.report.on_map = self._on_trust_change
-        self.metrics.registry.register(
-            GpuCollector(self.tracker.inventories, self.binder.cache.holdings)
-        )
         self.renumber = RenumberTracker(kube, self.events, self.metrics.renumbered.set)
         self.maps = ModelKeeper(
             self.compiler,
@@ -124,7 +120,6 @@ class Controller:
             sources=self.informers.sources,
             bound_seconds=settings.status_bound_seconds,
         )
-        self.metrics.registry.register(MapSlotsCollector(lambda: dict(self.status_writer.latest)))
         self.keys = KeyWatch(
             kube,
             KeySecret(settings.system_namespace, settings.binder.key_secret_name),

@@ -107,17 +107,22 @@ def _e(value: object) -> str:
 def _cell(cell: GpuCell) -> str:
     if cell.holders:
         text = " + ".join(f"{h.map}#{h.index}" for h in cell.holders)
-        title = ", ".join(f"{h.namespace}/{h.pod}" for h in cell.holders)
+        pods = ", ".join(f"{h.namespace}/{h.pod}" for h in cell.holders)
     else:
         text = "free" if cell.state is CellState.FREE else cell.state.value.upper()
-        title = ""
-    if cell.reason:
-        title = f"{title} ({cell.reason})" if title else cell.reason
+        pods = ""
+    marks = (
+        ""
+        if cell.state in (CellState.HELD, CellState.SHARED) or not cell.holders
+        else (f" !{cell.state.value}")
+    )
     return (
         f'<td class="cell {_e(cell.state.value)}" data-node="{_e(cell.node)}" '
         f'data-gpu="{_e(cell.index if cell.index is not None else "?")}" '
-        f'data-uuid="{_e(cell.uuid)}" data-state="{_e(cell.state.value)}" title="{_e(title)}">'
-        f"{_e(text)}</td>"
+        f'data-uuid="{_e(cell.uuid)}" data-state="{_e(cell.state.value)}" '
+        f'title="{_e(cell.reason)}"><span class="slot">{_e(text + marks)}</span>'
+        + (f'<br><span class="pod">{_e(pods)}</span>' if pods else "")
+        + "</td>"
     )
 
 
@@ -156,7 +161,7 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:90%}
 .free{background:#e8f5e9}.held{background:#e3f2fd}.shared{background:#e0f7fa}
 .drifted,.renumbered,.unverifiable{background:#fff8e1}.degraded,.missing{background:#ffebee}
-.none{background:#fafafa}
+.none{background:#fafafa}.pod{color:#555;font-size:85%}
 """
 
 

@@ -105,7 +105,8 @@ def cell_text(cell: GpuCell, filters: Filters) -> str:
 
 def grid(cells: Sequence[GpuCell], filters: Filters = Filters(), colour: bool = False) -> str:
     """Nodes down, GPU indices across; a GPU held by a pod that no inventory lists gets a column
-    `?` of its own. Then one line per GPU that is shared or has a problem, with its pods and why."""
+    `?` of its own. Then one line per GPU that is not free: its pods, and why when it is not
+    simply held."""
     if not cells:
         return "no GPUs: no node inventory (is the agent running?) and no bound pod"
     indices = sorted({c.index for c in cells if c.index is not None})
@@ -140,8 +141,7 @@ def grid(cells: Sequence[GpuCell], filters: Filters = Filters(), colour: bool = 
     counts = summary(cells)
     out.append("")
     out.append(", ".join(f"{n} {state}" for state, n in counts.items() if n) + " GPU(s)")
-    # Plain holdings are in the grid already; the lines are for what needs a look.
-    details = [c for c in cells if c.state not in (CellState.FREE, CellState.HELD)]
+    details = [c for c in cells if c.state is not CellState.FREE]
     if details:
         out.append("")
         for cell in details:

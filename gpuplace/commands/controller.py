@@ -11,6 +11,7 @@ import threading
 import uuid
 from types import FrameType
 
+from controller.gpumetrics import GpuCollector, MapSlotsCollector
 from controller.informers import snapshot
 from controller.manager import Controller
 from controller.settings import BinderSettings, ControllerSettings, GitSourceSettings
@@ -161,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     controller = Controller(kube, settings)
+    register_series(controller)
     ops = OpsServer(
         settings.metrics_host,
         settings.metrics_port,
@@ -229,3 +231,15 @@ def start_web_view(
         " (bearer tokens checked)" if authorizer is not None else "",
     )
     return web
+
+
+def register_series(controller: Controller) -> None:
+    """The per-GPU and per-map series on the controller's registry, built from its caches at each
+    scrape (controller/gpumetrics.py)."""
+    maps, register = controller.maps, controller.metrics.registry.register
+    register(
+        GpuCollector(
+            controller.tracker.inventories, controller.binder.cache.holdings, lambda: maps.model
+        )
+    )
+    register(MapSlotsCollector(lambda: dict(controller.status_writer.latest)))

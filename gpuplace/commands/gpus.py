@@ -2,8 +2,8 @@
 
 A node x GPU grid: for each GPU the map and index of the pod holding it, or free; degraded
 (unhealthy, with the agent's reason), drifted, renumbered or unverifiable holders are marked, and
-GPUs several pods share show each. Below the grid, one line per GPU that is shared or has a
-problem, with its pods and why (`-o json` has every GPU with its holders). Read from
+GPUs several pods share show each. Below the grid, one line per GPU that is not free, with the
+pods holding it and why when it is not simply held. Read from
 the nodes' inventories (the agents) and the bound pods' binding annotations, with one LIST each.
 """
 

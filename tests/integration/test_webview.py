@@ -121,12 +121,12 @@ def test_a_browser_shows_every_gpu_its_holder_the_maps_and_the_waiting_pod(
         (n, str(i)) for n in sorted(nodes) for i in range(4)
     ]
     by_gpu = {(c["data-node"], c["data-gpu"]): c for c in ours}
-    assert by_gpu[(nodes[0], "0")]["text"] == "llm#0"
+    assert by_gpu[(nodes[0], "0")]["text"] == f"llm#0{namespace}/web-0"  # map#index, then pod
     assert by_gpu[(nodes[0], "0")]["data-uuid"] == gpu_uuid(nodes[0], 0)
-    assert by_gpu[(nodes[0], "2")]["text"] == "llm#1"
+    assert by_gpu[(nodes[0], "2")]["text"] == f"llm#1{namespace}/web-1"
     assert by_gpu[(nodes[0], "3")]["data-state"] == "free"
     assert by_gpu[(nodes[1], "3")]["data-state"] == "degraded"
-    assert f"{namespace}/web-0" in by_gpu[(nodes[0], "1")]["title"]
+    assert by_gpu[(nodes[1], "3")]["title"] == "XID 79"
     maps = {r[0]: r for r in page.tables["maps"]}
     assert maps[f"{namespace}/llm"][1] in ("Valid", "Degraded")
     [waiting] = [r for r in page.tables["pending"] if r[0] == f"{namespace}/web-2"]

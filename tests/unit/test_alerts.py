@@ -117,6 +117,33 @@ SCENARIOS: list[tuple[str, list[dict[str, str]], int, dict[str, str], str]] = [
         "GPU 3 of n1 is unhealthy and held by ml/web-3",
     ),
     (
+        "GpuplaceDeclaredGpuDegraded",
+        [
+            series(
+                "gpuplace_gpu_info",
+                f'{CONTROLLER}, Hostname="n1", gpu="2", UUID="GPU-2", healthy="false"',
+                "1x10",
+            ),
+            series(
+                "gpuplace_gpu_declared",
+                f'{CONTROLLER}, Hostname="n1", gpu="2", UUID="GPU-2", namespace="ml", '
+                'map="llm", index="2"',
+                "1x10",
+            ),
+        ],
+        8,
+        {
+            "severity": "warning",
+            "Hostname": "n1",
+            "gpu": "2",
+            "UUID": "GPU-2",
+            "namespace": "ml",
+            "map": "llm",
+            "index": "2",
+        },
+        "GPU 2 of n1, declared by ml/llm index 2, is unhealthy",
+    ),
+    (
         "GpuplaceBindingsUnverifiable",
         [series("gpuplace_unverifiable_bindings", CONTROLLER, "1x10")],
         8,
@@ -162,6 +189,11 @@ HEALTHY = [
         "gpuplace_gpu_holder",
         f'{CONTROLLER}, Hostname="n1", gpu="0", UUID="GPU-0", namespace="ml", pod="w-0", '
         'map="llm", index="0"',
+        "1x30",
+    ),
+    series(
+        "gpuplace_gpu_declared",
+        f'{CONTROLLER}, Hostname="n1", gpu="0", UUID="GPU-0", namespace="ml", map="llm", index="0"',
         "1x30",
     ),
     series(

@@ -16,6 +16,7 @@ from controller.metrics import ControllerMetrics
 from controller.slotcache import Holding
 from placement.devices import GpuId
 from placement.inventory import GpuDevice, NodeInventory
+from placement.model import CompiledMap, CompiledSlot, Model
 from placement.status import MapStatus, Phase, SlotCounts
 from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
 
@@ -79,6 +80,22 @@ def test_info_per_gpu_and_a_holder_per_held_gpu_with_dcgm_labels() -> None:
         ("web-1", "1", "GPU-a1", "llm", "1"),
     ]
     assert {h["namespace"] for h in holders} == {"ml"}
+
+
+def test_declared_gpus_from_the_model_held_or_not() -> None:
+    slot = CompiledSlot(3, A, (GpuUuid("GPU-a1"),), (1,))
+    unresolved = CompiledSlot(4, A, (), (0,))  # index only: the UUID from the inventory
+    model = Model(
+        2, {MapKey("ml", "llm"): CompiledMap(MapKey("ml", "llm"), {3: slot, 4: unresolved})}
+    )
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: {A: INVENTORY}, list, lambda: model))
+    declared = samples(generate_latest(registry).decode(), "gpuplace_gpu_declared")
+    assert sorted((d["index"], d["gpu"], d["UUID"]) for d in declared) == [
+        ("3", "1", "GPU-a1"),
+        ("4", "0", "GPU-a0"),
+    ]
+    assert {d["map"] for d in declared} == {"llm"} and {d["namespace"] for d in declared} == {"ml"}
 
 
 def test_slots_per_map_from_the_statuses() -> None:

@@ -139,7 +139,8 @@ def test_the_grid_puts_nodes_down_and_gpus_across_and_lists_what_is_not_free() -
     assert "1 degraded, 1 drifted, 1 held, 3 free GPU(s)" in lines  # worst first
     assert "node-a GPU3 GPU-node-a-3  degraded: XID 79" in lines
     assert "node-a GPU2 GPU-node-a-2  drifted: x  held by ml/web-1 (ml/llm#1)" in lines
-    assert not any(line.startswith("node-a GPU0") for line in lines)  # plainly held: grid only
+    assert "node-a GPU0 GPU-node-a-0  held  held by ml/web-0 (ml/llm#0)" in lines
+    assert not any(line.startswith("node-b GPU0") for line in lines)  # free: the grid says so
     coloured = grid(cells, colour=True)
     assert "\x1b[31m" in coloured and "\x1b[0m" in coloured
 

@@ -99,8 +99,8 @@ SOURCES = ViewSources(
 def test_the_page_has_the_grid_the_maps_and_the_waiting_pods_escaped() -> None:
     text = page(SOURCES, now=0)
     assert 'data-node="node-a" data-gpu="0" data-uuid="GPU-a0" data-state="held"' in text
-    assert ">llm#0</td>" in text
-    assert 'data-gpu="1" data-uuid="GPU-a1" data-state="degraded" title="XID 79">DEGRADED' in text
+    assert '<span class="slot">llm#0</span><br><span class="pod">ml/web-0</span></td>' in text
+    assert 'data-state="degraded" title="XID 79"><span class="slot">DEGRADED</span></td>' in text
     assert "replica replica-1 (leader)" in text
     assert "<td>ml/llm</td><td>Degraded</td><td>6 total, 1 bound, 1 blocked, 0 drifted</td>" in text
     assert "<td>4f2a91c</td><td>clusters/dev/llm.yaml</td>" in text

@@ -100,10 +100,9 @@ class Components:
         self.workdir = workdir
         self.items: list[Component] = []
         self.webhook_port = 0
-        #: The controller's read-only web view, on every controller this starts.
-        self.web_port = free_port()
-        #: The controller's /metrics (the slot cache's gpuplace_gpu_holder series).
-        self.metrics_port = free_port()
+        #: Each controller's /metrics and read-only web view ports, by component name.
+        self.metrics_ports: dict[str, int] = {}
+        self.web_ports: dict[str, int] = {}
 
     def _gpuplace(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "gpuplace", *args, f"--kubeconfig={self.cluster.kubeconfig}"]
@@ -135,14 +134,16 @@ class Components:
     def controller(
         self, enforcement: str = "env", identity: str = "demo", name: str = "controller"
     ) -> Component:
-        """A controller replica; replicas with other identities wait for the leader's Lease."""
+        """A controller replica; replicas with other identities wait for the leader's Lease.
+        Its metrics and web view listen on ports of its own (`metrics_ports`, `web_ports`)."""
+        self.metrics_ports[name], self.web_ports[name] = free_port(), free_port()
         return self._add(
             name,
             self._gpuplace(
                 "controller",
                 f"--identity={identity}",
-                f"--metrics-address=127.0.0.1:{self.metrics_port}",
-                f"--web-address=127.0.0.1:{self.web_port}",
+                f"--metrics-address=127.0.0.1:{self.metrics_ports[name]}",
+                f"--web-address=127.0.0.1:{self.web_ports[name]}",
                 "--lease-seconds=5",
                 "--renew-deadline-seconds=3",
                 "--retry-seconds=1",

@@ -549,7 +549,7 @@ class Demo:
                 texts.append(self.cluster.kubectl("get", "--raw", path, check=False).stdout)
         else:
             assert self.components is not None
-            url = f"http://127.0.0.1:{self.components.metrics_port}/metrics"
+            url = f"http://127.0.0.1:{self.components.metrics_ports['controller']}/metrics"
             with urllib.request.urlopen(url, timeout=10) as response:
                 texts.append(response.read().decode())
         out: set[tuple[str, str, str]] = set()
@@ -574,7 +574,7 @@ class Demo:
             )
         else:
             assert self.components is not None
-            url = f"http://127.0.0.1:{self.components.web_port}/"
+            url = f"http://127.0.0.1:{self.components.web_ports['controller']}/"
             with urllib.request.urlopen(url, timeout=10) as response:
                 page = response.read().decode()
             where = url
