@@ -1,7 +1,8 @@
 """The controller's per-GPU series at the design's scale: 5,000 nodes x 8 GPUs (40,000 GPUs), every
-GPU held by one pod. One scrape builds `gpuplace_gpu_info` and `gpuplace_gpu_holder` from the
-inventories and the slot cache (controller/gpumetrics.py) and renders the whole registry as
-Prometheus' text format, as a scrape of /metrics does. Reported: series, bytes and the time of one
+GPU declared by one slot and held by one pod. One scrape builds `gpuplace_gpu_info`,
+`gpuplace_gpu_holder` and `gpuplace_gpu_declared` from the inventories, the slot cache and the
+model (controller/gpumetrics.py) and renders the whole registry as Prometheus' text format, as a
+scrape of /metrics does. Reported: series, bytes and the time of one
 scrape (median of 5 per repeat), and its CPU time."""
 
 from __future__ import annotations
@@ -17,18 +18,25 @@ from controller.metrics import ControllerMetrics
 from controller.slotcache import Holding
 from placement.devices import GpuId
 from placement.inventory import GpuDevice, NodeInventory
+from placement.model import CompiledMap, CompiledSlot, Model
 from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
 
 NAME = "scrape"
 NODES = 5_000
 GPUS = 8
 SCRAPES = 5
-TARGET_SCRAPE_S = 2.0  # well inside Prometheus' default 10 s scrape timeout
+TARGET_SCRAPE_S = 2.0
+PER_GPU = (
+    b"gpuplace_gpu_info{",
+    b"gpuplace_gpu_holder{",
+    b"gpuplace_gpu_declared{",
+)  # well inside Prometheus' default 10 s scrape timeout
 
 
-def cluster(nodes: int) -> tuple[dict[NodeName, NodeInventory], list[Holding]]:
+def cluster(nodes: int) -> tuple[dict[NodeName, NodeInventory], list[Holding], Model]:
     inventories: dict[NodeName, NodeInventory] = {}
     holdings: list[Holding] = []
+    slots: dict[MapKey, dict[int, CompiledSlot]] = {}
     for n in range(nodes):
         node = NodeName(f"gpu-node-{n}")
         devices = tuple(
@@ -39,6 +47,9 @@ def cluster(nodes: int) -> tuple[dict[NodeName, NodeInventory], list[Holding]]:
         for device in devices:
             pod = n * GPUS + device.index
             slot = SlotKey(MapKey(f"team-{pod % 50}", f"map-{pod // 100}"), pod % 100)
+            slots.setdefault(slot.map, {})[slot.index] = CompiledSlot(
+                slot.index, node, (device.uuid,), (device.index,)
+            )
             holdings.append(
                 Holding(
                     f"uid-{pod}",
@@ -50,14 +61,15 @@ def cluster(nodes: int) -> tuple[dict[NodeName, NodeInventory], list[Holding]]:
                     assumed=False,
                 )
             )
-    return inventories, holdings
+    model = Model(1, {key: CompiledMap(key, by_index) for key, by_index in slots.items()})
+    return inventories, holdings, model
 
 
 def run(repeats: int, small: bool = False) -> list[Measurement]:
     nodes = NODES // 10 if small else NODES
-    inventories, holdings = cluster(nodes)
+    inventories, holdings, model = cluster(nodes)
     metrics = ControllerMetrics()
-    metrics.registry.register(GpuCollector(lambda: inventories, lambda: holdings))
+    metrics.registry.register(GpuCollector(lambda: inventories, lambda: holdings, lambda: model))
     wall: list[float] = []
     cpu: list[float] = []
     size = series = 0
@@ -71,14 +83,10 @@ def run(repeats: int, small: bool = False) -> list[Measurement]:
         wall.append(statistics.median(walls))
         cpu.append(statistics.median(cpus))
         size = len(text)
-        series = sum(
-            1
-            for line in text.splitlines()
-            if line.startswith((b"gpuplace_gpu_info{", b"gpuplace_gpu_holder{"))
-        )
-    label = f"scrape {nodes:,} nodes x {GPUS} GPUs, each held"
+        series = sum(1 for line in text.splitlines() if line.startswith(PER_GPU))
+    label = f"scrape {nodes:,} nodes x {GPUS} GPUs, each declared and held"
     return [
-        below(label, "per-GPU series (info + holder)", [float(series)], "series"),
+        below(label, "per-GPU series (info, holder, declared)", [float(series)], "series"),
         below(label, "/metrics size", [size / 2**20], "MiB"),
         below(label, "one scrape (build + render)", wall, "s", TARGET_SCRAPE_S),
         below(label, "one scrape: CPU", cpu, "s"),
