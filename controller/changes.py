@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controller.sources import Form
 from kubeio.client import Obj
 from placement.inventory import NodeInventory
 from placement.types import NodeName
@@ -16,21 +17,25 @@ from placement.types import NodeName
 
 @dataclass(frozen=True, slots=True)
 class SourceChanged:
-    """A source ConfigMap (a placement map) was added or changed."""
+    """A map's source (a labelled ConfigMap, or a PlacementMap) was added or changed."""
 
     obj: Obj
+    form: Form = Form.CONFIGMAP
 
 
 @dataclass(frozen=True, slots=True)
 class SourceDeleted:
     obj: Obj
+    form: Form = Form.CONFIGMAP
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyChanged:
-    """The placement policy ConfigMap changed; `obj` is None when it was deleted."""
+    """The placement policy (its ConfigMap, or its PlacementPolicy) changed; `obj` is None when
+    it was deleted."""
 
     obj: Obj | None
+    form: Form = Form.CONFIGMAP
 
 
 @dataclass(frozen=True, slots=True)

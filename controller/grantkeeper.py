@@ -8,14 +8,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from controller.policystatus import PolicyVerdict
 from controller.settings import ControllerSettings
+from controller.sources import Form
 from kubeio.client import Obj
 from kubeio.events import WARNING, EventRecorder, ObjectRef
 from placement.compile import Compiler
 from placement.errors import Diagnostic, PlacementError
 from placement.grants import (
+    POLICY_API_VERSION,
     POLICY_CONFIGMAP,
     POLICY_KEY,
+    POLICY_KIND,
     GrantView,
     PlacementPolicy,
     check_map,
@@ -25,12 +29,13 @@ from placement.grants import (
 from placement.maps import PlacementMap
 from placement.model import Provenance
 from placement.reasons import EventReason
+from placement.resource import policy_from_resource
 from placement.types import MapKey, NodeName
 
 log = logging.getLogger(__name__)
 
 OPEN_GRANTS = (
-    "no placement policy (ConfigMap %s/%s): every namespace whose users may create ConfigMaps "
+    "no placement policy (ConfigMap %s/%s) nor PlacementPolicy %s: every namespace whose users may create ConfigMaps "
     "and pods may place on every node and GPU, first come first served. Fine for a cluster of "
     "one team; on a shared cluster write a policy (README, Grants) or deny by default "
     "(--grants-default-deny, chart value global.grants.defaultDeny)"
@@ -52,6 +57,10 @@ class GrantKeeper:
         #: Valid maps and what the compiler needs of them, whether granted or not.
         self.offered: dict[MapKey, tuple[PlacementMap, str, Provenance]] = {}
         self.denied: dict[MapKey, tuple[Diagnostic, ...]] = {}
+        #: The policy's objects by form, and the verdict on each (written to their status).
+        self.policy_objects: dict[Form, Obj] = {}
+        self.verdicts: dict[Form, PolicyVerdict] = {}
+        self.verdicts_dirty = False
 
     def offer(self, pmap: PlacementMap, version: str, provenance: Provenance) -> None:
         """Hands a valid map to the compiler if its namespace's grants allow all of it."""
@@ -84,30 +93,59 @@ class GrantKeeper:
         """Says, while no placement policy exists and deny-by-default is off, that every
         namespace may claim every GPU (fine for one team, not for a shared cluster)."""
         if not self.settings.grants_default_deny:
-            log.warning(OPEN_GRANTS, self.settings.system_namespace, POLICY_CONFIGMAP)
+            log.warning(
+                OPEN_GRANTS, self.settings.system_namespace, POLICY_CONFIGMAP, POLICY_CONFIGMAP
+            )
 
-    def apply_policy(self, obj: Obj | None) -> bool:
-        """The policy ConfigMap changed (None: deleted); whether the policy did. An invalid one
+    def apply_policy(self, obj: Obj | None, form: Form = Form.CONFIGMAP) -> bool:
+        """The policy in one of its forms changed (None: deleted); whether the policy did. The
+        PlacementPolicy custom resource wins over the ConfigMap when both exist. An invalid one
         is reported and the last valid one keeps applying: a typo must not open every node."""
         if obj is None:
-            self.policy = PlacementPolicy()
-            self.warn_if_open()
+            self.policy_objects.pop(form, None)
+            self.verdicts.pop(form, None)
         else:
-            text = (obj.get("data") or {}).get(POLICY_KEY, "")
-            source = f"configmap {self.settings.system_namespace}/{POLICY_CONFIGMAP} {POLICY_KEY}"
+            self.policy_objects[form] = obj
+        self.verdicts_dirty = True
+        serving = Form.RESOURCE if Form.RESOURCE in self.policy_objects else Form.CONFIGMAP
+        for other in self.policy_objects:
+            if other is not serving:
+                self.verdicts[other] = PolicyVerdict.superseded(self.policy_objects[other])
+        current = self.policy_objects.get(serving)
+        if current is None:
+            policy = PlacementPolicy()
+            if self.policy != policy:
+                self.warn_if_open()
+        else:
             try:
-                policy = parse_policy(text, source)
+                policy = self._parse(current, serving)
             except PlacementError as exc:
                 message = exc.format()
+                self.verdicts[serving] = PolicyVerdict.invalid(current, exc.diagnostics)
                 log.warning("placement policy invalid, keeping the last valid one: %s", message)
-                ref = ObjectRef.of({**obj, "kind": "ConfigMap", "apiVersion": "v1"})
-                self.events.emit(ref, WARNING, EventReason.POLICY_INVALID, message)
+                self.events.emit(
+                    self._ref(current, serving), WARNING, EventReason.POLICY_INVALID, message
+                )
                 return False
-            if policy == self.policy:
-                return False
-            self.policy = policy
+            self.verdicts[serving] = PolicyVerdict.valid(current, len(policy.grants))
+        if policy == self.policy:
+            return False
+        self.policy = policy
         self.dirty = True
         return True
+
+    def _parse(self, obj: Obj, form: Form) -> PlacementPolicy:
+        if form is Form.RESOURCE:
+            return policy_from_resource(obj)
+        text = (obj.get("data") or {}).get(POLICY_KEY, "")
+        source = f"configmap {self.settings.system_namespace}/{POLICY_CONFIGMAP} {POLICY_KEY}"
+        return parse_policy(text, source)
+
+    @staticmethod
+    def _ref(obj: Obj, form: Form) -> ObjectRef:
+        if form is Form.RESOURCE:
+            return ObjectRef.of({**obj, "kind": POLICY_KIND, "apiVersion": POLICY_API_VERSION})
+        return ObjectRef.of({**obj, "kind": "ConfigMap", "apiVersion": "v1"})
 
     def regrant(self) -> set[MapKey] | None:
         """Resolves the policy against the nodes once something it depends on changed; when the

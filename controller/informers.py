@@ -12,7 +12,15 @@ from controller.settings import ControllerSettings
 from kubeio.client import Kube, Obj
 from kubeio.informer import Informer
 from kubeio.modelwatch import ModelWatch
-from kubeio.paths import CONFIGMAPS, LEASES, NODES, PODS, SECRETS
+from kubeio.paths import (
+    CONFIGMAPS,
+    LEASES,
+    NODES,
+    PLACEMENT_MAPS,
+    PLACEMENT_POLICIES,
+    PODS,
+    SECRETS,
+)
 from kubeio.pod import Pod
 from placement.annotations import PLACEMENT_MAP_LABEL
 from placement.dra import Enforcement
@@ -30,13 +38,17 @@ class DraInformers:
 
 @dataclass(frozen=True)
 class SharedInformers:
-    #: Source ConfigMaps (placement maps); None when maps come from git.
+    #: Source ConfigMaps (placement maps); None when maps come from git or that form is off.
     sources: Informer | None
+    #: PlacementMap custom resources; None when maps come from git or that form is off.
+    resources: Informer | None
     nodes: Informer
     inventories: Informer
     leases: Informer
     model: ModelWatch
     policy: Informer
+    #: The PlacementPolicy custom resource (a singleton); None when custom resources are off.
+    policy_resource: Informer | None
     binding_key: Informer
     #: One per schedulerName the binder serves (gpuplace's, and the legacy ones).
     pods: tuple[Informer, ...]
@@ -46,8 +58,25 @@ class SharedInformers:
     def create(cls, kube: Kube, settings: ControllerSettings) -> SharedInformers:
         s = settings
         resync = s.resync_seconds
-        sources = None
-        if s.source == "configmap":
+        sources = resources = policy_resource = None
+        if s.resource_maps:
+            policy_resource = Informer(
+                kube,
+                PLACEMENT_POLICIES.collection(),
+                name="placementpolicies",
+                field_selector=f"metadata.name={POLICY_CONFIGMAP}",
+                resync_seconds=resync,
+                optional=True,
+            )
+        if s.source == "configmap" and s.resource_maps:
+            resources = Informer(
+                kube,
+                PLACEMENT_MAPS.collection(),
+                name="placementmaps",
+                resync_seconds=resync,
+                optional=True,
+            )
+        if s.source == "configmap" and s.configmap_maps:
             sources = Informer(
                 kube,
                 CONFIGMAPS.collection(),
@@ -84,6 +113,8 @@ class SharedInformers:
             )
         return cls(
             sources=sources,
+            resources=resources,
+            policy_resource=policy_resource,
             nodes=Informer(kube, NODES.collection(), name="nodes"),
             inventories=Informer(
                 kube, CONFIGMAPS.collection(s.inventory_namespace), name="inventories"
@@ -107,8 +138,9 @@ class SharedInformers:
         )
 
     def all(self) -> Iterator[Informer]:
-        if self.sources is not None:
-            yield self.sources
+        for own in (self.sources, self.resources, self.policy_resource):
+            if own is not None:
+                yield own
         yield from (self.nodes, self.inventories, self.leases, self.model.informer)
         yield from self.pods
         if self.dra is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from controller import changes
 from controller.binder import Binder
@@ -43,12 +43,12 @@ from controller.podwatch import PodWatch
 from controller.renumber import RenumberTracker
 from controller.rollout import Rollouts
 from controller.settings import ControllerSettings
-from controller.sources import SourceState
+from controller.sources import Form, SourceState
 from controller.statuswriter import StatusWriter
 from controller.writer import ModelWriter
 from kubeio.client import Kube, Obj
 from kubeio.events import EventRecorder
-from kubeio.informer import DELETED
+from kubeio.informer import DELETED, Informer
 from kubeio.leader import LeaderElector, LeaderSettings
 from placement.binding import Cluster, Status, slot_status
 from placement.compile import Compiler
@@ -118,7 +118,10 @@ class Controller:
             self.metrics,
             self.statuses,
             sources=self.informers.sources,
+            resources=self.informers.resources,
             bound_seconds=settings.status_bound_seconds,
+            policies=self._policy_informers(),
+            system_namespace=settings.system_namespace,
         )
         self.keys = KeyWatch(
             kube,
@@ -164,6 +167,8 @@ class Controller:
         maps.holds_lease = self._holds_lease
         if inf.sources is not None:
             inf.sources.add_handler(self._on_source)
+        if inf.resources is not None:
+            inf.resources.add_handler(self._on_resource)
         inf.nodes.add_handler(
             lambda event, obj, _old: self._enqueue(
                 changes.NodeChanged(obj, deleted=event == DELETED)
@@ -177,11 +182,8 @@ class Controller:
             inf.dra.slices.add_handler(self.dra.on_slice)
             inf.dra.claims.add_handler(self.dra.on_claim)
             inf.dra.templates.add_handler(self._on_template)
-        inf.policy.add_handler(
-            lambda event, obj, _old: self._enqueue(
-                changes.PolicyChanged(None if event == DELETED else obj)
-            )
-        )
+        for form, informer in self._policy_informers().items():
+            informer.add_handler(self._policy_handler(form))
         inf.binding_key.add_handler(self.keys.on_secret)
 
     def _cluster(self) -> Cluster:
@@ -197,6 +199,26 @@ class Controller:
         self._enqueue(
             changes.SourceDeleted(obj) if event == DELETED else changes.SourceChanged(obj)
         )
+
+    def _on_resource(self, event: str, obj: Obj, _old: Obj | None) -> None:
+        form = Form.RESOURCE
+        self._enqueue(
+            changes.SourceDeleted(obj, form)
+            if event == DELETED
+            else changes.SourceChanged(obj, form)
+        )
+
+    def _policy_informers(self) -> dict[Form, Informer]:
+        out = {Form.CONFIGMAP: self.informers.policy}
+        if self.informers.policy_resource is not None:
+            out[Form.RESOURCE] = self.informers.policy_resource
+        return out
+
+    def _policy_handler(self, form: Form) -> Callable[[str, Obj, Obj | None], None]:
+        def handle(event: str, obj: Obj, _old: Obj | None) -> None:
+            self._enqueue(changes.PolicyChanged(None if event == DELETED else obj, form))
+
+        return handle
 
     def _on_inventory(self, node: NodeName, inventory: NodeInventory | None) -> None:
         self._enqueue(changes.InventoryChanged(node, inventory))
@@ -268,7 +290,12 @@ class Controller:
         if not self._holds_lease():
             return
         self.status_writer.write(
-            self.maps.sources, self.maps.model, self.compiler, self.grants, self.pods
+            self.maps.sources,
+            self.maps.model,
+            self.compiler,
+            self.grants,
+            self.pods,
+            self.maps.forms,
         )
 
     def _sync_templates(self) -> None:

@@ -25,7 +25,7 @@ from controller.inventories import InventoryTracker
 from controller.metrics import ControllerMetrics
 from controller.nodekeeper import NodeKeeper
 from controller.renumber import RenumberTracker
-from controller.sources import SourceState, read_source, restore
+from controller.sources import Form, SourceState, merge, read_resource, read_source, restore
 from controller.writer import ModelWriter
 from kubeio.client import Obj, obj_key
 from placement.binding import Cluster
@@ -54,7 +54,10 @@ class ModelKeeper:
     model: Model = field(default_factory=Model, init=False)
     #: Maps with sharing: shared, in the current model (read on every pod event).
     shared: set[str] = field(default_factory=set, init=False)
+    #: The state each map is served from (`sources.merge` of its forms).
     sources: dict[MapKey, SourceState] = field(default_factory=dict, init=False)
+    #: Each map's state in each form that declares it (ConfigMap, custom resource).
+    forms: dict[MapKey, dict[Form, SourceState]] = field(default_factory=dict, init=False)
     #: changes applied to the compiler and not compiled yet
     _uncompiled: bool = field(default=False, init=False)
     #: binder keys those changes may unblock
@@ -103,12 +106,12 @@ class ModelKeeper:
         """One change; returns the binder keys it may unblock, or None when nothing changed (a
         node heartbeat, our own status patch coming back)."""
         match change:
-            case SourceChanged(obj):
-                return self._apply_source(obj)
-            case SourceDeleted(obj):
-                return self._apply_source_deleted(obj)
-            case PolicyChanged(obj):
-                return set() if self.grants.apply_policy(obj) else None
+            case SourceChanged(obj, form):
+                return self._apply_source(obj, form)
+            case SourceDeleted(obj, form):
+                return self._apply_source_deleted(obj, form)
+            case PolicyChanged(obj, form):
+                return set() if self.grants.apply_policy(obj, form) else None
             case NodeChanged(obj, deleted):
                 return self.nodes.apply(obj, deleted, self.leading())
             case InventoryChanged(node, inventory):
@@ -116,22 +119,46 @@ class ModelKeeper:
             case _:
                 assert_never(change)
 
-    def _apply_source(self, obj: Obj) -> set[WakeKey] | None:
+    def _apply_source(self, obj: Obj, form: Form) -> set[WakeKey] | None:
         key = MapKey(*obj_key(obj))
-        known = self.sources.get(key)
-        state = read_source(obj, known)
+        forms = self.forms.setdefault(key, {})
+        known = forms.get(form)
+        read = read_resource if form is Form.RESOURCE else read_source
+        state = read(obj, known)
         if state is known:
             return None  # same text: e.g. our own status patch came back
-        self.sources[state.key] = state
-        if state.valid is not None and (
-            known is None or known.valid != state.valid or known.provenance != state.provenance
-        ):
-            self.grants.offer(state.valid, state.valid_version, state.provenance)
-        self.statuses.add(state.key)
+        forms[form] = state
+        self._serve(key, merge(forms, self.sources.get(key)))
         return set()
 
-    def _apply_source_deleted(self, obj: Obj) -> set[WakeKey]:
+    def _serve(self, key: MapKey, state: SourceState) -> None:
+        """Makes `state` the one the map is served from; offers its valid version if it is new."""
+        known = self.sources.get(key)
+        self.sources[key] = state
+        if state.valid is not None and (
+            known is None
+            or known.valid != state.valid
+            or known.valid_version != state.valid_version
+            or known.provenance != state.provenance
+        ):
+            self.grants.offer(state.valid, state.valid_version, state.provenance)
+        self.statuses.add(key)
+
+    def _keep(self, key: MapKey, state: SourceState) -> None:
+        """Replaces the served state by one rebuilt from the stored model; a single form's
+        state with it, so the next read of that form starts from it."""
+        self.sources[key] = state
+        if not state.form_conflict and state.form in self.forms.get(key, {}):
+            self.forms[key][state.form] = state
+
+    def _apply_source_deleted(self, obj: Obj, form: Form) -> set[WakeKey]:
         key = MapKey(*obj_key(obj))
+        forms = self.forms.get(key, {})
+        forms.pop(form, None)
+        if forms:  # the other form still declares the map: it serves it now
+            self._serve(key, merge(forms, self.sources.get(key)))
+            return set()
+        self.forms.pop(key, None)
         self.sources.pop(key, None)
         self.grants.forget(key)
         self.compiler.remove_map(key)
@@ -203,13 +230,13 @@ class ModelKeeper:
                 ):
                     # The same text, re-stamped by later commits that left it alone: it still
                     # came from the revision the model recorded (and no shard is rewritten).
-                    self.sources[key] = replace(state, provenance=cmap.provenance)
+                    self._keep(key, replace(state, provenance=cmap.provenance))
                     self.grants.offer(state.valid, state.valid_version, cmap.provenance)
                     self.statuses.add(key)
                 continue
             pmap = declared_map(cmap)
             restored = restore(state, pmap, cmap.source_version, cmap.provenance)
-            self.sources[key] = restored
+            self._keep(key, restored)
             self.grants.offer(pmap, cmap.source_version, cmap.provenance)
             self.statuses.add(key)
             log.info(

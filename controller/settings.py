@@ -47,6 +47,10 @@ class ControllerSettings:
     retry_seconds: float = 2.0
     alias_label: str = LEGACY_NODE_LABEL
     source: str = "configmap"  # configmap | git
+    #: Which forms of a map the cluster source reads: labelled ConfigMaps, PlacementMap custom
+    #: resources (the custom resource wins where both declare a map with the same content).
+    configmap_maps: bool = True
+    resource_maps: bool = True
     git: GitSourceSettings = field(default_factory=GitSourceSettings)
     metrics_host: str = "0.0.0.0"  # noqa: S104 - a pod's metrics port listens on all interfaces
     metrics_port: int = 8080

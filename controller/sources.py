@@ -7,7 +7,9 @@ located errors, and which version is still in service.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from kubeio.client import Obj, obj_key
 from placement.annotations import PLACEMENT_KEY, source_name, source_provenance
@@ -15,9 +17,17 @@ from placement.compile import MapReport
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.maps import PlacementMap
 from placement.model import Provenance
-from placement.status import MapStatus, Phase, SlotCounts, data_hash
+from placement.resource import generation, map_from_resource, resource_source_name, resource_version
+from placement.status import COMPILING, MapStatus, Phase, SlotCounts, data_hash
 from placement.types import MapKey
 from placement.validate import parse_map_for
+
+
+class Form(StrEnum):
+    """Where a map is declared: a labelled ConfigMap, or a PlacementMap custom resource."""
+
+    CONFIGMAP = "configmap"
+    RESOURCE = "resource"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +42,12 @@ class SourceState:
     #: process started, so its text is not at hand).
     restored: bool = False
     provenance: Provenance = field(default_factory=Provenance)  # of the valid version
+    form: Form = Form.CONFIGMAP
+    #: metadata.generation of the object read (custom resources; 0 for ConfigMaps)
+    generation: int = 0
+    #: Both forms declare the map, with different content: nothing new is served until one goes
+    #: or they agree (`errors` says so; `valid` is the version in service before).
+    form_conflict: bool = False
 
 
 def digest(text: str) -> str:
@@ -61,6 +77,60 @@ def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
     return SourceState(
         key, version, pmap, version, (), base.data_hash, False, Provenance(revision, file)
     )
+
+
+def read_resource(obj: Obj, previous: SourceState | None) -> SourceState:
+    """The state of a PlacementMap custom resource (its spec already passed the CRD's schema)."""
+    key = MapKey(*obj_key(obj))
+    version = resource_version(obj)
+    gen = generation(obj)
+    if previous is not None and previous.version == version:
+        return previous if previous.generation == gen else replace(previous, generation=gen)
+    base = replace(
+        previous or SourceState(key, version, form=Form.RESOURCE), version=version, generation=gen
+    )
+    try:
+        pmap = map_from_resource(obj)
+    except PlacementError as exc:
+        return replace(base, errors=tuple(exc.diagnostics))
+    revision, file = source_provenance(obj["metadata"].get("annotations") or {})
+    return SourceState(
+        key, version, pmap, version, (), "", False, Provenance(revision, file), Form.RESOURCE, gen
+    )
+
+
+def merge(forms: Mapping[Form, SourceState], previous: SourceState | None) -> SourceState:
+    """The state a map is served from when it is declared in one form or both. Both, with the
+    same content: the custom resource (a migration's middle state). Both, differing: a conflict
+    that serves what was served before, never a silent pick."""
+    resource = forms.get(Form.RESOURCE)
+    configmap = forms.get(Form.CONFIGMAP)
+    if resource is None or configmap is None:
+        only = resource or configmap
+        assert only is not None, "merge needs at least one form"
+        return only
+    if same_content(resource, configmap):
+        return resource
+    kept = previous if previous is not None and previous.valid is not None else None
+    error = Diagnostic(
+        Location(resource_source_name(resource.key)),
+        f"ConfigMap {configmap.key} declares this map with other content",
+        hint="a map is declared once: delete one of the two, or make them equal",
+    )
+    return replace(
+        resource,
+        valid=kept.valid if kept else None,
+        valid_version=kept.valid_version if kept else "",
+        provenance=kept.provenance if kept else Provenance(),
+        restored=kept.restored if kept else False,
+        errors=(error, *resource.errors),
+        form_conflict=True,
+    )
+
+
+def same_content(a: SourceState, b: SourceState) -> bool:
+    """Whether two forms declare the same valid map (locations and sources aside)."""
+    return not a.errors and not b.errors and a.valid is not None and a.valid == b.valid
 
 
 def restore(
@@ -105,7 +175,7 @@ def map_status(
             serving += " (restored from the stored model)"
         first = state.errors[0].format()
         return MapStatus(
-            Phase.INVALID,
+            Phase.CONFLICT if state.form_conflict else Phase.INVALID,
             generation,
             state.version,
             f"{len(state.errors)} error(s): {first}{serving}",
@@ -120,7 +190,7 @@ def map_status(
             Phase.VALID,
             generation,
             state.version,
-            "compiling",
+            COMPILING,
             (),
             counts,
             state.valid_version,

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
-from kubeio.paths import CONFIGMAPS
+from kubeio.paths import CONFIGMAPS, PLACEMENT_MAPS
 from placement.annotations import STATUS_ANNOTATION
 from placement.model import MANIFEST_NAME, MODEL_LABEL, Model, encode_model
 from placement.status import MapStatus
@@ -65,6 +65,18 @@ def patch_status(kube: Kube, key: MapKey, status: MapStatus) -> bool:
     body = {"metadata": {"annotations": {STATUS_ANNOTATION: status.to_json()}}}
     try:
         kube.patch(CONFIGMAPS.item(key.name, key.namespace), body)
+    except (APINotFoundError, APIConflictError):
+        return False
+    except APIError as exc:
+        log.warning("status of %s not written: %s", key, exc)
+        return False
+    return True
+
+
+def patch_resource_status(kube: Kube, key: MapKey, status: Mapping[str, Any]) -> bool:
+    """Sets the status of a PlacementMap custom resource; False if it is gone or not written."""
+    try:
+        kube.patch(PLACEMENT_MAPS.item(key.name, key.namespace, "status"), {"status": status})
     except (APINotFoundError, APIConflictError):
         return False
     except APIError as exc:

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuplace import mapviews
 from kubeio.client import Kube
 from kubeio.errors import APINotFoundError
 from kubeio.paths import CONFIGMAPS, EVENTS, PODS
@@ -22,15 +23,12 @@ from placement.annotations import (
     LEGACY_ANNOTATION,
     LEGACY_MAP_PREFIX,
     MAP_ANNOTATION,
-    PLACEMENT_MAP_LABEL,
     RENUMBERED_CONDITION,
     REVISION_ANNOTATION,
     SOURCE_FILE_ANNOTATION,
-    STATUS_ANNOTATION,
     UNVERIFIABLE_CONDITION,
 )
 from placement.errors import PlacementError
-from placement.grants import POLICY_CONFIGMAP
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
 from placement.legacy import PodLine, shared_gpus
 from placement.status import MapStatus
@@ -175,14 +173,9 @@ def pod_table(rows: Iterable[PodRow]) -> str:
 
 
 def map_statuses(kube: Kube) -> list[tuple[str, MapStatus | None]]:
-    items = kube.get(CONFIGMAPS.collection(), labelSelector=f"{PLACEMENT_MAP_LABEL}=true")["items"]
-    out: list[tuple[str, MapStatus | None]] = []
-    for cm in items:
-        meta = cm["metadata"]
-        text = (meta.get("annotations") or {}).get(STATUS_ANNOTATION)
-        status = MapStatus.from_json(text) if text else None
-        out.append((f"{meta['namespace']}/{meta['name']}", status))
-    return sorted(out, key=lambda x: x[0])
+    """One verdict a map, from the object that serves it: its PlacementMap custom resource where
+    one exists, else its ConfigMap (gpuplace/mapviews.py has every object and its form)."""
+    return mapviews.serving(mapviews.map_views(kube))
 
 
 def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
@@ -208,11 +201,8 @@ def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
 
 
 def placement_policy_exists(kube: Kube, namespace: str = "gpuplace-system") -> bool:
-    try:
-        kube.get(CONFIGMAPS.item(POLICY_CONFIGMAP, namespace))
-    except APINotFoundError:
-        return False
-    return True
+    """Whether the placement policy exists, as the custom resource or as the ConfigMap."""
+    return mapviews.placement_policy_form(kube, namespace) is not None
 
 
 def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[tuple[str, str]]:
@@ -266,7 +256,9 @@ class Explanation:
     drifted: Condition | None
     unverifiable: Condition | None
     pending: str  # why it waits, when not bound
-    map_status: str  # "<phase>: <message>", "missing", or "" without a map or a status
+    #: "<phase>: <message> (<form>)" of the object that serves the pod's map (mapviews.describe),
+    #: "missing", or "" for a pod without a map.
+    map_status: str
     events: tuple[dict[str, str], ...]  # the last five: type, reason, message
 
     def lines(self) -> list[str]:
@@ -290,7 +282,7 @@ class Explanation:
             out.append(f"  Pending: {self.pending or 'not examined by the binder yet'}")
         namespace = self.pod.split("/", 1)[0]
         if self.map_status == "missing":
-            out.append(f"  map {namespace}/{self.map}: no such placement ConfigMap")
+            out.append(f"  map {namespace}/{self.map}: no such PlacementMap or placement ConfigMap")
         elif self.map_status:
             out.append(f"  map {namespace}/{self.map}: {self.map_status}")
         for event in self.events:
@@ -320,14 +312,7 @@ def explanation(kube: Kube, namespace: str, name: str) -> Explanation | None:
     map_name = pod.map_name or ""
     map_status = ""
     if map_name:  # a label value is a name, or no map at all
-        try:
-            cm = kube.get(CONFIGMAPS.item(map_name, namespace))
-            text = (cm["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)
-            if text:
-                status = MapStatus.from_json(text)
-                map_status = f"{status.phase.value}: {status.message}"
-        except APINotFoundError:
-            map_status = "missing"
+        map_status = mapviews.describe(mapviews.views_of(kube, namespace, map_name))
     events = kube.get(EVENTS.collection(namespace), fieldSelector=f"involvedObject.name={name}")[
         "items"
     ]

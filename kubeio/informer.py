@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubeio.client import Kube, Obj, obj_key
-from kubeio.errors import APIError, APIGoneError, status_error
+from kubeio.errors import APIError, APIGoneError, APINotFoundError, status_error
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ class Informer:
         resync_seconds: float = 0.0,
         watch_timeout_seconds: int = 300,
         page_size: int = 500,
+        optional: bool = False,
+        absent_retry_seconds: float = 30.0,
     ) -> None:
         self.kube = kube
         self.path = path
@@ -51,6 +53,11 @@ class Informer:
         self.resync_seconds = resync_seconds
         self.watch_timeout_seconds = watch_timeout_seconds
         self.page_size = page_size
+        #: A resource the cluster may not serve (a CRD not installed): a 404 on its list is an
+        #: empty list, tried again every `absent_retry_seconds`, and not a failure.
+        self.optional = optional
+        self.absent_retry_seconds = absent_retry_seconds
+        self._absent_logged = False
         self.store: dict[tuple[str, str], Obj] = {}
         self.synced = threading.Event()
         self._handlers: list[Handler] = []
@@ -175,6 +182,24 @@ class Informer:
                 self.resync()
                 last_resync = time.monotonic()
 
+    def _absent(self) -> None:
+        """The resource is not served: nothing of it exists (what was cached is gone too)."""
+        if not self._absent_logged:
+            log.warning(
+                "%s is not served by the apiserver (is its CRD installed?); treating it as empty "
+                "and listing again every %.0f s",
+                self.path,
+                self.absent_retry_seconds,
+                extra={"informer": self.name},
+            )
+            self._absent_logged = True
+        self.failing_since = None
+        with self.lock:
+            for key in list(self.store):
+                self._emit(DELETED, self.store.pop(key), None)
+        self.synced.set()
+        self._stop.wait(self.absent_retry_seconds)
+
     def resync(self) -> None:
         """Re-delivers every cached object, so level-triggered handlers converge."""
         with self.lock:
@@ -187,8 +212,15 @@ class Informer:
         while not self._stop.is_set():
             try:
                 if need_list:
-                    self._list()
+                    try:
+                        self._list()
+                    except APINotFoundError:
+                        if not self.optional:
+                            raise
+                        self._absent()
+                        continue
                     need_list = False
+                    self._absent_logged = False
                 self._watch()
                 backoff = 0.2
             except APIGoneError:
@@ -197,7 +229,8 @@ class Informer:
             except APIError as exc:
                 log.warning("watch failed: %s", exc, extra={"informer": self.name})
                 self._failed()
-                need_list = need_list or exc.status in (0, 500, 503)
+                gone = self.optional and exc.status == 404  # the CRD went: list to find out
+                need_list = need_list or gone or exc.status in (0, 500, 503)
                 self._stop.wait(backoff * (1 + random.random()))  # noqa: S311 - jitter only
                 backoff = min(backoff * 2, 10.0)
             except Exception:

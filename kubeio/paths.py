@@ -70,3 +70,6 @@ VALIDATING_ADMISSION_POLICIES = Resource(
 VALIDATING_ADMISSION_POLICY_BINDINGS = Resource(
     "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", namespaced=False
 )
+#: gpuplace's own custom resources (CRDs placementmaps.gpuplace.io, placementpolicies.gpuplace.io).
+PLACEMENT_MAPS = Resource("gpuplace.io", "v1alpha1", "placementmaps")
+PLACEMENT_POLICIES = Resource("gpuplace.io", "v1alpha1", "placementpolicies", namespaced=False)

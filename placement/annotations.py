@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ UNVERIFIABLE_CONDITION = "gpuplace.io/BindingUnverifiable"
 REVISION_ANNOTATION = "gpuplace.io/revision"
 SOURCE_PATH_ANNOTATION = "gpuplace.io/source-path"
 SOURCE_FILE_ANNOTATION = "gpuplace.io/source-file"
+#: kustomize's `buildMetadata: [originAnnotations]`: on a resource read from a file (a PlacementMap
+#: listed under `resources:`), YAML naming that file (`path:`, relative to the directory built, or
+#: to a remote `repo:`). The map's file when no gpuplace.io/source-file is stamped.
+ORIGIN_ANNOTATION = "config.kubernetes.io/origin"
 
 #: Pod condition of a bound pod whose slot its map no longer declares as bound.
 DRIFTED_CONDITION = "gpuplace.io/Drifted"
@@ -93,15 +98,35 @@ def encode_binding(decision: BindingDecision) -> dict[str, str]:
 
 
 def source_provenance(annotations: Mapping[str, str]) -> tuple[str, str]:
-    """(revision, file) stamped on a source ConfigMap; the file joined to the source path."""
+    """(revision, file) stamped on a source map (ConfigMap or custom resource); the file joined to
+    the source path. Without gpuplace.io/source-file, the file kustomize's origin annotation
+    names."""
     revision = annotations.get(REVISION_ANNOTATION, "").strip()
     file = annotations.get(SOURCE_FILE_ANNOTATION, "").strip()
     base = annotations.get(SOURCE_PATH_ANNOTATION, "").strip().strip("/")
+    if not file:
+        repo, path = kustomize_origin(annotations.get(ORIGIN_ANNOTATION, ""))
+        if repo and path:  # a remote base's file: not under this Application's directory
+            return revision, f"{repo.rstrip('/')}//{path.lstrip('/')}"
+        if path:
+            return revision, posixpath.normpath(posixpath.join(base, path.lstrip("/")))
     if base and file:
         file = file.lstrip("/") if file.startswith("/") else f"{base}/{file.removeprefix('./')}"
     elif base:
         file = base
     return revision, file
+
+
+def kustomize_origin(text: str) -> tuple[str, str]:
+    """(repo, path) of a `config.kubernetes.io/origin` annotation: repo "" for a local file, path
+    "" for a generated resource or for text that is not kustomize's. Read line by line: kustomize
+    writes flat `key: value` YAML, and an annotation is untrusted text no YAML parser needs."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon and key in ("path", "repo"):
+            fields[key] = value.strip().strip("'\"").strip()
+    return fields.get("repo", ""), fields.get("path", "")
 
 
 def decode_binding(namespace: str, annotations: Mapping[str, str]) -> BindingDecision | None:

@@ -222,7 +222,11 @@ def parse_policy(text: str, source: str) -> PlacementPolicy:
             Location(source, 1, 1),
             f"expected exactly one {POLICY_KIND}, found {len(docs)} documents",
         )
-    doc = docs[0]
+    return policy_from_document(docs[0])
+
+
+def policy_from_document(doc: Document) -> PlacementPolicy:
+    """The policy one document holds (a file's, or a custom resource's); raises PlacementError."""
     r = _Reader(doc)
     top = r.mapping(doc.value, (), ("apiVersion", "kind", "metadata", "spec"))
     if top.get("kind") != POLICY_KIND:
@@ -241,7 +245,7 @@ def parse_policy(text: str, source: str) -> PlacementPolicy:
             grants.append(grant)
     if r.errors:
         raise PlacementError(tuple(r.errors))
-    return PlacementPolicy(tuple(grants), source)
+    return PlacementPolicy(tuple(grants), doc.source)
 
 
 def is_policy_document(value: object) -> bool:

@@ -5,16 +5,21 @@ here is pure. Maps are grouped by cluster: the nearest enclosing directory with 
 file, as ArgoCD syncs one such directory into one cluster. Cross-map checks (a map declared twice,
 two exclusive slots claiming one GPU) apply within a cluster only, so `clusters/dev` and
 `clusters/prod` may reuse names.
+
+A file holds maps as PlacementMap documents (what a kustomization generates ConfigMaps from, or
+applies as custom resources), or as the ConfigMaps `gpuplace render` prints (placement/configmapform.py).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
+from placement.configmapform import check_identity, configmap_key, is_map_configmap, unwrap
 from placement.conflicts import Conflict, find_conflicts, find_duplicate_maps
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.kustomize import KUSTOMIZATION_NAMES, check_kustomization
@@ -38,12 +43,24 @@ class MapId:
         return f"{self.scope}: {self.key}" if self.scope else str(self.key)
 
 
+class FileForm(StrEnum):
+    """How a file holds a map: the PlacementMap document itself, or a ConfigMap around it."""
+
+    DOCUMENT = "document"
+    CONFIGMAP = "configmap"
+
+
 @dataclass(frozen=True, slots=True)
 class SourceMap:
     id: MapId
     map: PlacementMap
     source: str  # file path as given
     location: Location  # of metadata.name
+    #: The text a source ConfigMap holds: the file (a document), or its data.placement.yaml.
+    text: str = field(default="", compare=False)
+    #: The PlacementMap document as written (what the custom resource form applies).
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    form: FileForm = FileForm.DOCUMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +138,8 @@ def load_snapshot(files: Mapping[str, str]) -> Snapshot:
         for item in _load_file(path, files[path], scope):
             if isinstance(item, InvalidMap):
                 snapshot.invalid.append(item)
+            elif isinstance(item, Diagnostic):
+                snapshot.cross.append(item)
             else:
                 found[scope].append(item)
     for scope in sorted(found):
@@ -130,20 +149,32 @@ def load_snapshot(files: Mapping[str, str]) -> Snapshot:
         for entry in entries:
             snapshot.maps.setdefault(entry.id, entry)
     snapshot.clashes = snapshot.conflicts()
-    maps_by_file: dict[str, list[PlacementMap]] = defaultdict(list)
-    for entries in found.values():
-        for entry in entries:
-            maps_by_file[entry.source].append(entry.map)
-    for path in sorted(files):
-        if PurePosixPath(path).name in KUSTOMIZATION_NAMES:
-            directory = PurePosixPath(path).parent.as_posix()
-            scope = "" if directory == "." else directory
-            in_scope = {m.source for m in found.get(scope, ())}
-            snapshot.cross.extend(check_kustomization(path, files[path], maps_by_file, in_scope))
+    _check_kustomizations(snapshot, found)
     return snapshot
 
 
-def _load_file(path: str, text: str, scope: str) -> Iterator[SourceMap | InvalidMap]:
+def map_files(entries: Iterable[SourceMap]) -> dict[str, list[PlacementMap]]:
+    """Map file -> its maps, for the files that hold PlacementMap documents: what a
+    kustomization serves (a file of rendered ConfigMaps is a resource like any other)."""
+    out: dict[str, list[PlacementMap]] = defaultdict(list)
+    for entry in entries:
+        if entry.form is FileForm.DOCUMENT:
+            out[entry.source].append(entry.map)
+    return out
+
+
+def _check_kustomizations(snapshot: Snapshot, found: Mapping[str, list[SourceMap]]) -> None:
+    maps_by_file = map_files(e for entries in found.values() for e in entries)
+    for path in sorted(snapshot.files):
+        if PurePosixPath(path).name in KUSTOMIZATION_NAMES:
+            directory = PurePosixPath(path).parent.as_posix()
+            scope = "" if directory == "." else directory
+            in_scope = {m.source for m in found.get(scope, ()) if m.form is FileForm.DOCUMENT}
+            text = snapshot.files[path]
+            snapshot.cross.extend(check_kustomization(path, text, maps_by_file, in_scope))
+
+
+def _load_file(path: str, text: str, scope: str) -> Iterator[SourceMap | InvalidMap | Diagnostic]:
     try:
         documents = list(load_documents(text, path))
     except PlacementError as exc:
@@ -162,6 +193,9 @@ def _load_file(path: str, text: str, scope: str) -> Iterator[SourceMap | Invalid
         yield InvalidMap(path, None, diagnostics)
         return
     for doc in documents:
+        if is_map_configmap(doc.value):
+            yield from _load_configmap(path, doc, scope)
+            continue
         if not is_placement_document(doc.value):
             continue
         key = _claimed_key(doc.value)
@@ -171,7 +205,36 @@ def _load_file(path: str, text: str, scope: str) -> Iterator[SourceMap | Invalid
         except PlacementError as exc:
             yield InvalidMap(path, map_id, tuple(exc.diagnostics))
             continue
-        yield SourceMap(MapId(scope, pmap.key), pmap, path, _name_location(doc))
+        yield SourceMap(MapId(scope, pmap.key), pmap, path, _name_location(doc), text, doc.value)
+
+
+def _load_configmap(
+    path: str, doc: Document, scope: str
+) -> Iterator[SourceMap | InvalidMap | Diagnostic]:
+    """The map of a ConfigMap document, checked as the controller reads a source ConfigMap."""
+    key = configmap_key(doc.value)
+    map_id = MapId(scope, key) if key is not None else None
+    try:
+        inner = unwrap(doc)
+        if inner.errors or inner.document is None:
+            raise PlacementError(tuple(inner.errors))
+        pmap = document_to_map(inner.document)
+        misnamed = check_identity(doc, pmap.key)
+        if misnamed is not None:
+            raise PlacementError((misnamed,))
+    except PlacementError as exc:
+        yield InvalidMap(path, map_id, tuple(exc.diagnostics))
+        return
+    yield from inner.warnings
+    yield SourceMap(
+        MapId(scope, pmap.key),
+        pmap,
+        path,
+        _name_location(inner.document),
+        inner.text,
+        inner.document.value,
+        FileForm.CONFIGMAP,
+    )
 
 
 def _claimed_key(value: Any) -> MapKey | None:

@@ -32,6 +32,10 @@ def data_hash(text: str) -> str:
     return f"{len(data)}-{parts[0]}-{parts[1]}"
 
 
+#: The message of a valid map the controller has read but not compiled yet.
+COMPILING = "compiling"
+
+
 class Phase(StrEnum):
     VALID = "Valid"
     INVALID = "Invalid"

@@ -10,8 +10,17 @@ from typing import NewType
 NodeName = NewType("NodeName", str)
 GpuUuid = NewType("GpuUuid", str)
 
+API_GROUP = "gpuplace.io"
 API_VERSION = "gpuplace.io/v1alpha1"
 KIND = "PlacementMap"
+#: The custom resource forms (CRDs) of a map and of the cluster's placement policy.
+PLACEMENT_MAPS_PLURAL = "placementmaps"
+PLACEMENT_MAPS_SHORT = "pm"
+POLICY_KIND = "PlacementPolicy"
+PLACEMENT_POLICIES_PLURAL = "placementpolicies"
+#: Most placements one map may list: a CR list keyed on `index` with this `maxItems` needs no CEL
+#: uniqueness rule over thousands of items (which the CRD cost budget would refuse).
+MAX_PLACEMENTS = 10_000
 
 #: Largest slot index a map may declare; StatefulSets this large are already unusual.
 MAX_INDEX = 99_999

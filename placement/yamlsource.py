@@ -36,9 +36,14 @@ class Document:
     keys: dict[Path, tuple[int, int]] = field(default_factory=dict)
     #: For block scalars (`|`, `>`): the line where content starts and its indentation.
     block_scalars: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    #: False for an object read from the apiserver (a custom resource): it has no lines, so a
+    #: location is the source and the field path alone.
+    positioned: bool = True
 
     def locate(self, path: Path, *, key: bool = False) -> Location:
         """The location of `path`, or of its nearest ancestor that has one."""
+        if not self.positioned:
+            return Location(self.source, 0, 0, format_path(path))
         table = self.keys if key else self.values
         probe = path
         while True:

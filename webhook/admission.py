@@ -8,7 +8,8 @@ from enum import StrEnum
 from typing import Any
 
 from placement.model import Model
-from webhook.mapcheck import check_configmap
+from placement.types import API_GROUP, KIND, POLICY_KIND
+from webhook.mapcheck import check_configmap, check_policy_resource, check_resource
 from webhook.pods import admit_pod
 from webhook.review import (
     AdmissionRequest,
@@ -33,9 +34,21 @@ class _Route:
 
 
 _ROUTES = {
-    Endpoint.MUTATE: _Route("", "Pod", admit_pod),
-    Endpoint.VALIDATE: _Route(
-        "", "ConfigMap", lambda request, model, _settings: check_configmap(request, model.grants)
+    Endpoint.MUTATE: (_Route("", "Pod", admit_pod),),
+    Endpoint.VALIDATE: (
+        _Route(
+            "",
+            "ConfigMap",
+            lambda request, model, _settings: check_configmap(request, model.grants),
+        ),
+        _Route(
+            API_GROUP, KIND, lambda request, model, _settings: check_resource(request, model.grants)
+        ),
+        _Route(
+            API_GROUP,
+            POLICY_KIND,
+            lambda request, _model, _settings: check_policy_resource(request),
+        ),
     ),
 }
 
@@ -45,15 +58,18 @@ def decide(
 ) -> tuple[AdmissionRequest, Verdict]:
     """Parses the review and decides; raises MalformedReviewError for a body that is not one."""
     request = parse_review(body)
-    route = _ROUTES[endpoint]
-    if (request.group, request.kind) != (route.group, route.kind):
-        what = f"{request.group}/{request.kind}" if request.group else request.kind
-        raise MalformedReviewError(
-            f"/{endpoint.value} admits {route.kind} objects, not {what}; "
-            "check the rules of the webhook configuration",
-            status=422,
-        )
-    return request, route.decide(request, model, settings)
+    routes = _ROUTES[endpoint]
+    for route in routes:
+        if (request.group, request.kind) == (route.group, route.kind):
+            return request, route.decide(request, model, settings)
+    what = f"{request.group}/{request.kind}" if request.group else request.kind
+    also = " and ".join(f"{r.group}/{r.kind}" for r in routes[1:])
+    raise MalformedReviewError(
+        f"/{endpoint.value} admits {routes[0].kind} objects, not {what}"
+        + (f" (also {also} objects)" if also else "")
+        + "; check the rules of the webhook configuration",
+        status=422,
+    )
 
 
 def build_response(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubeio.paths import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
+from kubeio.paths import MUTATING_WEBHOOKS, PLACEMENT_MAPS, PLACEMENT_POLICIES, VALIDATING_WEBHOOKS
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
@@ -24,6 +24,8 @@ VALIDATING_PATH = VALIDATING_WEBHOOKS.collection()
 POD_WEBHOOK = "pods.gpuplace.io"
 LEGACY_POD_WEBHOOK = "legacy-pods.gpuplace.io"
 MAP_WEBHOOK = "placementmaps.gpuplace.io"
+#: The custom resource forms: PlacementMap and the PlacementPolicy.
+RESOURCE_WEBHOOK = "placementmap-resources.gpuplace.io"
 MUTATE_PATH = "/mutate"
 VALIDATE_PATH = "/validate"
 #: Pod admission is on every placed pod's path: a short timeout.
@@ -150,17 +152,48 @@ def validating_configuration(
     *,
     labels: dict[str, str] | None = None,
     namespace_selector: dict[str, Any] | None = None,
+    resources: bool = False,
 ) -> dict[str, Any]:
-    """ConfigMaps labelled gpuplace.io/placement-map=true, on CREATE and UPDATE."""
+    """ConfigMaps labelled gpuplace.io/placement-map=true, on CREATE and UPDATE; with
+    `resources`, the PlacementMap and PlacementPolicy custom resources too."""
     maps = _common(MAP_WEBHOOK, endpoint, VALIDATE_PATH, namespace_selector, MAP_TIMEOUT_SECONDS)
     maps["rules"] = [_rule(["CREATE", "UPDATE"], "configmaps")]
     maps["objectSelector"] = {"matchLabels": {PLACEMENT_MAP_LABEL: "true"}}
+    webhooks = [maps]
+    if resources:
+        webhooks.append(_resource_webhook(endpoint, namespace_selector))
     return {
         "apiVersion": ADMISSION_API,
         "kind": VALIDATING_KIND,
         "metadata": {"name": name, "labels": dict(labels or {})},
-        "webhooks": [maps],
+        "webhooks": webhooks,
     }
+
+
+def _resource_webhook(
+    endpoint: Endpoint, namespace_selector: dict[str, Any] | None
+) -> dict[str, Any]:
+    """PlacementMap and PlacementPolicy objects whose spec is new (not the controller's status
+    writes); the namespace selector does not apply to the cluster-scoped policy."""
+    webhook = _common(
+        RESOURCE_WEBHOOK, endpoint, VALIDATE_PATH, namespace_selector, MAP_TIMEOUT_SECONDS
+    )
+    webhook["rules"] = [
+        {
+            "apiGroups": [PLACEMENT_MAPS.group],
+            "apiVersions": [PLACEMENT_MAPS.version],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": [PLACEMENT_MAPS.plural, PLACEMENT_POLICIES.plural],
+            "scope": "*",
+        }
+    ]
+    webhook["matchConditions"] = [
+        {
+            "name": "spec-may-have-changed",
+            "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+        }
+    ]
+    return webhook
 
 
 def with_ca_bundle(configuration: dict[str, Any], ca_bundle: bytes) -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-"""ConfigMap admission: an invalid placement map is refused when it is applied.
+"""Map admission: an invalid placement map is refused when it is applied, in either form.
 
 `kubectl apply` and ArgoCD's server-side dry run then show the validator's located messages
 (`configmap inference/llm placement.yaml:7:15: error: ...`), the same ones `gpuplace validate` prints.
@@ -12,6 +12,7 @@ from typing import Any
 from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL, source_name
 from placement.errors import PlacementError, format_all
 from placement.grants import GrantView, check_map
+from placement.resource import map_from_resource, policy_from_resource
 from placement.types import MapKey
 from placement.validate import parse_map_for
 from webhook.review import AdmissionRequest, Verdict
@@ -82,3 +83,50 @@ def _same_map(old: Mapping[str, Any] | None, text: str) -> bool:
         and isinstance(data, dict)
         and data.get(PLACEMENT_KEY) == text
     )
+
+
+def check_resource(request: AdmissionRequest, grants: GrantView | None = None) -> Verdict:
+    """Validates a PlacementMap custom resource on CREATE and UPDATE beyond what its schema can
+    (indices, devices, nodes, legacy text, grants); a denial names the field path."""
+    if request.operation not in ("CREATE", "UPDATE") or request.sub_resource:
+        return Verdict(True)
+    obj = _with_namespace(request)
+    old = request.old_object
+    if (
+        request.operation == "UPDATE"
+        and isinstance(old, dict)
+        and old.get("spec") == obj.get("spec")
+    ):
+        return Verdict(True)  # metadata only: the map did not change
+    try:
+        pmap = map_from_resource(obj)
+    except PlacementError as exc:
+        return _invalid(exc.format())
+    denied = check_map(grants, pmap) if grants is not None else []
+    if denied:
+        return Verdict.deny(format_all(denied), code=403, reason="Forbidden")
+    return Verdict(True, warnings=tuple(w.format() for w in pmap.warnings))
+
+
+def check_policy_resource(request: AdmissionRequest) -> Verdict:
+    """Validates the PlacementPolicy custom resource beyond its schema (node names, selectors,
+    devices), naming the field path."""
+    if request.operation not in ("CREATE", "UPDATE") or request.sub_resource:
+        return Verdict(True)
+    try:
+        policy_from_resource(request.object or {})
+    except PlacementError as exc:
+        return _invalid(exc.format())
+    return Verdict(True)
+
+
+def _with_namespace(request: AdmissionRequest) -> dict[str, Any]:
+    """The object, with the request's namespace and name where its metadata lacks them."""
+    obj = dict(request.object or {})
+    meta = obj.get("metadata")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    meta.setdefault("namespace", request.namespace)
+    if not meta.get("name"):
+        meta["name"] = request.name
+    obj["metadata"] = meta
+    return obj

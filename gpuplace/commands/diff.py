@@ -1,9 +1,10 @@
 """`gpuplace diff REV1 [REV2]`: what a change to the maps does, slot by slot (the review plan).
 
-Reads every *.yaml / *.yml of the git repository at REV1 and at REV2 (or only under --path) and
-prints the maps added, removed and changed, with each slot added, removed or moved (other node,
-devices or count), and the maps that turn invalid with their errors (the controller keeps serving
-their last valid version). Without REV2 the files on disk are compared, including uncommitted and
+Reads every *.yaml / *.yml of the git repository at REV1 and at REV2 (or only under --path): maps
+as PlacementMap documents, or as the ConfigMaps `gpuplace render` prints (either form of one map
+compares equal). It prints the maps added, removed and changed, with each slot added, removed or
+moved (other node, devices or count), and the maps that turn invalid with their errors (the
+controller keeps serving their last valid version). Without REV2 the files on disk are compared, including uncommitted and
 untracked ones (files ignored by git excepted), as `git diff REV1` does; so a CI job on a pull
 request runs `gpuplace diff origin/main`.
 

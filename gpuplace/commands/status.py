@@ -1,5 +1,9 @@
 """`gpuplace status`: maps, slots, bound pods and degraded devices of a cluster, as tables (or
-`-o json|yaml`); `--gpus` shows the node x GPU grid of `gpuplace gpus` instead."""
+`-o json|yaml`); `--gpus` shows the node x GPU grid of `gpuplace gpus` instead.
+
+Maps are listed in both forms: FORM `resource` for a PlacementMap custom resource, `configmap` for
+a labelled ConfigMap; a ConfigMap that a custom resource of the same content supersedes shows
+PHASE Superseded (it can be deleted)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gpuplace import inspect
+from gpuplace import inspect, mapviews
 from gpuplace.commands._env import EnvFlags, add_cluster_flags, connect
 from gpuplace.commands.gpus import OUTPUTS, add_grid_flags, show
 from kubeio.client import Kube
@@ -31,10 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def collect(kube: Kube, schedulers: list[str]) -> dict[str, Any]:
     """What `status` shows, as data (the JSON and YAML outputs; the text renders the same)."""
     return {
-        "maps": [
-            {"map": key, "status": json.loads(s.to_json()) if s is not None else None}
-            for key, s in inspect.map_statuses(kube)
-        ],
+        "maps": [view.to_json() for view in mapviews.map_views(kube)],
         "pods": [dataclasses.asdict(r) for r in inspect.gpuplace_pods(kube, schedulers)],
         "placementPolicy": inspect.placement_policy_exists(kube),
         "degradedDevices": [
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             print(yaml.safe_dump(data, sort_keys=False).rstrip())
         return 0
     print("Placement maps")
-    print(inspect.map_table(inspect.map_statuses(kube)))
+    print(inspect.table(mapviews.VIEW_HEADERS, mapviews.views_rows(mapviews.map_views(kube))))
     print("\nPods")
     rows = inspect.gpuplace_pods(kube, schedulers)
     print(inspect.pod_table(rows))
@@ -71,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if not inspect.placement_policy_exists(kube):
         print(
-            "\nGrants: no placement policy (ConfigMap gpuplace-system/gpuplace-policy): unless the "
-            "controller denies by default, every namespace whose users may create ConfigMaps and "
-            "pods may place on every node and GPU. Write one for a shared cluster (README, Grants)."
+            "\nGrants: no placement policy (PlacementPolicy gpuplace-policy, or ConfigMap "
+            "gpuplace-system/gpuplace-policy): unless the controller denies by default, every "
+            "namespace whose users may create maps and pods may place on every node and GPU. "
+            "Write one for a shared cluster (README, Grants)."
         )
     degraded = inspect.degraded_devices(kube)
     print("\nDegraded devices")

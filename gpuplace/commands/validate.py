@@ -1,10 +1,12 @@
 """`gpuplace validate PATH...`: check placement maps the way the controller will.
 
 Reads the files named and every *.yaml / *.yml under the directories named (documents of other
-kinds are skipped), validates every PlacementMap, then checks the maps of each cluster together
-(the nearest directory with a kustomization): a map declared twice, two exclusive slots naming the
-same device on the same node. Kustomizations are checked to generate the ConfigMaps the controller
-reads. With `--policy FILE` (the cluster's PlacementPolicy) every map is also checked against the
+kinds are skipped; a ConfigMap holding a map under data.placement.yaml, as `gpuplace render`
+prints it, is read as that map), validates every PlacementMap, then checks the maps of each
+cluster together (the nearest directory with a kustomization): a map declared twice, two exclusive
+slots naming the same device on the same node. Kustomizations are checked to serve the maps the
+way the controller reads them: generated ConfigMaps, or map files listed under `resources:` and
+applied as PlacementMap custom resources. With `--policy FILE` (the cluster's PlacementPolicy) every map is also checked against the
 grants of its namespace, as the webhook will at apply time; node selectors of grants need the
 cluster's node labels, so a node that only a selector could grant is not reported here.
 Exit status 0 when everything is valid (warnings allowed), 1 otherwise.

@@ -204,7 +204,7 @@ def _register(kube: Kube, settings: WebhookSettings, ca_bundle: bytes) -> None:
     admission = settings.admission
     legacy = admission.legacy_scheduler_names if admission.legacy_mode else ()
     apply_configuration(kube, mutating_configuration(name, endpoint, legacy_scheduler_names=legacy))
-    apply_configuration(kube, validating_configuration(name, endpoint))
+    apply_configuration(kube, validating_configuration(name, endpoint, resources=True))
     log.info("registered webhook configurations %s pointing at %s", name, url)
 
 

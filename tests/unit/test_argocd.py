@@ -11,7 +11,14 @@ import yaml
 
 from tests.chartkit import ARGOCD, CHART, NAMESPACE, REPO, SCENARIOS, argocd_documents, helm, render
 
+EXAMPLE_APPSET = REPO / "examples" / "gitops" / "argocd" / "applicationset.yaml"
+
 LUA = ARGOCD / "health" / "configmap.lua"
+#: argocd-cm key -> the script it embeds, for gpuplace's custom resources (group_Kind keys).
+RESOURCE_HEALTH = {
+    "resource.customizations.health.gpuplace.io_PlacementMap": "placementmap.lua",
+    "resource.customizations.health.gpuplace.io_PlacementPolicy": "placementpolicy.lua",
+}
 
 
 def documents(kind: str) -> list[dict[str, Any]]:
@@ -48,6 +55,15 @@ def test_argocd_cm_embeds_the_health_script_verbatim() -> None:
     assert data["resource.customizations.useOpenLibs.ConfigMap"] == "true"
 
 
+def test_argocd_cm_embeds_the_custom_resource_health_scripts_verbatim() -> None:
+    data = only("ConfigMap", "argocd-cm")["data"]
+    for key, script in RESOURCE_HEALTH.items():
+        assert data[key] == (ARGOCD / "health" / script).read_text(), key
+    # They read plain fields: no useOpenLibs for their kinds (tests run them without the string
+    # library, as ArgoCD does).
+    assert not [k for k in data if k.startswith("resource.customizations.useOpenLibs.gpuplace")]
+
+
 def test_argocd_cm_gives_applications_their_own_health() -> None:
     """Without it ArgoCD reports every Application Healthy, and root.yaml's sync waves would apply
     the maps before the chart's webhook is up."""
@@ -77,8 +93,17 @@ def test_project_whitelists_exactly_the_kinds_gpuplace_uses(
         for entry in project[key]
     }
     # Beyond the chart: the placement-map ConfigMaps and their namespaces (already chart kinds),
-    # and the preflight Workflow (`gpuplace preflight`, a PreSync hook next to the maps).
-    used = chart_kinds | {("", "ConfigMap"), ("", "Namespace"), ("argoproj.io", "Workflow")}
+    # the maps and the policy as custom resources and their CRDs (the chart's, whether rendered
+    # from templates or from crds/), and the preflight Workflow (`gpuplace preflight`, a PreSync
+    # hook next to the maps).
+    used = chart_kinds | {
+        ("", "ConfigMap"),
+        ("", "Namespace"),
+        ("argoproj.io", "Workflow"),
+        ("apiextensions.k8s.io", "CustomResourceDefinition"),
+        ("gpuplace.io", "PlacementMap"),
+        ("gpuplace.io", "PlacementPolicy"),
+    }
     assert whitelisted == used
     cluster_scoped = {(e["group"], e["kind"]) for e in project["clusterResourceWhitelist"]}
     assert cluster_scoped == {
@@ -89,6 +114,8 @@ def test_project_whitelists_exactly_the_kinds_gpuplace_uses(
         ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"),
         ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"),
         ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration"),
+        ("apiextensions.k8s.io", "CustomResourceDefinition"),
+        ("gpuplace.io", "PlacementPolicy"),
     }
 
 
@@ -171,6 +198,24 @@ def test_sync_waves_put_the_chart_before_the_maps_before_the_workloads() -> None
     assert by_kind["Namespace"] < by_kind["ConfigMap"] == wave(maps) < 10
     map_patch = next(p for p in patches if p["target"]["kind"] == "ConfigMap")
     assert map_patch["target"]["labelSelector"] == "gpuplace.io/placement-map=true"
+    # Either form of a map goes out in the same wave, after the grants that admit it.
+    assert by_kind["PlacementMap"] == by_kind["ConfigMap"]
+    assert by_kind["Namespace"] == by_kind["PlacementPolicy"] < by_kind["PlacementMap"]
+    for kind in ("PlacementMap", "PlacementPolicy"):
+        patch = next(p for p in patches if p["target"]["kind"] == kind)
+        assert patch["target"]["group"] == "gpuplace.io"
+        assert yaml.safe_load(patch["patch"])["apiVersion"] == "gpuplace.io/v1alpha1"
+
+
+def test_the_maps_are_synced_server_side_so_unknown_fields_fail_the_sync() -> None:
+    """With server-side apply the apiserver refuses a field the CRD does not declare ("field not
+    declared in schema"); ArgoCD sends no fieldValidation, so client-side apply would have the
+    apiserver drop it with a warning instead."""
+    for source in (ARGOCD / "applicationset-placement-maps.yaml", EXAMPLE_APPSET):
+        template = yaml.safe_load(source.read_text())["spec"]["template"]["spec"]
+        options = template["syncPolicy"]["syncOptions"]
+        assert "ServerSideApply=true" in options, source
+        assert "Validate=false" not in options, source
 
 
 def test_root_application_syncs_the_project_and_both_applications() -> None:

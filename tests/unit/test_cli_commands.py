@@ -18,6 +18,7 @@ PRODUCT = [
     "explain",
     "gpus",
     "key",
+    "migrate",
     "preflight",
     "render",
     "status",

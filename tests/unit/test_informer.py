@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kubeio.errors import APIError
+from kubeio.errors import APIError, APINotFoundError
 from kubeio.informer import ADDED, DELETED, MODIFIED, SYNC, Informer
 
 PATH = "/api/v1/namespaces/ml/pods"
@@ -169,3 +169,36 @@ def test_resync_redelivers_every_cached_object() -> None:
     informer, seen = run(api)
     informer.resync()
     assert sorted(e for e in seen if e[0] == SYNC) == [(SYNC, "a", "1"), (SYNC, "b", "2")]
+
+
+class AbsentFirst(Apiserver):
+    """Answers the first list 404 (a CRD not installed yet), then as scripted."""
+
+    def __init__(self, lists: list[list[dict[str, Any]]], watches: list[Any]) -> None:
+        super().__init__(lists, watches)
+        self.absent = True
+
+    def get(self, path: str, **query: Any) -> dict[str, Any]:
+        if self.absent:
+            self.absent = False
+            raise APINotFoundError(404, "NotFound", "the server could not find the resource")
+        return super().get(path, **query)
+
+
+def test_an_optional_resource_that_is_not_served_is_empty_synced_and_listed_again() -> None:
+    api = AbsentFirst([[page([pod("a", "1")], "5")]], [])
+    informer, seen = run(api, optional=True, absent_retry_seconds=0.01)
+    assert informer.synced.is_set() and informer.failing_since is None
+    assert seen == [(ADDED, "a", None)]  # listed again once served
+
+
+def test_a_required_resource_that_is_not_served_is_a_failure() -> None:
+    api = AbsentFirst([[page([pod("a", "1")], "5")]], [])
+    informer = Informer(api, PATH, name="pods")  # type: ignore[arg-type]
+    informer.start()
+    try:
+        assert not informer.wait_synced(0.1)
+        assert informer.failing_since is not None
+    finally:
+        informer.stop()
+        api.done.set()

@@ -43,7 +43,7 @@ from gpuplace_dev.localcluster import (
 from gpuplace_dev.localcluster.process import poll
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
-from kubeio.paths import CONFIGMAPS, MUTATING_WEBHOOKS, PODS, RESOURCE_CLAIMS
+from kubeio.paths import CONFIGMAPS, MUTATING_WEBHOOKS, PLACEMENT_MAPS, PODS, RESOURCE_CLAIMS
 from kubeio.pod import Pod
 from placement.annotations import DEVICES_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
@@ -154,6 +154,7 @@ class Demo:
         self._broken_map_step(repo)
         if self.argocd is not None:
             self._degraded_step(repo)
+            self._resource_form_step(repo)
         self._operator_step(moved)
         if self.real_node:
             self._dra_step(repo)
@@ -640,6 +641,99 @@ class Demo:
             and "GPU-00000004-0000-4000-8000-000000000009" in embeddings.message,
             "the map's status names the missing GPU",
         )
+
+    def _resource_form_step(self, repo: GitOpsRepo) -> None:
+        """`gpuplace migrate`: the maps become PlacementMap custom resources through ArgoCD, with
+        no pod rebound and none drifted; a bad custom resource fails the sync with its field."""
+        assert self.argocd is not None and self.cluster is not None
+        self.step(
+            "Commit the maps as PlacementMap custom resources (gpuplace migrate): no pod moves"
+        )
+        before = {k: (p.node, p.devices) for k, p in self.pods().items()}
+        uids = self._pod_uids()
+        configmaps = set(self._map_configmaps())
+        migrated = run_cli("migrate", str(repo.path / CLUSTER_DIR))
+        self.out(f"    $ gpuplace migrate {CLUSTER_DIR}\n" + _indent(migrated.stdout))
+        self.check(migrated.returncode == 0, f"gpuplace migrate rewrote {CLUSTER_DIR}")
+        commit = repo.commit("Serve the dev maps as PlacementMap custom resources")
+        result = self._sync(repo, commit)
+        self.check(result.ok, f"sync of {commit} applied")
+        state = self.argocd.settled(commit, "Degraded")
+        self.wait("the map ConfigMaps pruned", lambda: not self._map_configmaps())
+        table = self.cluster.kubectl("get", "placementmaps", "-A").stdout
+        self.out(_indent(table.rstrip()))
+        self.check(
+            state.resource_health("PlacementMap", "inference/embeddings") == "Degraded"
+            and state.resource_health("PlacementMap", "inference/llm-serving") == "Healthy",
+            "the PlacementMap health check reads the conditions: embeddings Degraded, "
+            "llm-serving Healthy",
+        )
+        resources = self._placement_maps()
+        names = {f"{r['metadata']['namespace']}/{r['metadata']['name']}" for r in resources}
+        self.check(
+            names == configmaps
+            and all(
+                (r.get("status") or {}).get("observedGeneration") == r["metadata"]["generation"]
+                for r in resources
+            ),
+            f"each of the {len(configmaps)} maps is a PlacementMap the controller has read "
+            "(observedGeneration current), and its ConfigMap is gone",
+        )
+        after = {k: (p.node, p.devices) for k, p in self.pods().items()}
+        self.check(
+            after == before and self._pod_uids() == uids,
+            "no pod was rebound: same pods, nodes and GPUs",
+        )
+        self.check(
+            all((r.get("status") or {}).get("slots", {}).get("drifted") == 0 for r in resources),
+            "no pod drifted",
+        )
+        self.step("Commit a PlacementMap with a semantic error, then one with an unknown field")
+        repo.edit(LLM_MAP, "      devices: [2, 3]", "      devices: [2, 2]")
+        broken = repo.commit("A typo in the custom resource: device 2 twice")
+        result = self._sync(repo, broken, rejected=True)
+        self.out(_indent(result.output.strip()))
+        self.check(
+            not result.ok
+            and "placementmap inference/llm-serving" in result.output
+            and "spec.placements[" in result.output
+            and "listed twice" in result.output,
+            "the webhook refused the sync, naming the object and the field path",
+        )
+        repo.edit(LLM_MAP, "      devices: [2, 2]", "      devices: [2, 3]\n      colour: blue")
+        unknown = repo.commit("An unknown field in the custom resource")
+        result = self._sync(repo, unknown, rejected=True)
+        self.out(_indent(result.output.strip()))
+        self.check(
+            not result.ok and "colour" in result.output,
+            "the apiserver refused the unknown field (server-side apply against the schema)",
+        )
+        repo.edit(LLM_MAP, "      devices: [2, 3]\n      colour: blue", "      devices: [2, 3]")
+        fixed = repo.commit("Fix the custom resource")
+        self.check(self._sync(repo, fixed).ok, f"sync of {fixed} applied")
+        self.argocd.settled(fixed, "Degraded")
+        after = {k: (p.node, p.devices) for k, p in self.pods().items()}
+        self.check(after == before, "the running placement is unchanged")
+
+    def _pod_uids(self) -> dict[str, str]:
+        uids = {}
+        for namespace in {key.split("/")[0] for key in self.pods()}:
+            for pod in self.kube.get(PODS.collection(namespace)).get("items", []):
+                uids[f"{namespace}/{pod['metadata']['name']}"] = pod["metadata"]["uid"]
+        return uids
+
+    def _map_configmaps(self) -> list[str]:
+        body = self.kube.get(
+            CONFIGMAPS.collection(), labelSelector="gpuplace.io/placement-map=true"
+        )
+        return [
+            f"{o['metadata']['namespace']}/{o['metadata']['name']}"
+            for o in body.get("items", [])
+            if o["metadata"]["name"] != realnode.DRA_MAP_NAME
+        ]
+
+    def _placement_maps(self) -> list[dict[str, Any]]:
+        return list(self.kube.get(PLACEMENT_MAPS.collection()).get("items", []))
 
     def _real_node_step(self, repo: GitOpsRepo) -> None:
         """A map for gpu-probe pods on the real node, through git like the others; what each
