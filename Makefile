@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: test-tools help venv image e2e-chart control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
+.PHONY: crds test-tools help venv image e2e-chart control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
 
 help:
 	@echo "make test | demo | demo-quick | lint | image | e2e-chart | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
@@ -49,6 +49,11 @@ redis:
 
 fakenvml:
 	@$(MAKE) --no-print-directory -C tests/fakenvml
+
+# charts/gpuplace/crds: the PlacementMap and PlacementPolicy CRDs, generated from the models in
+# placement/ (a unit test checks the files match).
+crds: $(STAMP)
+	$(BIN)/gpuplace crds --write charts/gpuplace/crds
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -9,6 +9,7 @@ from placement.types import (
     KIND,
     MAX_COUNT,
     MAX_INDEX,
+    MAX_PLACEMENTS,
     EnvMode,
     Indexing,
     RolloutStrategy,
@@ -19,38 +20,110 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=
 
 
 class RequireSpec(BaseModel):
+    """What the entry's GPUs must be (checked against the node's inventory)."""
+
     model_config = _STRICT
 
-    product: StrictStr | None = None
-    min_memory_mib: StrictInt | None = Field(default=None, alias="minMemoryMiB", ge=1)
+    product: StrictStr | None = Field(
+        default=None,
+        description='NVML product name the GPUs must report, e.g. "NVIDIA H100 80GB HBM3".',
+    )
+    min_memory_mib: StrictInt | None = Field(
+        default=None,
+        alias="minMemoryMiB",
+        ge=1,
+        description="Least memory each GPU must have, in MiB.",
+    )
 
 
 class PlacementSpec(BaseModel):
+    """One slot: the node and the GPUs of the pod with this index."""
+
     model_config = _STRICT
 
-    index: StrictInt = Field(ge=0, le=MAX_INDEX)
-    node: StrictStr = Field(min_length=1, max_length=253)
-    devices: list[StrictInt | StrictStr] | None = None
-    count: StrictInt | None = Field(default=None, ge=1, le=MAX_COUNT)
-    require: RequireSpec | None = None
+    index: StrictInt = Field(
+        ge=0,
+        le=MAX_INDEX,
+        description="Slot index: the pod's StatefulSet ordinal, gpuplace.io/index label or "
+        "allocated slot. Unique within the map.",
+    )
+    node: StrictStr = Field(
+        min_length=1,
+        max_length=253,
+        description="Node name, or a logical name resolved through the node alias label "
+        "(gpu-node-name by default).",
+    )
+    devices: list[StrictInt | StrictStr] | None = Field(
+        default=None,
+        max_length=MAX_COUNT,
+        description="NVML indices or GPU UUIDs (GPU-...); exclusive with count. UUIDs stay "
+        "stable across reboots.",
+    )
+    count: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description="How many GPUs the controller picks on the node (and keeps); exclusive "
+        "with devices.",
+    )
+    require: RequireSpec | None = Field(
+        default=None, description="What the GPUs must be: product name, least memory."
+    )
 
 
 class RolloutSpec(BaseModel):
+    """What happens to bound pods whose slot a new version of the map moved or removed."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    strategy: RolloutStrategy = RolloutStrategy.MANUAL
-    max_unavailable: StrictInt = Field(default=1, alias="maxUnavailable", ge=1, le=MAX_INDEX)
+    strategy: RolloutStrategy = Field(
+        default=RolloutStrategy.MANUAL,
+        description="manual: drifted pods stay where they are (status shows them); evict: "
+        "they are evicted (honouring PodDisruptionBudgets) and placed on their new slots.",
+    )
+    max_unavailable: StrictInt = Field(
+        default=1,
+        alias="maxUnavailable",
+        ge=1,
+        le=MAX_INDEX,
+        description="Most drifted pods evicted at a time (strategy evict).",
+    )
 
 
 class MapSpec(BaseModel):
+    """Where each pod of the map goes: one entry per slot, in `placements` or in `map`."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    sharing: Sharing = Sharing.EXCLUSIVE
-    indexing: Indexing = Indexing.AUTO
-    env_mode: EnvMode = Field(default=EnvMode.INDEX, alias="envMode")
-    placements: list[PlacementSpec] | None = None
-    map: StrictStr | None = None
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    sharing: Sharing = Field(
+        default=Sharing.EXCLUSIVE,
+        description="exclusive: no two slots (of any map) share a GPU; shared: slots may.",
+    )
+    indexing: Indexing = Field(
+        default=Indexing.AUTO,
+        description="How a pod finds its index: auto (label, then StatefulSet ordinal, then "
+        "name suffix, else allocated), ordinal, label (gpuplace.io/index), allocate.",
+    )
+    env_mode: EnvMode = Field(
+        default=EnvMode.INDEX,
+        alias="envMode",
+        description="CUDA_VISIBLE_DEVICES as NVML indices (index) or GPU UUIDs (uuid, also "
+        "NVIDIA_VISIBLE_DEVICES).",
+    )
+    placements: list[PlacementSpec] | None = Field(
+        default=None,
+        max_length=MAX_PLACEMENTS,
+        description="The slots, one entry per index (unique); exclusive with map.",
+    )
+    map: StrictStr | None = Field(
+        default=None,
+        description="Legacy alternative to placements: one `<index>=<node>:<devices>` line "
+        "per slot, e.g. 0=node1:0,1.",
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        description="What happens to bound pods whose slot a new version of the map changed.",
+    )
 
 
 class Metadata(BaseModel):

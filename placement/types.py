@@ -37,6 +37,8 @@ DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # A label value (<= 63 characters): what a logical node name resolved via a node label may be.
 LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+#: What `is_node_ref` accepts (up to 253 characters), as one pattern for schemas.
+NODE_REF_PATTERN = f"^(?:{DNS_SUBDOMAIN_RE.pattern[1:-1]}|{LABEL_VALUE_RE.pattern[1:-1]})$"
 
 
 def is_node_ref(text: str) -> bool:

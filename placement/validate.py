@@ -108,9 +108,9 @@ def _error_path(doc: Document, error: ErrorDetails) -> Path:
         candidate = (*path, part)
         # Mapping keys that YAML read as numbers are recorded under their text.
         spelled = (*path, str(part))
-        if candidate in doc.values or candidate in doc.keys:
+        if _exists(doc, candidate):
             path = candidate
-        elif spelled in doc.values or spelled in doc.keys:
+        elif _exists(doc, spelled):
             path = spelled
         elif error["type"] in ("missing", "extra_forbidden") and part == raw_loc[-1]:
             path = candidate
@@ -118,6 +118,19 @@ def _error_path(doc: Document, error: ErrorDetails) -> Path:
             # Union members add their type name to `loc`.
             break
     return path
+
+
+def _exists(doc: Document, path: Path) -> bool:
+    """Whether `path` names a value or key of the document (walked, when it has no positions)."""
+    if doc.positioned:
+        return path in doc.values or path in doc.keys
+    value: Any = doc.value
+    for part in path:
+        in_list = isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value)
+        if not (in_list or (isinstance(value, dict) and part in value)):
+            return False
+        value = value[part]
+    return True
 
 
 def _bound_message(name: str, error: ErrorDetails) -> str:

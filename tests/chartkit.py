@@ -138,6 +138,8 @@ SCENARIOS = (
         },
     ),
     Scenario("inventory-namespace-external", {"global": {"inventoryNamespace": {"create": False}}}),
+    Scenario("crds-managed", {"crds": {"managed": True}}),
+    Scenario("configmap-maps-off", {"maps": {"configMaps": {"enabled": False}}}),
     Scenario(
         "production",
         {

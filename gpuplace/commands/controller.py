@@ -105,6 +105,20 @@ def _add_binder_flags(flags: EnvFlags) -> None:
 
 def _add_source_flags(flags: EnvFlags) -> None:
     flags.string("--source", "GPUPLACE_SOURCE", "configmap", choices=("configmap", "git"))
+    flags.toggle(
+        "--configmap-maps",
+        "GPUPLACE_CONFIGMAP_MAPS",
+        True,
+        help="read maps from ConfigMaps labelled gpuplace.io/placement-map=true (off: the chart's "
+        "maps.configMaps.enabled=false, which also narrows the controller's RBAC)",
+    )
+    flags.toggle(
+        "--resource-maps",
+        "GPUPLACE_RESOURCE_MAPS",
+        True,
+        help="read maps and the placement policy from their custom resources (CRDs "
+        "placementmaps.gpuplace.io, placementpolicies.gpuplace.io)",
+    )
     flags.string("--repo", "GPUPLACE_GIT_REPO", "")
     flags.string("--branch", "GPUPLACE_GIT_BRANCH", "main")
     flags.string("--path", "GPUPLACE_GIT_PATH", "")
@@ -125,6 +139,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         retry_seconds=args.retry_seconds,
         alias_label=args.node_alias_label,
         source=args.source,
+        configmap_maps=args.configmap_maps,
+        resource_maps=args.resource_maps,
         git=GitSourceSettings(args.repo, args.branch, args.path, args.git_interval_seconds),
         metrics_host=host or "0.0.0.0",  # noqa: S104
         metrics_port=int(port),

@@ -119,20 +119,23 @@ def test_a_placementmap_resource_places_pods_and_reports_conditions(
         assert header.split() == ["NAME", "PHASE", "SLOTS", "BOUND", "DRIFTED", "AGE"]
         assert row.split()[:5] == ["llm", "Valid", "2", "2", "0"]
 
-        # A GPU the inventory lacks: Degraded, with the device in the condition's message.
-        apply_resource(cluster, map_yaml(ns, "llm", [(0, nodes[0], [0, 1]), (1, nodes[1], [7])]))
+        # Slot 1 moves to GPU 3 (its pod drifts); a new slot 2 names a GPU the inventory lacks.
+        moved = [(0, nodes[0], [0, 1]), (1, nodes[1], [3]), (2, nodes[1], [7])]
+        apply_resource(cluster, map_yaml(ns, "llm", moved))
         obj = wait_for_resource(cluster, ns, "llm", "Degraded")
         degraded = condition(obj, "Degraded")
         assert degraded["status"] == "True" and nodes[1] in degraded["message"]
         assert condition(obj, "Ready")["status"] == "False"
-        # ... and the bound pod of the moved slot drifted.
         obj = wait_for(
             "the drift on the resource",
             lambda: (
-                (o := get_resource(cluster, ns, "llm")) and o["status"]["slots"]["drifted"] and o
+                (o := get_resource(cluster, ns, "llm"))
+                and o["status"]["slots"]["drifted"] == 1
+                and o
             ),
         )
         assert condition(obj, "Drifted")["status"] == "True"
+        assert "manual" in condition(obj, "Drifted")["message"]
         described = cluster.kubectl("describe", "pm", "-n", ns, "llm").stdout
         assert "Degraded" in described and "Drifted" in described
 

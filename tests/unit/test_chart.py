@@ -88,6 +88,7 @@ def test_every_object_is_labelled_and_namespaced_where_it_belongs(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     cluster_scoped = {
+        "CustomResourceDefinition",
         "Namespace",
         "ClusterRole",
         "ClusterRoleBinding",

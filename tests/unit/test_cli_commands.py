@@ -14,6 +14,7 @@ PRODUCT = [
     "agent",
     "completion",
     "controller",
+    "crds",
     "diff",
     "explain",
     "gpus",

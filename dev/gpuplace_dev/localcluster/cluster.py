@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl
 
 import yaml
 
-from gpuplace_dev.localcluster import network, policies
+from gpuplace_dev.localcluster import crds, network, policies
 from gpuplace_dev.localcluster.binaries import ControlPlaneBinaries, find_binaries
 from gpuplace_dev.localcluster.layout import ClusterLayout, ClusterState
 from gpuplace_dev.localcluster.nodebinaries import NodeBinaries, find_node_binaries
@@ -389,6 +389,20 @@ class LocalCluster:
         cert, key = self.layout.cert(ADMIN_USER), self.layout.key(ADMIN_USER)
         return Kube.with_client_certificate(server or self.server, self.ca_file, cert, key)
 
+    def _install_crds(self) -> None:
+        """placementmaps.gpuplace.io and placementpolicies.gpuplace.io, as the chart installs
+        them; returns once the apiserver serves both."""
+        try:
+            names = crds.create(self.request)
+        except crds.CrdError as error:
+            raise ClusterError(str(error)) from error
+        self.wait_for(
+            "gpuplace's CRDs to be Established",
+            lambda: crds.established(self.request, names),
+            timeout=60,
+            interval=0.1,
+        )
+
     def _install_policies(self) -> None:
         """The chart's ValidatingAdmissionPolicies, so every test runs under them."""
         self._create_policies(policies.local_copies(policies.AGENT, policies.CONTROLLER))
@@ -583,7 +597,8 @@ class LocalCluster:
         apiserver_port: int,
         began: float,
     ) -> None:
-        """etcd and kube-apiserver; returns once the apiserver is ready, its policies installed."""
+        """etcd and kube-apiserver; returns once the apiserver is ready, with gpuplace's CRDs and
+        policies installed."""
         layout = self.layout
         self._spawn("etcd", _etcd_args(binaries, layout, etcd_port, etcd_peer_port), env)
         layout.audit_policy.write_text(_AUDIT_POLICY)
@@ -598,6 +613,8 @@ class LocalCluster:
         self._spawn("kube-apiserver", args, env)
         self.wait_for("kube-apiserver /readyz", lambda: self._status("/readyz") == 200)
         self._phase("apiserver ready", began)
+        self._install_crds()
+        self._phase("CRDs established", began)
         if self._policies:
             self._install_policies()
 
