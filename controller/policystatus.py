@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from controller.writer import patched
 from kubeio.client import Kube, Obj
-from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.paths import CONFIGMAPS, PLACEMENT_POLICIES
 from kubeio.times import now_time
 from placement.annotations import STATUS_ANNOTATION
@@ -95,22 +95,16 @@ def write_policy_status(
     """Writes one verdict onto its object unless it already says so; False when it failed."""
     meta = obj.get("metadata") or {}
     name = str(meta.get("name") or "")
-    try:
-        if resource:
-            current = obj.get("status")
-            body = verdict.resource_status(current, now_time())
-            if isinstance(current, dict) and comparable(current) == comparable(body):
-                return True
-            kube.patch(PLACEMENT_POLICIES.item(name, subresource="status"), {"status": body})
-        else:
-            text = verdict.annotation()
-            if (meta.get("annotations") or {}).get(STATUS_ANNOTATION) == text:
-                return True
-            annotations = {"metadata": {"annotations": {STATUS_ANNOTATION: text}}}
-            kube.patch(CONFIGMAPS.item(name, namespace), annotations)
-    except (APINotFoundError, APIConflictError):
-        return False
-    except APIError as exc:
-        log.warning("status of the placement policy %s not written: %s", name, exc)
-        return False
-    return True
+    what = f"the placement policy {name}"
+    if resource:
+        current = obj.get("status")
+        body = verdict.resource_status(current, now_time())
+        if isinstance(current, dict) and comparable(current) == comparable(body):
+            return True
+        path = PLACEMENT_POLICIES.item(name, subresource="status")
+        return patched(kube, path, {"status": body}, what)
+    text = verdict.annotation()
+    if (meta.get("annotations") or {}).get(STATUS_ANNOTATION) == text:
+        return True
+    annotations = {"metadata": {"annotations": {STATUS_ANNOTATION: text}}}
+    return patched(kube, CONFIGMAPS.item(name, namespace), annotations, what)

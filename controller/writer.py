@@ -63,23 +63,23 @@ class ModelWriter:
 def patch_status(kube: Kube, key: MapKey, status: MapStatus) -> bool:
     """Sets the status annotation on a source map; False if the map is gone."""
     body = {"metadata": {"annotations": {STATUS_ANNOTATION: status.to_json()}}}
-    try:
-        kube.patch(CONFIGMAPS.item(key.name, key.namespace), body)
-    except (APINotFoundError, APIConflictError):
-        return False
-    except APIError as exc:
-        log.warning("status of %s not written: %s", key, exc)
-        return False
-    return True
+    return patched(kube, CONFIGMAPS.item(key.name, key.namespace), body, str(key))
 
 
 def patch_resource_status(kube: Kube, key: MapKey, status: Mapping[str, Any]) -> bool:
     """Sets the status of a PlacementMap custom resource; False if it is gone or not written."""
+    path = PLACEMENT_MAPS.item(key.name, key.namespace, "status")
+    return patched(kube, path, {"status": status}, str(key))
+
+
+def patched(kube: Kube, path: str, body: Mapping[str, Any], what: str) -> bool:
+    """A merge patch of a status; False when the object is gone, changed meanwhile or the write
+    failed (logged: the next pass writes it again)."""
     try:
-        kube.patch(PLACEMENT_MAPS.item(key.name, key.namespace, "status"), {"status": status})
+        kube.patch(path, body)
     except (APINotFoundError, APIConflictError):
         return False
     except APIError as exc:
-        log.warning("status of %s not written: %s", key, exc)
+        log.warning("status of %s not written: %s", what, exc)
         return False
     return True

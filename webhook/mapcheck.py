@@ -6,12 +6,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL, source_name
 from placement.errors import PlacementError, format_all
 from placement.grants import GrantView, check_map
+from placement.maps import PlacementMap
 from placement.resource import map_from_resource, policy_from_resource
 from placement.types import MapKey
 from placement.validate import parse_map_for
@@ -60,8 +61,14 @@ def check_configmap(request: AdmissionRequest, grants: GrantView | None = None) 
         # would keep the controller from reporting that a map applied while this webhook was
         # down is invalid.
         return Verdict(True)
+    return _judged(lambda: parse_map_for(text, source_name(key), key), grants)
+
+
+def _judged(read: Callable[[], PlacementMap], grants: GrantView | None) -> Verdict:
+    """The verdict on the map `read` returns: refused if it raises, or if the namespace's
+    grants do not allow all of it; admitted with its warnings otherwise."""
     try:
-        pmap = parse_map_for(text, source_name(key), key)
+        pmap = read()
     except PlacementError as exc:
         return _invalid(exc.format())
     denied = check_map(grants, pmap) if grants is not None else []
@@ -98,14 +105,7 @@ def check_resource(request: AdmissionRequest, grants: GrantView | None = None) -
         and old.get("spec") == obj.get("spec")
     ):
         return Verdict(True)  # metadata only: the map did not change
-    try:
-        pmap = map_from_resource(obj)
-    except PlacementError as exc:
-        return _invalid(exc.format())
-    denied = check_map(grants, pmap) if grants is not None else []
-    if denied:
-        return Verdict.deny(format_all(denied), code=403, reason="Forbidden")
-    return Verdict(True, warnings=tuple(w.format() for w in pmap.warnings))
+    return _judged(lambda: map_from_resource(obj), grants)
 
 
 def check_policy_resource(request: AdmissionRequest) -> Verdict:

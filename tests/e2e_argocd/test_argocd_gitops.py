@@ -66,12 +66,12 @@ def test_git_commits_reach_the_cluster_through_argocd() -> None:
         "ok  the map's status names the missing GPU",
         # the maps become PlacementMap custom resources through ArgoCD: nothing moves
         "$ gpuplace migrate clusters/dev",
-        "ok  the PlacementMap health check reads the conditions: embeddings Degraded, "
-        "llm-serving Healthy",
         "ok  no pod was rebound: same pods, nodes and GPUs",
         "ok  no pod drifted",
         "ok  the webhook refused the sync, naming the object and the field path",
         "ok  the apiserver refused the unknown field",
+        "ok  the PlacementMap health check reads the conditions: embeddings Degraded, "
+        "llm-serving Healthy",
         # a values commit: ArgoCD rolls gpuplace over to dra enforcement
         "sets global.enforcement.mode: dra",
         "ok  ArgoCD rolled the controller and the webhook over to --enforcement=dra",

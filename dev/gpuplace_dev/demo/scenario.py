@@ -54,6 +54,8 @@ GPUS = 4
 CLUSTER_DIR = "clusters/dev"
 LLM_MAP = f"{CLUSTER_DIR}/maps/llm-serving.yaml"
 EMBEDDINGS_MAP = f"{CLUSTER_DIR}/maps/embeddings.yaml"
+PRESENT_GPU = "devices: [GPU-00000004-0000-4000-8000-000000000001]"
+MISSING_GPU = "devices: [GPU-00000004-0000-4000-8000-000000000009]"
 #: The pods of examples/workloads that maps place (the trainer's pods are named by their Deployment).
 WORKLOAD_PODS = [
     "inference/llm-serving-0",
@@ -611,11 +613,7 @@ class Demo:
         assert self.argocd is not None
         self.step("Commit a fix and a map naming a GPU that does not exist: health turns Degraded")
         repo.edit(LLM_MAP, "      devices: [2, 2]", "      devices: [2, 3]")
-        repo.edit(
-            EMBEDDINGS_MAP,
-            "devices: [GPU-00000004-0000-4000-8000-000000000001]",
-            "devices: [GPU-00000004-0000-4000-8000-000000000009]",
-        )
+        repo.edit(EMBEDDINGS_MAP, PRESENT_GPU, MISSING_GPU)
         missing = repo.commit("Fix the typo; embeddings index 1 on a GPU gpu-node-4 does not have")
         recorder = self.argocd.record()
         result = self._sync(repo, missing)
@@ -655,19 +653,16 @@ class Demo:
         migrated = run_cli("migrate", str(repo.path / CLUSTER_DIR))
         self.out(f"    $ gpuplace migrate {CLUSTER_DIR}\n" + _indent(migrated.stdout))
         self.check(migrated.returncode == 0, f"gpuplace migrate rewrote {CLUSTER_DIR}")
+        # ArgoCD waits for a wave's health before the next one (PruneLast puts the pruning of
+        # the ConfigMaps after the maps): a Degraded map would fail this sync, so it is fixed.
+        repo.edit(EMBEDDINGS_MAP, MISSING_GPU, PRESENT_GPU)
         commit = repo.commit("Serve the dev maps as PlacementMap custom resources")
         result = self._sync(repo, commit)
         self.check(result.ok, f"sync of {commit} applied")
-        state = self.argocd.settled(commit, "Degraded")
+        self.argocd.settled(commit, "Healthy")
         self.wait("the map ConfigMaps pruned", lambda: not self._map_configmaps())
         table = self.cluster.kubectl("get", "placementmaps", "-A").stdout
         self.out(_indent(table.rstrip()))
-        self.check(
-            state.resource_health("PlacementMap", "inference/embeddings") == "Degraded"
-            and state.resource_health("PlacementMap", "inference/llm-serving") == "Healthy",
-            "the PlacementMap health check reads the conditions: embeddings Degraded, "
-            "llm-serving Healthy",
-        )
         resources = self._placement_maps()
         names = {f"{r['metadata']['namespace']}/{r['metadata']['name']}" for r in resources}
         self.check(
@@ -709,9 +704,16 @@ class Demo:
             "the apiserver refused the unknown field (server-side apply against the schema)",
         )
         repo.edit(LLM_MAP, "      devices: [2, 3]\n      colour: blue", "      devices: [2, 3]")
-        fixed = repo.commit("Fix the custom resource")
+        repo.edit(EMBEDDINGS_MAP, PRESENT_GPU, MISSING_GPU)
+        fixed = repo.commit("Fix the custom resource; embeddings index 1 on a missing GPU again")
         self.check(self._sync(repo, fixed).ok, f"sync of {fixed} applied")
-        self.argocd.settled(fixed, "Degraded")
+        state = self.argocd.settled(fixed, "Degraded")
+        self.check(
+            state.resource_health("PlacementMap", "inference/embeddings") == "Degraded"
+            and state.resource_health("PlacementMap", "inference/llm-serving") == "Healthy",
+            "the PlacementMap health check reads the conditions: embeddings Degraded, "
+            "llm-serving Healthy",
+        )
         after = {k: (p.node, p.devices) for k, p in self.pods().items()}
         self.check(after == before, "the running placement is unchanged")
 
