@@ -21,10 +21,13 @@ Each repeat runs, one contender at a time:
    as above. A FlowSchema puts its requests in API Priority and Fairness' exempt level, where the
    admin user of gpuplace and of the ceiling client already is. gpuplace's controller is stopped
    meanwhile and kube-scheduler runs only here.
-4. The ceiling: pods with a schedulerName nobody serves, then a minimal client (threads, one
-   keep-alive connection each) that only POSTs their Bindings, carrying the same annotations as
-   gpuplace's, with the same pod watch running and the rate read from it as in the drains. The
-   best of 32, 64, 128 and 256 threads is found once, before the repeats.
+4. The ceiling: pods with a schedulerName nobody serves, then a minimal client (`bench._ceiling`:
+   P processes x T threads, one keep-alive connection each, the pods split between the processes)
+   that only POSTs their Bindings, carrying the same annotations as gpuplace's, with the same pod
+   watch running and the rate read from it as in the drains. The best shape is found once, before
+   the repeats: one process at 32, 64, 128 and 256 threads, then 2, 4, ... processes (up to the
+   machine's CPUs, at most 8) around the best so far while more processes help, so that the
+   ceiling is the apiserver's rather than one Python process's where the machine has the cores.
 
 Between runs every pod is deleted with gracePeriodSeconds=0 and the namespace is emptied; pod
 names differ per run. Everything shares the machine: on a small machine the figures are those of
@@ -52,6 +55,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from bench import Measurement, above, below, describe, machine, print_tables
+from bench._ceiling import BindingClient, Shape
+from bench._ceiling import search as ceiling_search
 from bench._kube import (
     MACHINE,
     OTHERS,
@@ -125,6 +130,7 @@ STEADY_THREADS = 8
 STEADY_RATES = (25, 50, 100)
 STEADY_SECONDS = 20.0
 SETUP_THREADS = 16
+#: The ceiling client's threads tried in one process; `bench._ceiling.search` then tries more.
 CEILING_CONCURRENCY = (32, 64, 128, 256)
 SCHEDULER_QPS = 5000.0
 #: How long one run may take before it counts as failed (5,000 pods on two busy cores take ~30 s).
@@ -142,6 +148,8 @@ TARGET_VS_CEILING = 0.9
 TARGET_CPU_PER_POD_MS = 0.6
 #: In a drain's extra figures: the binder's CPU seconds per pod from its first bind to its last.
 BINDING_CPU = "binder CPU per pod, first -> last bind"
+#: The bench's own process, and the ceiling client's processes counted with it.
+CLIENT = "bench client"
 TARGET_STARTUP_S = 10.0
 TARGET_P99_S = 1.0
 TARGET_WEBHOOK_P99_MS = 10.0
@@ -353,6 +361,12 @@ class Usage:
     def add(self, process: str, seconds: float) -> None:
         """Names the CPU of a process that started during the run (the machine total has it)."""
         self.cpu[process] = seconds
+        self.cpu[OTHERS] -= seconds
+
+    def charge(self, process: str, seconds: float) -> None:
+        """Counts as `process`'s the CPU of helpers that were not named when the run began
+        (the ceiling client's processes): the machine total has it."""
+        self.cpu[process] = self.cpu.get(process, 0.0) + seconds
         self.cpu[OTHERS] -= seconds
 
     def with_watcher(self, seen: Observed) -> dict[str, float]:
@@ -638,7 +652,7 @@ class PlacementBench:
             pids["gpuplace webhook"] = self.webhook.proc.pid
         if self.controller is not None and self.controller.proc is not None:
             pids["gpuplace controller"] = self.controller.proc.pid
-        pids["bench client"] = os.getpid()
+        pids[CLIENT] = os.getpid()
         return pids
 
     def _watch(self) -> PodWatch:
@@ -935,42 +949,41 @@ class PlacementBench:
         finally:
             self.cluster.stop_scheduler()
 
-    def ceiling(self, concurrency: int) -> RunResult:
-        """Only Bindings, from `concurrency` threads, for pods created beforehand."""
+    def ceiling(self, shape: Shape) -> RunResult:
+        """Only Bindings, from the minimal client in `shape`, for pods created beforehand."""
         self.stop_controller()
         self.cluster.stop_scheduler()
         run, pods = self._pods(unserved_pod)
-        order = self.scale.creation_order()
         create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
-
-        def bind(pod: int) -> tuple[float, float]:
-            body = binding(self.scale, pod, run)
-            path = PODS.item(body["metadata"]["name"], NAMESPACE, "binding")
-            sent = time.monotonic()
-            call(self.cluster, "POST", path, body, wanted={201})
-            return sent, time.monotonic()
-
+        bindings = [binding(self.scale, pod, run) for pod in self.scale.creation_order()]
         usage: list[Usage] = []
         # The same pod watch as in the drains: it loads the apiserver as much here as there, and
         # the rate is read from it the same way.
         watch = self._watch()
         try:
-            with self._measuring(usage, []):
+            client = BindingClient(self.cluster, bindings, shape, self.workdir / "ceiling")
+            with client, self._measuring(usage, []):
                 started = time.monotonic()
-                times = concurrently(order, bind, concurrency)
+                client.go()
+                posted = client.wait(RUN_TIMEOUT)
                 seen = watch.wait()
         finally:
             watch.stop()
+        # The client's processes: CPU of the bench client, as when it was one thread pool here.
+        usage[0].charge(CLIENT, posted.cpu)
         self._clear(pods)
         result = drain_result(seen, started, usage[0])
-        client_seconds = max(done for _, done in times) - min(sent for sent, _ in times)
-        latencies = [done - sent for sent, done in times]
         return replace(
             result,
-            p50=percentile(latencies, 0.5),
-            p99=percentile(latencies, 0.99),
+            p50=posted.p(0.5),
+            p99=posted.p(0.99),
             extra=result.extra
-            | {"concurrency": float(concurrency), "client pods/s": len(times) / client_seconds},
+            | {
+                "processes": float(shape.processes),
+                "threads per process": float(shape.threads),
+                "client pods/s": posted.rate,
+                "client processes' CPU": posted.cpu,
+            },
         )
 
     def idle(self, seconds: float = 10.0, settle: float = 15.0) -> dict[str, float]:
@@ -1005,7 +1018,8 @@ class Results:
     scheduler_burst: list[RunResult] = field(default_factory=list)
     scheduler_drain: list[RunResult] = field(default_factory=list)
     ceiling: list[RunResult] = field(default_factory=list)
-    ceiling_search: dict[int, float] = field(default_factory=dict)
+    #: The ceiling's search: pods/s of each shape of the minimal client tried.
+    ceiling_search: dict[Shape, float] = field(default_factory=dict)
     idle_cpu: dict[str, float] = field(default_factory=dict)
     admission: list[Admission] = field(default_factory=list)
     admission_sequential: list[Admission] = field(default_factory=list)
@@ -1066,14 +1080,12 @@ def measurements(scale: Scale, r: Results) -> list[Measurement]:
 
 
 def _throughput(label: str, r: Results) -> list[Measurement]:
-    gp_b, gp_d, ks_b, ks_d, ceil = (
+    gp_b, gp_d, ks_b, ks_d = (
         r.gpuplace_burst,
         r.gpuplace_drain,
         r.scheduler_burst,
         r.scheduler_drain,
-        r.ceiling,
     )
-    best = int(ceil[0].extra["concurrency"]) if ceil else 0
     controller = "gpuplace controller"
     return [
         below(label, "gpuplace burst: pods/s (create -> bound)", rates(gp_b), "pods/s"),
@@ -1116,19 +1128,67 @@ def _throughput(label: str, r: Results) -> list[Measurement]:
         below(label, "kube-scheduler burst: create -> bound p99", _p(ks_b, "p99"), "s"),
         below(label, "kube-scheduler drain: pods/s", rates(ks_d), "pods/s"),
         below(label, "kube-scheduler drain: CPU", _cpu(ks_d, "kube-scheduler"), "s"),
-        below(label, "gpuplace / kube-scheduler, burst", ratio(gp_b, ks_b), "x"),
-        above(
-            label, "gpuplace / kube-scheduler, drain", ratio(gp_d, ks_d), "x", TARGET_VS_SCHEDULER
+        *vs(
+            label, "gpuplace / kube-scheduler, burst", ("gpuplace", gp_b), ("kube-scheduler", ks_b)
         ),
-        below(
+        *vs(
             label,
-            f"Binding ceiling: pods/s (best of {len(r.ceiling_search)}: {best} threads)",
-            rates(ceil),
-            "pods/s",
+            "gpuplace / kube-scheduler, drain",
+            ("gpuplace", gp_d),
+            ("kube-scheduler", ks_d),
+            TARGET_VS_SCHEDULER,
         ),
-        above(label, "gpuplace drain / ceiling", ratio(gp_d, ceil), "x", TARGET_VS_CEILING),
-        below(label, "ceiling: client CPU per bound pod", per_pod_ms(ceil, "bench client"), "ms"),
-        below(label, "gpuplace burst / ceiling", ratio(gp_b, ceil), "x"),
+        *ceiling_rows(label, r),
+    ]
+
+
+def ceiling_rows(label: str, r: Results) -> list[Measurement]:
+    """The ceiling with the client's shape that gave it, and gpuplace's rates against it."""
+    ceil = r.ceiling
+    shapes = {_shape(x).describe() for x in ceil}
+    what = f"best of {len(r.ceiling_search)}: {', '.join(sorted(shapes)) or 'none'}"
+    return [
+        below(label, f"Binding ceiling: pods/s ({what})", rates(ceil), "pods/s"),
+        *vs(
+            label,
+            "gpuplace drain / ceiling",
+            ("gpuplace drain", r.gpuplace_drain),
+            ("ceiling", ceil),
+            TARGET_VS_CEILING,
+        ),
+        *vs(
+            label,
+            "gpuplace burst / ceiling",
+            ("gpuplace burst", r.gpuplace_burst),
+            ("ceiling", ceil),
+        ),
+        below(label, "ceiling: client CPU per bound pod", per_pod_ms(ceil, CLIENT), "ms"),
+    ]
+
+
+def _shape(run: RunResult) -> Shape:
+    """The shape of the minimal client that made a ceiling run."""
+    return Shape(int(run.extra["processes"]), int(run.extra["threads per process"]))
+
+
+def vs(
+    label: str,
+    what: str,
+    a: tuple[str, Sequence[RunResult]],
+    b: tuple[str, Sequence[RunResult]],
+    limit: float | None = None,
+) -> list[Measurement]:
+    """The ratio of two contenders' rates, per repeat (checked against `limit` when given), and
+    both rates beside it: a ratio alone does not say which side moved."""
+    (a_name, a_runs), (b_name, b_runs) = a, b
+    ratios = ratio(a_runs, b_runs)
+    row = (
+        below(label, what, ratios, "x") if limit is None else above(label, what, ratios, "x", limit)
+    )
+    return [
+        row,
+        below(label, f"{what}: {a_name}", rates(a_runs), "pods/s"),
+        below(label, f"{what}: {b_name}", rates(b_runs), "pods/s"),
     ]
 
 
@@ -1230,10 +1290,9 @@ def _details(label: str, r: Results) -> list[Measurement]:
     ]
     for process, share in sorted(r.idle_cpu.items()):
         result.append(below(label, f"idle: CPU of {process}", [share], "s/s", detail=True))
-    for concurrency, rate in sorted(r.ceiling_search.items()):
-        result.append(
-            below(label, f"ceiling search: {concurrency} threads", [rate], "pods/s", detail=True)
-        )
+    for shape, rate in sorted(r.ceiling_search.items()):
+        what = f"ceiling search: {shape.describe()}"
+        result.append(below(label, what, [rate], "pods/s", detail=True))
     for run_name, runs in (
         ("gpuplace burst", r.gpuplace_burst),
         ("gpuplace drain", r.gpuplace_drain),
@@ -1272,13 +1331,18 @@ def contend(
     log: Callable[[str], None],
     search: Sequence[int] = CEILING_CONCURRENCY,
 ) -> Results:
-    """The contenders on a bench that is set up: the ceiling's best concurrency of `search`,
-    then `repeats` times gpuplace (burst, admission, drain), kube-scheduler and the ceiling."""
+    """The contenders on a bench that is set up: the ceiling client's best shape (one process at
+    each of `search` threads, then more processes: `bench._ceiling.search`), then `repeats` times
+    gpuplace (burst, admission, drain), kube-scheduler and the ceiling."""
     results = Results()
     results.idle_cpu = b.idle()
     log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
-    best = best_concurrency(
-        "ceiling", lambda c: b.ceiling(c).rate, search, results.ceiling_search, log
+    best = ceiling_search(
+        lambda shape: b.ceiling(shape).rate,
+        search,
+        results.ceiling_search,
+        log,
+        os.cpu_count() or 1,
     )
     for repeat in range(1, repeats + 1):
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
@@ -1303,7 +1367,7 @@ def contend(
             ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
             ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
             ("kube-scheduler drain", results.scheduler_drain, b.scheduler_drain),
-            (f"ceiling ({best} threads)", results.ceiling, lambda: b.ceiling(best)),
+            (f"ceiling ({best.describe()})", results.ceiling, lambda: b.ceiling(best)),
         ]
         run_contenders(contenders, RunResult.line, log)
     results.controller_peak_mib = b.controller_peak_mib

@@ -1,0 +1,273 @@
+"""The Binding ceiling's pure parts: how the pods are split between the client's processes, the
+search over processes x threads, one client process's POSTs, and the rows the bench reports."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from bench._ceiling import Posted, Shape, around, post_all, process_counts, search, split
+from bench._kube import MACHINE, OTHERS, concurrently
+from bench._proc import BenchError
+from bench.placement import (
+    BINDING_CPU,
+    CEILING_CONCURRENCY,
+    CLIENT,
+    TARGET_VS_CEILING,
+    Results,
+    RunResult,
+    Scale,
+    Usage,
+    _details,
+    _throughput,
+    binding,
+    ceiling_rows,
+    vs,
+)
+from kubeio.client import Response
+from kubeio.requests import Request
+
+SCALE = Scale(nodes=20, pods=100)
+
+
+# --------------------------------------------------------------------------- splitting the pods
+
+
+def test_every_item_goes_to_exactly_one_process_in_its_order() -> None:
+    items = list(range(10))
+    assert split(items, 3) == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert split(items, 1) == [items]
+    assert split([1, 2], 4) == [[1], [2]]  # no process without work
+    assert split([], 4) == [[]]
+
+
+def test_each_thread_of_each_process_works_through_the_whole_order() -> None:
+    """Process p's thread t gets items p + P * (t + T * k), as `concurrently` deals its share: with
+    one process that is today's dealing, with more every thread still starts near the front."""
+    items, processes, threads = list(range(48)), 3, 4
+    owner: dict[int, tuple[int, str]] = {}
+    for p, share in enumerate(split(items, processes)):
+
+        def note(item: int, p: int = p) -> None:
+            owner[item] = (p, threading.current_thread().name)
+
+        concurrently(share, note, threads)
+    assert sorted(owner) == items
+    for item, (p, _) in owner.items():
+        assert item % processes == p
+    first = {owner[i] for i in range(processes * threads)}
+    assert len(first) == processes * threads  # the first P x T items: one to every thread
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def test_process_counts_double_up_to_the_cpus_and_the_cap() -> None:
+    assert process_counts(1) == [1]
+    assert process_counts(2) == [1, 2]
+    assert process_counts(6) == [1, 2, 4]
+    assert process_counts(16) == [1, 2, 4, 8]
+    assert process_counts(64, cap=32) == [1, 2, 4, 8, 16, 32]
+    assert process_counts(0) == [1]
+
+
+@pytest.mark.parametrize(
+    ("best", "processes", "threads"),
+    [
+        (Shape(1, 128), 2, [32, 64, 128]),
+        (Shape(1, 32), 8, [2, 4, 8]),
+        (Shape(1, 256), 2, [64, 128, 256]),
+        (Shape(2, 128), 4, [32, 64, 128]),
+        (Shape(1, 2), 4, [1, 2]),  # at least one thread a process
+        (Shape(1, 256), 1, [128, 256]),  # never more threads than the one-process search tried
+    ],
+)
+def test_around_keeps_the_bests_bindings_in_flight_and_tries_half_and_twice(
+    best: Shape, processes: int, threads: list[int]
+) -> None:
+    assert around(best, processes, most_threads=256) == [Shape(processes, t) for t in threads]
+
+
+def fake_rate(
+    per_process: float, apiserver: float, extra_process_cost: float = 0.0
+) -> Callable[[Shape], float]:
+    """A client limited to `per_process` pods/s a process (64 threads needed to reach it), an
+    apiserver limited to `apiserver`; each process beyond the first costs the machine a share."""
+
+    def rate(shape: Shape) -> float:
+        client = shape.processes * per_process * min(1.0, shape.threads / 64)
+        return min(client, apiserver) * (1 - extra_process_cost * (shape.processes - 1))
+
+    return rate
+
+
+def test_the_search_adds_processes_while_they_help_and_keeps_the_one_process_search() -> None:
+    found: dict[Shape, float] = {}
+    lines: list[str] = []
+    best = search(fake_rate(500, 1800), CEILING_CONCURRENCY, found, lines.append, cpus=16)
+    assert [s for s in found if s.processes == 1] == [Shape(1, t) for t in CEILING_CONCURRENCY]
+    assert best.processes == 4 and found[best] == 1800
+    # 8 processes beat nothing that 4 did: the apiserver is the limit, the search stops there.
+    assert max(s.processes for s in found) == 8
+    assert len(found) == 4 + 3 * 3
+    assert lines[0] == "ceiling search: 1 process x 32 threads: 250 pods/s"
+    assert len(lines) == len(found)
+
+
+def test_the_search_stops_at_the_first_process_count_that_does_not_help() -> None:
+    found: dict[Shape, float] = {}
+    # A client that is not the limit on a small machine: a second process only costs CPU.
+    best = search(fake_rate(900, 600, 0.2), CEILING_CONCURRENCY, found, lambda _: None, cpus=16)
+    assert best.processes == 1
+    assert {s.processes for s in found} == {1, 2}
+    assert len(found) == 4 + 3
+
+
+def test_on_two_cores_the_search_tries_at_most_two_processes() -> None:
+    found: dict[Shape, float] = {}
+    search(fake_rate(300, 5000), CEILING_CONCURRENCY, found, lambda _: None, cpus=2)
+    assert {s.processes for s in found} == {1, 2}
+    assert len(found) <= 4 + 3
+
+
+def test_a_shape_describes_itself_and_sorts_by_processes_then_threads() -> None:
+    assert Shape(1, 64).describe() == "1 process x 64 threads"
+    assert Shape(4, 32).describe() == "4 processes x 32 threads"
+    assert Shape(4, 32).in_flight == 128
+    assert sorted([Shape(2, 16), Shape(1, 256), Shape(2, 8)]) == [
+        Shape(1, 256),
+        Shape(2, 8),
+        Shape(2, 16),
+    ]
+
+
+# --------------------------------------------------------------------------- one process's POSTs
+
+
+class FakeKube:
+    """Answers every Binding with `status`, recording what was sent."""
+
+    def __init__(self, status: int = 201) -> None:
+        self.status = status
+        self.targets: list[str] = []
+        self._lock = threading.Lock()
+
+    def send(self, request: Request) -> Response:
+        with self._lock:
+            self.targets.append(request.target)
+        if self.status == 201:
+            return Response(201, b"")
+        return Response(self.status, b'{"kind":"Status","message":"pod is already assigned"}')
+
+
+def test_a_client_process_posts_every_binding_once_to_its_pods_binding() -> None:
+    bindings = [binding(SCALE, pod, 7) for pod in range(20)]
+    kube = FakeKube()
+    times = post_all(kube, bindings, threads=4)  # type: ignore[arg-type]
+    assert len(times) == 20 and all(sent <= done for sent, done in times)
+    expected = {f"/api/v1/namespaces/bench/pods/{b['metadata']['name']}/binding" for b in bindings}
+    assert sorted(kube.targets) == sorted(expected)
+
+
+def test_a_refused_binding_fails_the_client_process_with_the_apiservers_message() -> None:
+    with pytest.raises(BenchError, match="HTTP 409: pod is already assigned"):
+        post_all(FakeKube(409), [binding(SCALE, 0, 1)], threads=1)  # type: ignore[arg-type]
+
+
+def test_posted_times_give_the_clients_rate_and_latencies() -> None:
+    posted = Posted(((10.0, 10.5), (10.0, 11.0), (10.5, 12.0)), cpu=0.3)
+    assert posted.rate == 3 / 2.0
+    assert posted.latencies == [0.5, 1.0, 1.5]
+    assert posted.p(0.5) == 1.0
+
+
+# --------------------------------------------------------------------------- the rows
+
+
+def test_the_client_processes_cpu_is_the_bench_clients() -> None:
+    usage = Usage({CLIENT: 0.1, MACHINE: 5.0, OTHERS: 2.0}, {}, 10.0)
+    usage.charge(CLIENT, 1.5)
+    assert usage.cpu == {CLIENT: 1.6, MACHINE: 5.0, OTHERS: 0.5}
+
+
+def ceiling_run(rate: float, shape: Shape, client_cpu: float = 0.05) -> RunResult:
+    return RunResult(
+        rate=rate,
+        seconds=1.0,
+        p50=0.01,
+        p99=0.05,
+        pods=100,
+        cpu={CLIENT: client_cpu},
+        extra={"processes": float(shape.processes), "threads per process": float(shape.threads)},
+    )
+
+
+def run(rate: float, **extra: float) -> RunResult:
+    return RunResult(rate=rate, seconds=1.0, p50=0.1, p99=0.5, pods=100, extra=extra)
+
+
+def results() -> Results:
+    best = Shape(2, 64)
+    return Results(
+        gpuplace_burst=[run(300, creates_per_s=400), run(340, creates_per_s=420)],
+        gpuplace_burst_unhooked=[run(300, creates_per_s=500), run(300, creates_per_s=500)],
+        gpuplace_drain=[
+            run(540, **{BINDING_CPU: 0.0005, "start_to_first_bound_s": 1.5}),
+            run(560, **{BINDING_CPU: 0.0005, "start_to_first_bound_s": 1.7}),
+        ],
+        scheduler_burst=[run(100), run(100)],
+        scheduler_drain=[run(280, **{BINDING_CPU: 0.003}), run(280, **{BINDING_CPU: 0.003})],
+        ceiling=[ceiling_run(600, best), ceiling_run(700, best)],
+        ceiling_search={Shape(1, 32): 500, Shape(1, 64): 550, best: 650, Shape(2, 128): 600},
+    )
+
+
+def test_the_ceiling_row_names_the_best_shape_and_the_ratios_have_their_rates_beside() -> None:
+    rows = ceiling_rows("b", results())
+    by = {m.metric: m for m in rows}
+    ceiling = by["Binding ceiling: pods/s (best of 4: 2 processes x 64 threads)"]
+    assert ceiling.value == 650 and ceiling.samples == (600, 700)
+    drain = by["gpuplace drain / ceiling"]
+    assert drain.samples == (540 / 600, 560 / 700)
+    assert drain.target == f">= {TARGET_VS_CEILING:g} x"
+    assert by["gpuplace drain / ceiling: gpuplace drain"].value == 550
+    assert by["gpuplace drain / ceiling: ceiling"].value == 650
+    assert by["gpuplace burst / ceiling: gpuplace burst"].value == 320
+    assert by["ceiling: client CPU per bound pod"].value == 0.5  # 0.05 s over 100 pods, in ms
+
+
+def test_every_ratio_of_the_table_has_absolute_rates_beside_it() -> None:
+    rows = _throughput("b", results())
+    ratios = [i for i, m in enumerate(rows) if m.unit == "x"]
+    assert len(ratios) == 5
+    for i in ratios:
+        after, before = rows[i + 1 : i + 3], rows[i - 2 : i]
+        beside = after if all(m.metric.startswith(rows[i].metric) for m in after) else before
+        assert [m.unit for m in beside] in (["pods/s", "pods/s"], ["/s", "/s"]), rows[i].metric
+    by = {m.metric: m for m in rows}
+    assert by["gpuplace / kube-scheduler, drain: kube-scheduler"].value == 280
+    assert by["gpuplace / kube-scheduler, burst: gpuplace"].value == 320
+
+
+def test_the_details_list_every_point_of_the_search() -> None:
+    rows = [m for m in _details("b", results()) if m.metric.startswith("ceiling search")]
+    assert [(m.metric, m.value) for m in rows] == [
+        ("ceiling search: 1 process x 32 threads", 500),
+        ("ceiling search: 1 process x 64 threads", 550),
+        ("ceiling search: 2 processes x 64 threads", 650),
+        ("ceiling search: 2 processes x 128 threads", 600),
+    ]
+    assert all(m.detail and m.unit == "pods/s" for m in rows)
+
+
+def test_vs_checks_a_target_only_when_given() -> None:
+    a, b = [run(200)], [run(100)]
+    assert vs("b", "a / b", ("a", a), ("b", b))[0].ok is None
+    assert vs("b", "a / b", ("a", a), ("b", b), 2.0)[0].ok is True
+    assert [m.metric for m in vs("b", "a / b", ("a", a), ("b", b))] == [
+        "a / b",
+        "a / b: a",
+        "a / b: b",
+    ]
