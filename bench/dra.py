@@ -29,25 +29,37 @@ real `gpuplace webhook` and `gpuplace controller` with `--enforcement=dra`, and 
 4. The minimal client: pods with a schedulerName nobody serves and their claims exist
    beforehand; threads write only each claim's status (the
    allocation and reservedFor that gpuplace writes) and then the pod's Binding. The better of
-   `MINIMAL_CONCURRENCY` threads counts, found once before the repeats; rate as in (2).
+   `MINIMAL_CONCURRENCY` threads counts, found once before the repeats; rate as in (2). It
+   writes no delete-protection finalizer (a claim it allocated could vanish while allocated):
+   it is the floor of writes, not a safe scheduler. The target: gpuplace's drain at least
+   `TARGET_VS_MINIMAL` of its rate ("DRA drain / minimal claim+Binding client", both rates
+   beside it).
 
 After each run every bound pod's claim must hold exactly its slot's device: the three place the
 same thing.
 
 API writes per pod count the apiserver's POST, PUT, PATCH, DELETE and APPLY requests over each
 run (apiserver_request_total): "claims + Bindings" those on resourceclaims (and status) and
-pods/binding, "all" every write, kwok's pod status updates and node heartbeats included. Between
-runs every pod and claim is deleted and the apiserver left to quiesce.
+pods/binding, "all" every write, kwok's pod status updates and node heartbeats included;
+"finalizer writes" the PATCH and PUT requests on the claims themselves (not their status): the
+delete-protection finalizer, which gpuplace writes when it first sees a claim and kube-scheduler
+before it allocates one. Between runs every pod and claim is deleted and the apiserver left to
+quiesce.
 
+`make bench` runs every contender at 100 nodes (`DEFAULT`) and, at 1,000 nodes (`WIDE`), the two
+of the target (`--only-ratio`: gpuplace's drain and the minimal client).
 `python -m bench.dra --nodes 20 --pods 100 --repeats 1` runs a small version.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import math
 import os
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -114,7 +126,12 @@ SCHEDULER_CAP = 240.0
 RUN_TIMEOUT = 300.0
 TARGET_VS_SCHEDULER = 5.0
 TARGET_VS_MINIMAL = 0.8
+VS_MINIMAL = "DRA drain / minimal claim+Binding client"
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
+#: The delete-protection finalizer: an update of the claim itself, not of its status.
+FINALIZER_VERBS = frozenset({"PUT", "PATCH"})
+CLAIM_METADATA = frozenset({("resourceclaims", "")})
+FINALIZER_METRIC = "gpuplace_claim_finalizer_writes_total"
 #: What the contenders write to place a pod: its claim (created, finalizer, status) and Binding.
 PLACEMENT_RESOURCES = frozenset(
     {("resourceclaims", ""), ("resourceclaims", "status"), ("pods", "binding")}
@@ -192,11 +209,17 @@ def slot_device(scale: Scale, pod: int) -> DraDevice:
 
 
 def writes_per_pod(
-    before: str, after: str, pods: int, resources: Iterable[tuple[str, str]] | None = None
+    before: str,
+    after: str,
+    pods: int,
+    resources: Iterable[tuple[str, str]] | None = None,
+    verbs: Iterable[str] = WRITE_VERBS,
 ) -> float:
     """API writes per pod between two scrapes of the apiserver's /metrics
-    (apiserver_request_total), over `resources` ((resource, subresource) pairs) or all."""
+    (apiserver_request_total), over `resources` ((resource, subresource) pairs) or all, counting
+    `verbs` (every write verb by default)."""
     wanted = None if resources is None else set(resources)
+    written = set(verbs)
     by = ("verb", "resource", "subresource")
     delta = counter_delta(
         *(counter_totals(text, "apiserver_request_total", by) for text in (before, after))
@@ -204,7 +227,7 @@ def writes_per_pod(
     total = sum(
         count
         for (verb, resource, sub), count in delta.items()
-        if verb in WRITE_VERBS and (wanted is None or (resource, sub) in wanted)
+        if verb in written and (wanted is None or (resource, sub) in wanted)
     )
     return total / pods
 
@@ -254,6 +277,8 @@ class DraRun:
     result: RunResult
     placement_writes: float
     all_writes: float
+    #: Of `placement_writes`: the claims' delete-protection finalizers.
+    finalizer_writes: float = float("nan")
 
 
 # --------------------------------------------------------------------------- the bench
@@ -358,6 +383,7 @@ class DraBench(PlacementBench):
             result,
             writes_per_pod(metrics[0], metrics[1], pods, PLACEMENT_RESOURCES),
             writes_per_pod(metrics[0], metrics[1], pods),
+            writes_per_pod(metrics[0], metrics[1], pods, CLAIM_METADATA, FINALIZER_VERBS),
         )
 
     def _create_with_claims(
@@ -392,6 +418,7 @@ class DraBench(PlacementBench):
         usage: list[Usage] = []
         metrics: list[str] = []
         watch = self._watch()
+        before = self._finalizers_written()
         try:
             with (
                 self._measuring(usage, metrics),
@@ -401,10 +428,12 @@ class DraBench(PlacementBench):
                 seen = watch.wait()
         finally:
             watch.stop()
+        where = self._finalizers_where(before)
         self.note_controller_peak()
         self._check(run, seen.bound)
         self._clear_claims(pods, delete=False)
-        return self._writes(metrics, burst_result(sent, seen, usage[0]))
+        result = burst_result(sent, seen, usage[0])
+        return self._writes(metrics, replace(result, extra=result.extra | where))
 
     def gpuplace_dra_drain(self) -> DraRun:
         self.stop_controller()
@@ -428,9 +457,35 @@ class DraBench(PlacementBench):
                     seen = watch.wait()
                     allocated = claims.wait()
             usage[0].add("gpuplace controller", process_cpu(self._controller_pid()))
+        where = self._finalizers_where({})  # a new controller: its counters start at 0
         self.note_controller_peak()
         result = self._drained(run, pods, False, seen, allocated, started, usage[0])
-        return self._writes(metrics, result)
+        return self._writes(metrics, replace(result, extra=result.extra | where))
+
+    def _finalizers_written(self) -> dict[str, float]:
+        """The controller's claim finalizer writes so far, by where they were written (`seen`:
+        when the claim was first seen, `bind`: on the Binding path); empty if not scraped."""
+        if self.components is None or self.controller is None:
+            return {}
+        port = self.components.metrics_ports.get("controller")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError as exc:
+            self.log(f"  (the controller's metrics were not read: {exc})")
+            return {}
+        return {key[0]: n for key, n in counter_totals(text, FINALIZER_METRIC, ("when",)).items()}
+
+    def _finalizers_where(self, before: Mapping[str, float]) -> dict[str, float]:
+        """Per pod, the finalizers written since `before`: early, and on the Binding path."""
+        after = self._finalizers_written()
+        if not after:
+            return {}
+        pods = self.scale.pods
+        return {
+            f"finalizers per pod, {label}": (after.get(when, 0.0) - before.get(when, 0.0)) / pods
+            for when, label in (("seen", "written when seen"), ("bind", "on the Binding path"))
+        }
 
     def _scheduler_ready(self) -> None:
         """kube-scheduler has synced once it binds a probe pod with a claim."""
@@ -566,12 +621,8 @@ def measurements(scale: Scale, r: DraResults) -> list[Measurement]:
             r.scheduler_cel_only,
         ),
         ("gpuplace / kube-scheduler, dra burst", r.gpuplace_burst, r.scheduler_burst),
-        ("gpuplace dra drain / minimal", r.gpuplace_drain, r.minimal),
     )
-    targets = {
-        "gpuplace / kube-scheduler, dra drain": TARGET_VS_SCHEDULER,
-        "gpuplace dra drain / minimal": TARGET_VS_MINIMAL,
-    }
+    targets = {"gpuplace / kube-scheduler, dra drain": TARGET_VS_SCHEDULER}
     for what, a, b in comparisons:
         if a and b:
             ratios = ratio([x.result for x in a], [x.result for x in b])
@@ -579,6 +630,7 @@ def measurements(scale: Scale, r: DraResults) -> list[Measurement]:
             result.append(
                 above(label, what, ratios, "x", limit) if limit else below(label, what, ratios, "x")
             )
+    result += vs_minimal(label, r.gpuplace_drain, r.minimal)
     for concurrency, rate in sorted(r.minimal_search.items()):
         result.append(
             below(label, f"minimal search: {concurrency} threads", [rate], "pods/s", detail=True)
@@ -589,6 +641,18 @@ def measurements(scale: Scale, r: DraResults) -> list[Measurement]:
             result.append(below(label, f"{name}: p50", p50, "s", detail=True))
         result += run_details(label, name, [x.result for x in xs])
     return result
+
+
+def vs_minimal(label: str, drain: Sequence[DraRun], minimal: Sequence[DraRun]) -> list[Measurement]:
+    """The target's row, each repeat's two runs measured in the same repeat, with both rates."""
+    if not drain or not minimal:
+        return []
+    a, b = [x.result for x in drain], [x.result for x in minimal]
+    return [
+        above(label, VS_MINIMAL, ratio(a, b), "x", TARGET_VS_MINIMAL),
+        below(label, f"{VS_MINIMAL}: DRA drain", rates(a), "pods/s"),
+        below(label, f"{VS_MINIMAL}: minimal client", rates(b), "pods/s"),
+    ]
 
 
 def _contender(label: str, name: str, xs: Sequence[DraRun], best: int) -> list[Measurement]:
@@ -602,6 +666,9 @@ def _contender(label: str, name: str, xs: Sequence[DraRun], best: int) -> list[M
         result.append(below(label, f"{name}: status + Binding p99", p99, "s"))
     placement = [x.placement_writes for x in xs]
     result.append(below(label, f"{name}: writes per pod, claims + Bindings", placement, ""))
+    finalizers = [x.finalizer_writes for x in xs]
+    if not any(math.isnan(f) for f in finalizers):
+        result.append(below(label, f"{name}: finalizer writes per pod", finalizers, ""))
     result.append(below(label, f"{name}: writes per pod, all", [x.all_writes for x in xs], ""))
     shares = [100 * x.result.extra["bound share"] for x in xs if "bound share" in x.result.extra]
     if shares:
@@ -612,8 +679,11 @@ def _contender(label: str, name: str, xs: Sequence[DraRun], best: int) -> list[M
 # --------------------------------------------------------------------------- entry points
 
 
-def contend(b: DraBench, repeats: int, log: Callable[[str], None]) -> DraResults:
-    """The minimal client's best concurrency, then `repeats` times every contender."""
+def contend(
+    b: DraBench, repeats: int, log: Callable[[str], None], only_ratio: bool = False
+) -> DraResults:
+    """The minimal client's best concurrency, then `repeats` times every contender (`only_ratio`:
+    gpuplace's drain and the minimal client, the two runs of the target)."""
     results = DraResults()
     best = best_concurrency(
         "minimal",
@@ -622,33 +692,49 @@ def contend(b: DraBench, repeats: int, log: Callable[[str], None]) -> DraResults
         results.minimal_search,
         log,
     )
-    contenders: list[Contender[DraRun]] = [
-        ("gpuplace dra burst", results.gpuplace_burst, b.gpuplace_dra_burst),
-        ("gpuplace dra drain", results.gpuplace_drain, b.gpuplace_dra_drain),
-        ("kube-scheduler dra burst", results.scheduler_burst, b.scheduler_dra_burst),
-        ("kube-scheduler dra drain", results.scheduler_drain, b.scheduler_dra_drain),
-        (
-            "kube-scheduler dra drain, no node affinity",
-            results.scheduler_cel_only,
-            lambda: b.scheduler_dra_drain(cel_only_pod),
-        ),
-        (f"minimal ({best} threads)", results.minimal, lambda: b.minimal(best)),
-    ]
+    drain: Contender[DraRun] = ("gpuplace dra drain", results.gpuplace_drain, b.gpuplace_dra_drain)
+    minimal: Contender[DraRun] = (
+        f"minimal ({best} threads)",
+        results.minimal,
+        lambda: b.minimal(best),
+    )
+    contenders: list[Contender[DraRun]] = [drain, minimal]
+    if not only_ratio:
+        contenders = [
+            ("gpuplace dra burst", results.gpuplace_burst, b.gpuplace_dra_burst),
+            drain,
+            ("kube-scheduler dra burst", results.scheduler_burst, b.scheduler_dra_burst),
+            ("kube-scheduler dra drain", results.scheduler_drain, b.scheduler_dra_drain),
+            (
+                "kube-scheduler dra drain, no node affinity",
+                results.scheduler_cel_only,
+                lambda: b.scheduler_dra_drain(cel_only_pod),
+            ),
+            minimal,
+        ]
     for repeat in range(1, repeats + 1):
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
         run_contenders(contenders, _line, log)
     return results
 
 
+def contend_ratio(b: DraBench, repeats: int, log: Callable[[str], None]) -> DraResults:
+    return contend(b, repeats, log, only_ratio=True)
+
+
 bench = Benchmark(DraBench, "gpuplace-dra", contend)
+bench_ratio = Benchmark(DraBench, "gpuplace-dra", contend_ratio)
 
 
 def _line(run: DraRun) -> str:
     r = run.result
     p99 = f", p99 {r.p99:.3f} s" if r.p99 is not None else ""
+    early = r.extra.get("finalizers per pod, written when seen")
+    late = r.extra.get("finalizers per pod, on the Binding path")
+    where = f": {early:.2f} when seen, {late:.2f} on the bind path" if early is not None else ""
     return (
         f"{r.rate:,.1f} pods/s{p99}, writes per pod {run.placement_writes:.2f} "
-        f"(all {run.all_writes:.2f})"
+        f"(finalizers {run.finalizer_writes:.2f}{where}; all {run.all_writes:.2f})"
     )
 
 
@@ -657,18 +743,34 @@ def _stderr(message: str) -> None:
 
 
 DEFAULT = Scale(nodes=100, pods=800)
+#: The target's two contenders on a cluster ten times as wide (same pods: one a node).
+WIDE = Scale(nodes=1000, pods=800)
 SMALL = Scale(nodes=20, pods=100)
+SMALL_WIDE = Scale(nodes=200, pods=100)
 
 
 def run(repeats: int, small: bool = False) -> list[Measurement]:
     """Part of every `make bench`: set-up and one repeat take about five minutes on two busy
-    cores, so one repeat runs (`python -m bench.dra --repeats N` for more)."""
-    scale = SMALL if small else DEFAULT
-    return measurements(scale, bench(scale, min(repeats, 1), _stderr))
+    cores at 100 nodes, and the two runs of the target a few more at 1,000 nodes, so one repeat
+    runs (`python -m bench.dra --repeats N` for more)."""
+    scale, wide = (SMALL, SMALL_WIDE) if small else (DEFAULT, WIDE)
+    figures = measurements(scale, bench(scale, min(repeats, 1), _stderr))
+    return figures + measurements(wide, bench_ratio(wide, min(repeats, 1), _stderr))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli("python -m bench.dra", __doc__, DEFAULT, 1, bench, measurements, _stderr, argv)
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument(
+        "--only-ratio",
+        action="store_true",
+        help="run only the target's contenders: gpuplace's drain and the minimal client",
+    )
+    known, rest = parser.parse_known_args(argv)
+    if known.only_ratio:
+        return cli(
+            "python -m bench.dra", __doc__, WIDE, 1, bench_ratio, measurements, _stderr, rest
+        )
+    return cli("python -m bench.dra", __doc__, DEFAULT, 1, bench, measurements, _stderr, rest)
 
 
 if __name__ == "__main__":

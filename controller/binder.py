@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from controller import podfacts
+from controller.claimfinalizers import ClaimFinalizers
 from controller.dra import ClaimPlan, ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
 from controller.pendingreport import PendingReports
@@ -53,6 +54,9 @@ class Binder:
     race. `_lock` guards the pending pods and the set in flight; the slot cache and the queue have
     locks of their own. A decision is assumed in the cache before its Binding is sent and is
     confirmed when the Binding succeeds or forgotten when it fails (every assume has a forget).
+    In dra enforcement, `finalizers` (claimfinalizers.py) protects each pod's claim on threads of
+    its own from the moment the claim is seen, so that Reserve, on the bind workers, normally
+    writes only the claim's status before the Binding.
     """
 
     def __init__(
@@ -76,7 +80,19 @@ class Binder:
         self.cluster = cluster
         self.on_bound = on_bound
         self.dra = dra
-        self.claims = ClaimWriter(kube, dra.settings) if dra is not None else None
+        #: dra enforcement: each claim's finalizer, written when the claim is first seen (leader
+        #: only: between `start` and `stop`), so that Reserve writes only the claim's status.
+        self.finalizers: ClaimFinalizers | None = None
+        self.claims: ClaimWriter | None = None
+        if dra is not None:
+            self.finalizers = ClaimFinalizers(
+                kube,
+                fence=fence,
+                serves=self._serves,
+                latest=dra.claim,
+                count=lambda when: metrics.claim_finalizers.labels(when.value).inc(),
+            )
+            self.claims = ClaimWriter(kube, dra.settings, self.finalizers)
         self.cache = SlotCache()
         #: The binding key ring and adoption records (controller/bindingkey.py): set by the
         #: leader before `rebuild`, swapped whole by `retrust` when the Secret changes.
@@ -88,7 +104,12 @@ class Binder:
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
         self._workers = Workers(settings.bind_workers, "bind")
-        self.pending = PendingReports(kube, events, self._workers.submit)
+        self.pending = PendingReports(
+            kube,
+            events,
+            self._workers.submit,
+            delays={Reason.CLAIM_PENDING: settings.claim_pending_report_seconds},
+        )
         self._stop = threading.Event()
         #: Set when a pod was parked for the Lease (`_fenced`); the binder's thread wakes them
         #: once `fence` says the Lease is held again.
@@ -142,6 +163,15 @@ class Binder:
                 return
         self.queue.add(uid)
         self.metrics.pending.set(len(self._pods))
+        if self.finalizers is not None and self.dra is not None and self._thread is not None:
+            # The claims informer may have shown the pod's claim before this pod event.
+            claim = self.dra.unprotected_claim_of(pod)
+            if claim is not None:
+                self.finalizers.want(claim)
+
+    def _serves(self, uid: str) -> bool:
+        """Whether `uid` is a pod waiting for this binder (read by the claims informer)."""
+        return uid in self._pods
 
     def _adopt_prebound(self, uid: str, pod: Pod) -> Holding | None:
         """A pod the earlier tools bound: it holds the GPUs its legacy line declares, so that no
@@ -208,6 +238,9 @@ class Binder:
     # -- running ------------------------------------------------------------------------------
     def start(self) -> None:
         self.active.set()
+        if self.finalizers is not None and self.dra is not None:
+            self.dra.attach(self.finalizers)
+            self.finalizers.start(self.dra.unprotected())
         self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
         self._thread.start()
 
@@ -224,12 +257,18 @@ class Binder:
         self.report.stop()
         self._stop.set()
         self.queue.close()
+        if self.finalizers is not None and self.dra is not None:
+            self.dra.attach(None)
+            self.finalizers.stop()
         self._workers.shutdown(cancel=True)
 
     def _run(self) -> None:
         last_flush = time.monotonic()
         while not self._stop.is_set():
-            uid = self.queue.pop(timeout=1.0)
+            # Woken in time for the next deferred report (a pod still waiting for its claim).
+            wait = min(1.0, max(0.0, self.pending.next_due() - time.monotonic()))
+            uid = self.queue.pop(timeout=wait)
+            self.pending.flush_due()
             if time.monotonic() - last_flush > self.settings.flush_seconds:
                 self.queue.wake_all()
                 last_flush = time.monotonic()
@@ -272,6 +311,7 @@ class Binder:
                 self.queue.unschedulable(uid, outcome.waits_for)
             self._report(pod, outcome)
             return
+        self.pending.settle(uid)
         self.cache.assume(uid, pod.key, outcome)
         with self._lock:
             self._in_flight.add(uid)

@@ -48,6 +48,13 @@ class ControllerMetrics:
             registry=r,
         )
         self.pending = Gauge("gpuplace_pending_pods", "Pods waiting to be bound", registry=r)
+        self.claim_finalizers = Counter(
+            "gpuplace_claim_finalizer_writes",
+            "Delete-protection finalizers written to ResourceClaims (dra enforcement): when the "
+            "claim was first seen (seen), or on the Binding path for a claim seen only then (bind)",
+            ["when"],
+            registry=r,
+        )
         self.unschedulable = Counter(
             "gpuplace_unschedulable", "Pods found unschedulable by reason", ["reason"], registry=r
         )
@@ -105,6 +112,8 @@ class ControllerMetrics:
         # value, not an absent series, until the first event of its kind.
         for result in ("bound", "conflict", "error"):
             self.binds.labels(result)
+        for when in ("seen", "bind"):
+            self.claim_finalizers.labels(when)
         for reason in UNSCHEDULABLE_REASONS:
             self.unschedulable.labels(reason)
         for phase in ("Valid", "Invalid", "Conflict", "Degraded"):

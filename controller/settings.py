@@ -22,6 +22,9 @@ class BinderSettings:
     bind_workers: int = 128
     #: Unschedulable pods are re-examined at least this often even with no triggering event.
     flush_seconds: float = 30.0
+    #: A pod seen before its ResourceClaim exists (dra enforcement) is reported ClaimPending only
+    #: if it still waits this long: kube-controller-manager normally generates it in milliseconds.
+    claim_pending_report_seconds: float = 2.0
     max_backoff_seconds: float = 10.0
     #: Secret (in the controller's namespace) holding the key Bindings are signed with.
     key_secret_name: str = "gpuplace-binding-key"  # noqa: S105 - a name, not a secret

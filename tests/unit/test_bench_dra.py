@@ -10,13 +10,17 @@ import pytest
 from bench._podwatch import Seen
 from bench.dra import (
     CLAIM_ENTRY,
+    CLAIM_METADATA,
+    FINALIZER_VERBS,
     PLACEMENT_RESOURCES,
+    WIDE,
     DraResults,
     DraRun,
     allocation_errors,
     cel_claim,
     cel_only_pod,
     cel_pod,
+    contend_ratio,
     device_class,
     measurements,
     minimal_pod,
@@ -93,6 +97,7 @@ def test_writes_per_pod_count_write_verbs_of_the_named_resources_or_all() -> Non
     assert writes_per_pod(before, after, 10, PLACEMENT_RESOURCES) == 3.0
     assert writes_per_pod(before, after, 10) == 5.0  # kwok's pod status updates too, never reads
     assert writes_per_pod(before, after, 10, {("pods", "binding")}) == 1.0
+    assert writes_per_pod(before, after, 10, CLAIM_METADATA, FINALIZER_VERBS) == 1.0
 
 
 def _claim(pod: str, node: str, device: str, driver: str = "gpu.nvidia.com") -> dict[str, object]:
@@ -124,7 +129,7 @@ def test_allocation_errors_name_pods_without_exactly_their_planned_device() -> N
 
 
 def _run(rate: float, placement: float = 3.0, p99: float | None = None) -> DraRun:
-    return DraRun(RunResult(rate=rate, seconds=1.0, p99=p99), placement, placement + 1)
+    return DraRun(RunResult(rate=rate, seconds=1.0, p99=p99), placement, placement + 1, 1.0)
 
 
 def test_measurements_check_the_targets_on_the_drains() -> None:
@@ -143,9 +148,18 @@ def test_measurements_check_the_targets_on_the_drains() -> None:
     rows = {m.metric: m for m in measurements(SCALE, results)}
     vs_scheduler = rows["gpuplace / kube-scheduler, dra drain"]
     assert (vs_scheduler.value, vs_scheduler.ok) == (5.0, True)
-    vs_minimal = rows["gpuplace dra drain / minimal"]
+    vs_minimal = rows["DRA drain / minimal claim+Binding client"]
     assert vs_minimal.value == pytest.approx(500 / 600)
     assert vs_minimal.ok is True
+    assert rows["DRA drain / minimal claim+Binding client: DRA drain"].value == 500
+    assert rows["DRA drain / minimal claim+Binding client: minimal client"].value == 600
+    metrics = [m.metric for m in measurements(SCALE, results)]
+    at = metrics.index("DRA drain / minimal claim+Binding client")
+    assert metrics[at + 1 : at + 3] == [  # the rates beside the ratio
+        "DRA drain / minimal claim+Binding client: DRA drain",
+        "DRA drain / minimal claim+Binding client: minimal client",
+    ]
+    assert rows["gpuplace dra drain: finalizer writes per pod"].value == 1
     assert rows["gpuplace / kube-scheduler, dra burst"].value == 5.0
     assert rows["minimal claim status + Binding (32 threads): pods/s"].value == 600
     assert rows["gpuplace dra burst: create -> bound p99"].value == 0.5
@@ -154,7 +168,7 @@ def test_measurements_check_the_targets_on_the_drains() -> None:
     slow = replace(results, gpuplace_drain=[_run(450)])
     rows = {m.metric: m for m in measurements(SCALE, slow)}
     assert rows["gpuplace / kube-scheduler, dra drain"].ok is False
-    assert rows["gpuplace dra drain / minimal"].ok is False
+    assert rows["DRA drain / minimal claim+Binding client"].ok is False
 
 
 def test_placement_rate_times_from_the_first_allocation_to_the_last_binding() -> None:
@@ -178,3 +192,23 @@ def test_the_watcher_counts_claims_once_allocated_and_pods_once_bound() -> None:
     pods.observe({"metadata": {"name": "p"}, "status": {"allocation": {}}}, 1.0)
     pods.observe({"metadata": {"name": "p"}, "spec": {"nodeName": "n"}}, 2.0)
     assert pods.bound == {"p": 2.0}
+
+
+def test_only_the_targets_contenders_run_at_1000_nodes() -> None:
+    calls: list[str] = []
+
+    class Bench:
+        def minimal(self, concurrency: int) -> DraRun:
+            calls.append(f"minimal {concurrency}")
+            rate = 600.0 if concurrency == 32 else 400.0
+            return replace(_run(rate), result=RunResult(rate, 1.0, extra={"concurrency": 32}))
+
+        def gpuplace_dra_drain(self) -> DraRun:
+            calls.append("drain")
+            return _run(500)
+
+    results = contend_ratio(Bench(), 1, lambda _: None)  # type: ignore[arg-type]
+    assert calls == ["minimal 32", "minimal 128", "drain", "minimal 32"]
+    rows = {m.metric: m for m in measurements(WIDE, results)}
+    assert rows["DRA drain / minimal claim+Binding client"].value == pytest.approx(500 / 600)
+    assert {m.benchmark for m in measurements(WIDE, results)} == {"dra 1,000 nodes x 8, 800 pods"}

@@ -89,3 +89,67 @@ def test_writes_of_one_key_keep_their_order_on_a_pool_of_threads() -> None:
 def slow_append(into: list[int], value: int) -> None:
     time.sleep(0.0005 if value % 7 else 0.002)
     into.append(value)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def delayed_reports() -> tuple[PendingReports, Recorder, Clock]:
+    api, clock = Recorder(), Clock()
+    events = EventRecorder(api, "test")  # type: ignore[arg-type]
+    pending = PendingReports(
+        api,  # type: ignore[arg-type]
+        events,
+        api.submit,
+        delays={Reason.CLAIM_PENDING: 2.0},
+        clock=clock,
+    )
+    return pending, api, clock
+
+
+def test_a_claim_pending_pod_is_reported_only_if_it_still_waits_two_seconds_later() -> None:
+    pending, api, clock = delayed_reports()
+    pending.report(POD, waiting(Reason.CLAIM_PENDING))
+    assert pending.next_due() == 102.0
+    clock.now = 101.9
+    pending.report(POD, waiting(Reason.CLAIM_PENDING))  # decided again: the first sighting counts
+    assert pending.flush_due() == 0
+    api.run_all()
+    assert api.patches == [] and api.events == []
+    clock.now = 102.0
+    assert pending.flush_due() == 1
+    api.run_all()
+    assert api.patches == [Reason.CLAIM_PENDING] and api.events == [Reason.CLAIM_PENDING]
+    assert pending.next_due() == float("inf")
+    clock.now = 110.0
+    pending.report(POD, waiting(Reason.CLAIM_PENDING))  # reported already: not again
+    assert pending.flush_due() == 0
+    api.run_all()
+    assert api.patches == [Reason.CLAIM_PENDING]
+
+
+def test_a_pod_placed_bound_or_waiting_for_something_else_gets_no_late_claim_report() -> None:
+    pending, api, clock = delayed_reports()
+    other = Pod.of({"metadata": {"namespace": "ml", "name": "web-1", "uid": "u1"}})
+    third = Pod.of({"metadata": {"namespace": "ml", "name": "web-2", "uid": "u2"}})
+    for pod in (POD, other, third):
+        pending.report(pod, waiting(Reason.CLAIM_PENDING))
+    pending.settle("u0")  # placed: its Binding is on its way
+    pending.forget("u1")  # bound (or deleted)
+    pending.report(third, waiting(Reason.DEVICE_BUSY))  # not a claim wait: reported at once
+    clock.now = 105.0
+    assert pending.flush_due() == 0
+    api.run_all()
+    assert api.patches == [Reason.DEVICE_BUSY]
+
+
+def test_reasons_without_a_delay_are_reported_at_once() -> None:
+    pending, api, _ = delayed_reports()
+    pending.report(POD, waiting(Reason.SLOT_TAKEN))
+    api.run_all()
+    assert api.patches == [Reason.SLOT_TAKEN] and pending.next_due() == float("inf")
