@@ -650,12 +650,17 @@ class Demo:
         before = {k: (p.node, p.devices) for k, p in self.pods().items()}
         uids = self._pod_uids()
         configmaps = set(self._map_configmaps())
+        # ArgoCD waits for a wave's health before the next one (PruneLast puts the pruning of
+        # the ConfigMaps after the maps): a Degraded map would fail the migration's sync, and so
+        # would a content change in the same commit (a custom resource that differs from its
+        # ConfigMap is a Conflict). So the map is fixed first, and the migration changes no map.
+        repo.edit(EMBEDDINGS_MAP, MISSING_GPU, PRESENT_GPU)
+        fixed = repo.commit("Fix embeddings before the migration")
+        self.check(self._sync(repo, fixed).ok, f"sync of {fixed} applied")
+        self.argocd.settled(fixed, "Healthy")
         migrated = run_cli("migrate", str(repo.path / CLUSTER_DIR))
         self.out(f"    $ gpuplace migrate {CLUSTER_DIR}\n" + _indent(migrated.stdout))
         self.check(migrated.returncode == 0, f"gpuplace migrate rewrote {CLUSTER_DIR}")
-        # ArgoCD waits for a wave's health before the next one (PruneLast puts the pruning of
-        # the ConfigMaps after the maps): a Degraded map would fail this sync, so it is fixed.
-        repo.edit(EMBEDDINGS_MAP, MISSING_GPU, PRESENT_GPU)
         commit = repo.commit("Serve the dev maps as PlacementMap custom resources")
         result = self._sync(repo, commit)
         self.check(result.ok, f"sync of {commit} applied")
