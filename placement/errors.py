@@ -39,6 +39,13 @@ class Location:
             return f"{self.source}:{self.line}:{self.column}"
         return self.source
 
+    def within(self) -> str:
+        """Where, inside its source, for a message about another place of the same source:
+        `line 7, column 15` in a file, the field path in an object read from the apiserver."""
+        if self.line:
+            return f"line {self.line}, column {self.column}"
+        return self.path or self.source
+
 
 @dataclass(frozen=True, slots=True)
 class Diagnostic:

@@ -282,8 +282,7 @@ def _entry_devices(
             errors.append(
                 Diagnostic(
                     doc.locate(dpath),
-                    f"device {checked} listed twice in this entry (first at "
-                    f"line {first.line}, column {first.column})",
+                    f"device {checked} listed twice in this entry (first at {first.within()})",
                 )
             )
             continue
@@ -351,8 +350,7 @@ def cross_entry_checks(
             errors.append(
                 Diagnostic(
                     slot.location,
-                    f"duplicate index {slot.index} (first at line "
-                    f"{first.line}, column {first.column})",
+                    f"duplicate index {slot.index} (first at {first.within()})",
                 )
             )
             continue
@@ -366,13 +364,18 @@ def cross_entry_checks(
                     Diagnostic(
                         slot.location,
                         f"device {device} on node {slot.node} is already given to index {owner.index} "
-                        f"(line {owner.location.line}); an exclusive map gives each GPU to one slot",
+                        f"({_line_of(owner.location)}); an exclusive map gives each GPU to one slot",
                         hint="use another device, or set 'sharing: shared'",
                     )
                 )
             else:
                 claims[(slot.node, device)] = slot
     return errors
+
+
+def _line_of(location: Location) -> str:
+    """`line 9` in a file; the field path in an object read from the apiserver."""
+    return f"line {location.line}" if location.line else location.within()
 
 
 def document_to_map(doc: Document) -> PlacementMap:
