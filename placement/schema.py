@@ -9,6 +9,7 @@ from placement.types import (
     KIND,
     MAX_COUNT,
     MAX_INDEX,
+    MAX_MAP_TEXT,
     MAX_PLACEMENTS,
     EnvMode,
     Indexing,
@@ -117,6 +118,7 @@ class MapSpec(BaseModel):
     )
     map: StrictStr | None = Field(
         default=None,
+        max_length=MAX_MAP_TEXT,
         description="Legacy alternative to placements: one `<index>=<node>:<devices>` line "
         "per slot, e.g. 0=node1:0,1.",
     )

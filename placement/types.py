@@ -21,6 +21,9 @@ PLACEMENT_POLICIES_PLURAL = "placementpolicies"
 #: Most placements one map may list: a CR list keyed on `index` with this `maxItems` needs no CEL
 #: uniqueness rule over thousands of items (which the CRD cost budget would refuse).
 MAX_PLACEMENTS = 10_000
+#: The most a ConfigMap holds, all its data together (1 MiB): the legacy `map` text of a custom
+#: resource may be no longer, so the apiserver refuses a longer one before anyone parses it.
+MAX_MAP_TEXT = 1024 * 1024
 
 #: Largest slot index a map may declare; StatefulSets this large are already unusual.
 MAX_INDEX = 99_999

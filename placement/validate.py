@@ -29,6 +29,7 @@ from placement.types import (
     GPU_UUID_RE,
     KIND,
     MAX_DEVICE_INDEX,
+    MAX_MAP_TEXT,
     DeviceRef,
     GpuUuid,
     MapKey,
@@ -488,7 +489,7 @@ def parse_map(text: str, source: str) -> PlacementMap:
 
 #: The most a ConfigMap can hold (all its data together): a longer text cannot be a stored map, and
 #: it is refused before it is parsed (a 1.8 MB text of 40,000 placements costs seconds to read).
-MAX_MAP_BYTES = 1024 * 1024
+MAX_MAP_BYTES = MAX_MAP_TEXT
 
 
 def parse_map_for(text: str, source: str, expected: MapKey) -> PlacementMap:

@@ -332,3 +332,12 @@ def test_an_invalid_policy_resource_keeps_the_last_valid_policy() -> None:
 
 def test_map_keys_of_resources_and_configmaps_are_the_same() -> None:
     assert MapKey("inference", "llm") == INFERENCE
+
+
+def test_a_legacy_text_longer_than_a_configmap_holds_is_refused_unparsed() -> None:
+    text = "".join(f"{i}=node1:0\n" for i in range(120_000))  # 1.3 MB of lines
+    obj = resource(map_text())
+    obj["spec"] = {"map": text}
+    refused = check_resource(review(obj))
+    assert not refused.allowed
+    assert "spec.map: map is longer than 1048576 characters" in refused.message
