@@ -140,19 +140,19 @@ def views_rows(views: Iterable[MapView]) -> list[tuple[str, ...]]:
                 str(n)
                 for n in (slots.total, slots.bound, slots.drifted, slots.blocked, slots.renumbered)
             )
-        rows.append((v.key, v.form.value, v.phase, *counts, v.note[:100]))
+        rows.append((v.key, v.phase, *counts, v.form.value, v.note[:100]))
     return rows
 
 
 VIEW_HEADERS = (
     "MAP",
-    "FORM",
     "PHASE",
     "SLOTS",
     "BOUND",
     "DRIFTED",
     "BLOCKED",
     "RENUMBERED",
+    "FORM",
     "MESSAGE",
 )
 

@@ -18,9 +18,11 @@ PLACEMENT_MAPS_PLURAL = "placementmaps"
 PLACEMENT_MAPS_SHORT = "pm"
 POLICY_KIND = "PlacementPolicy"
 PLACEMENT_POLICIES_PLURAL = "placementpolicies"
-#: Most placements one map may list: a CR list keyed on `index` with this `maxItems` needs no CEL
-#: uniqueness rule over thousands of items (which the CRD cost budget would refuse).
-MAX_PLACEMENTS = 10_000
+#: Most placements one map may list: more than a 1 MiB ConfigMap can hold (an entry takes at
+#: least 30 bytes), so the bound refuses no map of the ConfigMap form, and as a custom resource's
+#: list keyed on `index` with this `maxItems` it needs no CEL uniqueness rule over the items
+#: (which the CRD cost budget would refuse).
+MAX_PLACEMENTS = 40_000
 #: The most a ConfigMap holds, all its data together (1 MiB): the legacy `map` text of a custom
 #: resource may be no longer, so the apiserver refuses a longer one before anyone parses it.
 MAX_MAP_TEXT = 1024 * 1024

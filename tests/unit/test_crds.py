@@ -111,7 +111,7 @@ def test_both_forms_refuse_more_placements_than_the_crd_allows() -> None:
     assert placements["x-kubernetes-list-type"] == "map"
     assert placements["x-kubernetes-list-map-keys"] == ["index"]
     entry = {"index": 0, "node": "n", "count": 1}
-    with pytest.raises(ValidationError, match="at most 10000"):
+    with pytest.raises(ValidationError, match=f"at most {MAX_PLACEMENTS} items"):
         MapSpec.model_validate({"placements": [entry] * (MAX_PLACEMENTS + 1)})
     with pytest.raises(ValidationError, match="at most 64"):
         PlacementSpec.model_validate({"index": 0, "node": "n", "devices": list(range(65))})
@@ -277,7 +277,7 @@ def test_crds_prints_both_and_check_finds_stale_files(
     assert main(["crds", "--write", str(tmp_path)]) == 0
     assert main(["crds", "--check", str(tmp_path)]) == 0
     edited = tmp_path / "placementmaps.gpuplace.io.yaml"
-    edited.write_text(edited.read_text().replace("maxItems: 10000", "maxItems: 20000"))
+    edited.write_text(edited.read_text().replace(f"maxItems: {MAX_PLACEMENTS}", "maxItems: 7"))
     capsys.readouterr()
     assert main(["crds", "--check", str(tmp_path)]) == 1
     assert "placementmaps.gpuplace.io.yaml: differs" in capsys.readouterr().err

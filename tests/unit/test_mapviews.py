@@ -90,8 +90,10 @@ def test_a_superseded_configmap_is_shown_as_such_and_the_resource_serves() -> No
     assert cm.phase == "Superseded"
     assert serving([cm, cr]) == [("inference/llm", cr.status)]
     rows = mapviews.views_rows([cr, cm])
-    assert rows[0][:5] == ("inference/llm", "resource", "Valid", "4", "3")
-    assert rows[1][:5] == ("inference/llm", "configmap", "Superseded", "-", "-")
+    assert rows[0][:4] == ("inference/llm", "Valid", "4", "3")
+    assert rows[0][-2] == "resource"
+    assert rows[1][:4] == ("inference/llm", "Superseded", "-", "-")
+    assert rows[1][-2] == "configmap"
     assert rows[1][-1].startswith("superseded by PlacementMap inference/llm")
     assert describe([cr, cm]) == (
         "Valid: 4 slots, 3 bound (PlacementMap; its ConfigMap is superseded)"
