@@ -18,7 +18,7 @@ from kubeio.times import now_time
 from placement.annotations import STATUS_ANNOTATION
 from placement.errors import MAX_MESSAGE, Diagnostic, cap
 from placement.resource import generation
-from placement.resourcestatus import comparable
+from placement.resourcestatus import comparable, transition_times
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +62,8 @@ class PolicyVerdict:
 
     def resource_status(self, previous: Any, now: str) -> dict[str, Any]:
         valid = self.phase != INVALID
-        since = now
-        if isinstance(previous, dict):
-            for cond in previous.get("conditions") or ():
-                if (
-                    isinstance(cond, dict)
-                    and cond.get("type") == "Valid"
-                    and (cond.get("status") == "True") == valid
-                ):
-                    since = str(cond.get("lastTransitionTime") or now)
+        before = transition_times(previous if isinstance(previous, dict) else None).get("Valid")
+        since = before[1] if before is not None and before[0] == valid else now
         return {
             "observedGeneration": self.generation,
             "phase": self.phase,

@@ -99,7 +99,7 @@ def resource_status(
 ) -> dict[str, Any]:
     """The `status` of the custom resource at metadata.generation `generation`; `previous` is the
     status on the object (a condition that did not change keeps its lastTransitionTime)."""
-    since = _transition_times(previous)
+    since = transition_times(previous)
     conds = []
     for cond in conditions(status):
         before = since.get(cond.type.value)
@@ -133,7 +133,8 @@ def resource_status(
     return out
 
 
-def _transition_times(previous: Mapping[str, Any] | None) -> dict[str, tuple[bool, str]]:
+def transition_times(previous: Mapping[str, Any] | None) -> dict[str, tuple[bool, str]]:
+    """Each condition of a status by type: whether it is True, and since when."""
     out: dict[str, tuple[bool, str]] = {}
     items = (previous or {}).get("conditions")
     if not isinstance(items, list):
