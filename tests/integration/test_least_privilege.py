@@ -28,7 +28,7 @@ from kubeio.paths import (
 )
 from placement.annotations import PLACEMENT_MAP_LABEL
 from tests.chartkit import INVENTORY, NAMESPACE, SCENARIOS, render
-from tests.integration.controllerkit import write_kubeconfig
+from tests.integration.controllerkit import wait_for, write_kubeconfig
 
 pytestmark = pytest.mark.integration
 
@@ -280,3 +280,44 @@ def test_the_controller_reads_and_watches_its_binding_key_ring_by_name_only(
             SECRETS.collection(NAMESPACE), fieldSelector="metadata.name=gpuplace-webhook-ca"
         )
     )
+
+
+def test_a_tenant_with_edit_writes_its_maps_not_their_status_nor_the_policy(
+    cluster: LocalCluster, chart: list[dict[str, Any]]
+) -> None:
+    """The chart's aggregated roles: a ServiceAccount bound to the built-in `edit` role in its
+    own namespace may write PlacementMaps there, and nothing the controller owns."""
+    namespace = f"tenant-{uuid.uuid4().hex[:6]}"
+    cluster.create_namespace(namespace)
+    try:
+        cluster.kubectl("-n", namespace, "create", "serviceaccount", "dev")
+        cluster.kubectl(
+            "-n",
+            namespace,
+            "create",
+            "rolebinding",
+            "dev-edit",
+            "--clusterrole=edit",
+            f"--serviceaccount={namespace}:dev",
+        )
+        who = f"--as=system:serviceaccount:{namespace}:dev"
+
+        def can(*args: str) -> str:
+            result = cluster.kubectl("auth", "can-i", *args, who, check=False)
+            return result.stdout.strip()
+
+        # Aggregation is asynchronous (the clusterrole-aggregation controller).
+        wait_for(
+            "the edit role to aggregate placementmaps",
+            lambda: can("create", "placementmaps.gpuplace.io", "-n", namespace) == "yes",
+        )
+        assert can("delete", "placementmaps.gpuplace.io", "-n", namespace) == "yes"
+        assert (
+            can("patch", "placementmaps.gpuplace.io", "--subresource=status", "-n", namespace)
+            == "no"
+        )
+        assert can("create", "placementmaps.gpuplace.io", "-n", "default") == "no"
+        assert can("create", "placementpolicies.gpuplace.io") == "no"
+        assert can("patch", "placementpolicies.gpuplace.io", "--subresource=status") == "no"
+    finally:
+        cluster.delete_namespace(namespace)

@@ -131,3 +131,20 @@ def test_values_document_both_switches() -> None:
     assert values["maps"] == {"configMaps": {"enabled": True}}
     text = (CHART / "values.yaml").read_text()
     assert "--skip-crds" in text and "helm.sh/resource-policy: keep" in text
+
+
+def test_namespace_users_get_placementmaps_through_the_aggregated_roles(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["default"]
+    edit = one(objects, "ClusterRole", "gpuplace-maps-edit")
+    view = one(objects, "ClusterRole", "gpuplace-maps-view")
+    edit_labels, view_labels = edit["metadata"]["labels"], view["metadata"]["labels"]
+    assert edit_labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit_labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in edit_labels
+    assert view_labels["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert set(view["rules"][0]["verbs"]) == {"get", "list", "watch"}
+    for role in (edit, view):
+        # The maps only: never their status (the controller's verdict), nor the cluster's policy.
+        assert [r["resources"] for r in role["rules"]] == [["placementmaps"]]
