@@ -2,12 +2,15 @@
 
 For each slot of the compiled model on this node: do the GPUs it names exist here (by UUID, or by
 NVML index), are they healthy, and do they match what the map requires (when the declared map is
-at hand: the compiled model does not carry `require`). Pure functions of the inventory and the
-model; the agent publishes the results and the controller folds them into map status.
+at hand: the compiled model does not carry `require`). A device named by a `MIG-` UUID is a MIG
+device: it exists when a GPU of the node lists it among its MIG devices, and it is as healthy as
+that GPU, which must be in MIG mode. Pure functions of the inventory and the model; the agent
+publishes the results and the controller folds them into map status.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from placement.compile import Compiler
@@ -21,6 +24,16 @@ from placement.types import DeviceRef, MapKey
 _SEVERITY = {Reason.DEVICE_MISSING: 0, Reason.DEVICE_UNHEALTHY: 1, Reason.REQUIREMENT_MISMATCH: 2}
 
 Problem = tuple[Reason, str]  # (reason, message)
+_MIG_PREFIX = "MIG-"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Found:
+    """A device a slot names, as `device_problems` judges it (a MIG device: its parent GPU with
+    the MIG device's memory), and how messages name it."""
+
+    device: GpuDevice
+    shown: str
 
 
 def check_node(
@@ -61,8 +74,8 @@ def check_slot(
         if not refs:
             return DeviceCheck(str(key), slot.index, True, message="no devices declared")
         found = [d for d in (_find(inventory, ref, problems) for ref in refs) if d is not None]
-    for device in found:
-        problems.extend(device_problems(device, requirement, _show(device)))
+    for item in found:
+        problems.extend(device_problems(item.device, requirement, item.shown))
     return _verdict(inventory, key, slot, found, problems)
 
 
@@ -86,20 +99,22 @@ def check_maps(
 # -- helpers ---------------------------------------------------------------------------------
 def _find_compiled(
     inventory: NodeInventory, slot: CompiledSlot, problems: list[Problem]
-) -> list[GpuDevice]:
-    found: list[GpuDevice] = []
+) -> list[_Found]:
+    found: list[_Found] = []
     if not slot.devices:
         for index in slot.device_indices:
-            device = _find(inventory, index, problems)
-            if device is not None:
-                found.append(device)
+            by_index = _find(inventory, index, problems)
+            if by_index is not None:
+                found.append(by_index)
         return found
     for position, uuid in enumerate(slot.devices):
-        device = _find(inventory, uuid, problems)
-        if device is None:
+        item = _find(inventory, uuid, problems)
+        if item is None:
             continue
+        device = item.device
         expected = slot.device_indices[position] if position < len(slot.device_indices) else None
-        if expected is not None and expected != device.index:
+        # A MIG device reaches its pod by UUID in every envMode: no index to compare.
+        if expected is not None and not uuid.startswith(_MIG_PREFIX) and expected != device.index:
             # CUDA_VISIBLE_DEVICES carries the index: a pod started now would get another GPU.
             problems.append(
                 (
@@ -108,14 +123,16 @@ def _find_compiled(
                     f"says {expected}",
                 )
             )
-        found.append(device)
+        found.append(item)
     return found
 
 
-def _find(inventory: NodeInventory, ref: DeviceRef, problems: list[Problem]) -> GpuDevice | None:
+def _find(inventory: NodeInventory, ref: DeviceRef, problems: list[Problem]) -> _Found | None:
+    if isinstance(ref, str) and ref.startswith(_MIG_PREFIX):
+        return _find_mig(inventory, ref, problems)
     device = inventory.find(ref)
     if device is not None:
-        return device
+        return _Found(device, _show(device))
     unidentified = [d for d in inventory.devices if not d.uuid]
     if not isinstance(ref, int) and unidentified:
         # A GPU lost before the agent ever read its UUID may be the one the map names.
@@ -135,6 +152,45 @@ def _find(inventory: NodeInventory, ref: DeviceRef, problems: list[Problem]) -> 
         )
     )
     return None
+
+
+def _find_mig(inventory: NodeInventory, uuid: str, problems: list[Problem]) -> _Found | None:
+    instance = inventory.mig_by_uuid.get(uuid)
+    unidentified = [d for d in inventory.devices if not d.uuid]
+    if instance is None and unidentified:
+        which = ", ".join(str(d.index) for d in unidentified)
+        problems.append(
+            (
+                Reason.DEVICE_UNHEALTHY,
+                f"MIG device {uuid} not found on node {inventory.node}; GPU {which} cannot be "
+                f"identified ({unidentified[0].health_reason}) and may hold it",
+            )
+        )
+        return None
+    if instance is None:
+        problems.append(
+            (
+                Reason.DEVICE_MISSING,
+                f"MIG device {uuid} not found on node {inventory.node} ({_mig_count(inventory)})",
+            )
+        )
+        return None
+    parent = inventory.mig_parent[uuid]
+    shown = f"{uuid} ({instance.profile or 'MIG'} on GPU {_show(parent)})"
+    if not parent.mig_mode:
+        problems.append(
+            (Reason.DEVICE_MISSING, f"MIG device {shown}: GPU {parent.index} is not in MIG mode")
+        )
+        return None
+    # `require.minMemoryMiB` asks what the pod gets: the MIG device's memory, not the GPU's.
+    return _Found(dataclasses.replace(parent, memory_mib=instance.memory_mib), shown)
+
+
+def _mig_count(inventory: NodeInventory) -> str:
+    n = len(inventory.mig_by_uuid)
+    if n == 0:
+        return "no GPU of it has MIG devices"
+    return f"{n} MIG device{'' if n == 1 else 's'}, none with this UUID"
 
 
 def _declared_refs(
@@ -179,11 +235,11 @@ def _verdict(
     inventory: NodeInventory,
     key: MapKey,
     slot: CompiledSlot,
-    found: Sequence[GpuDevice],
+    found: Sequence[_Found],
     problems: Sequence[Problem],
 ) -> DeviceCheck:
     if not problems:
-        shown = ", ".join(_show(d) for d in found)
+        shown = ", ".join(f.shown for f in found)
         noun = "device" if len(found) == 1 else "devices"
         message = f"{noun} {shown} present and healthy on node {inventory.node}"
         return DeviceCheck(str(key), slot.index, True, message=message)

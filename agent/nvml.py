@@ -7,6 +7,9 @@ the NVIDIA device plugin does: after a critical XID the GPU needs a reset or a d
 driver that stops repeating the error has not proven it healthy. With `xid_recovery_seconds` set,
 a device that reports no further critical XID for that long is healthy again (each XID starts the
 wait over): for fleets that reset GPUs in place rather than restart the agent.
+
+Each GPU also carries its MIG devices (`agent.nvmlmig`) and its NVLink and PCIe switch peers
+(`agent.nvmltopology`); neither ever makes a GPU unhealthy.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 import pynvml
 
 from agent import xid
+from agent.nvmlmig import read_mig
+from agent.nvmltopology import bus_key, nvlink_peers, pcie_switch_peers
 from agent.probe import NvmlUnavailableError, ProbeError
 from placement.inventory import GpuDevice, NodeInventory
 from placement.types import GpuUuid, NodeName
@@ -142,6 +147,7 @@ class NvmlProbe:
         self._xid_reasons: dict[GpuUuid, str] = {}
         self._xid_at: dict[GpuUuid, float] = {}  # monotonic time of each device's last XID
         self._last: dict[int, GpuDevice] = {}  # last complete reading per index
+        self._handles: dict[int, Any] = {}  # this snapshot's fully read devices
         self._watch_all()
 
     # -- GpuProbe -----------------------------------------------------------------------------
@@ -153,7 +159,8 @@ class NvmlProbe:
             count = int(pynvml.nvmlDeviceGetCount())
         except pynvml.NVMLError as exc:
             raise ProbeError(f"NVML cannot count the GPUs on this node: {exc}") from exc
-        devices = tuple(self._read(index) for index in range(count))
+        self._handles.clear()
+        devices = self._with_topology(tuple(self._read(index) for index in range(count)))
         return NodeInventory(node, devices, self.driver_version, self.cuda_driver_version)
 
     def wait(self, timeout_s: float) -> bool:
@@ -205,6 +212,7 @@ class NvmlProbe:
             reading.numa_node = self._numa_node(handle, reading.pci_bus_id)
         except _QueryFailedError as failed:
             return self._unqueryable(index, reading, failed)
+        mig_mode, mig_instances = read_mig(handle, index)
         device = GpuDevice(
             index=index,
             uuid=GpuUuid(reading.uuid),
@@ -212,7 +220,10 @@ class NvmlProbe:
             memory_mib=reading.memory_mib,
             pci_bus_id=reading.pci_bus_id,
             numa_node=reading.numa_node,
+            mig_mode=mig_mode,
+            mig_instances=mig_instances,
         )
+        self._handles[index] = handle
         self._last[index] = device
         reason = self._xid_reasons.get(device.uuid)
         if reason:
@@ -240,7 +251,29 @@ class NvmlProbe:
             healthy=False,
             health_reason="; ".join(reasons),
             numa_node=reading.numa_node if reading.numa_node is not None else last.numa_node,
+            # Its MIG devices and links as last seen, so that slots on them read as unhealthy
+            # rather than missing while the GPU cannot answer.
+            mig_mode=last.mig_mode,
+            mig_instances=last.mig_instances,
+            nvlink_peers=last.nvlink_peers,
+            pcie_switch_peers=last.pcie_switch_peers,
         )
+
+    def _with_topology(self, devices: tuple[GpuDevice, ...]) -> tuple[GpuDevice, ...]:
+        """Adds the NVLink and PCIe switch peers of every device this snapshot read fully."""
+        by_index = {d.index: d for d in devices}
+        read = [(by_index[i].uuid, h) for i, h in sorted(self._handles.items())]
+        gpus_by_bus = {bus_key(d.pci_bus_id): d.uuid for d in devices if d.pci_bus_id}
+        switch_peers = pcie_switch_peers(read)
+        for index, handle in self._handles.items():
+            device = by_index[index]
+            by_index[index] = dataclasses.replace(
+                device,
+                nvlink_peers=nvlink_peers(handle, index, gpus_by_bus),
+                pcie_switch_peers=switch_peers.get(device.uuid, ()),
+            )
+            self._last[index] = dataclasses.replace(by_index[index], healthy=True, health_reason="")
+        return tuple(by_index[d.index] for d in devices)
 
     def _numa_node(self, handle: Any, pci_bus_id: str) -> int | None:
         getter = getattr(pynvml, "nvmlDeviceGetNumaNodeId", None)

@@ -18,6 +18,20 @@ INVENTORY_NAMESPACE = "gpuplace-inventory"
 
 
 @dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One MIG device that exists on a GPU: `index` is its MIG device index on the parent,
+    `start`/`size` its GPU instance's placement in the GPU's memory slices (8 on H100 and H200;
+    0 and 0 where the driver did not let the agent read it)."""
+
+    uuid: str
+    profile: str  # "3g.40gb", as the driver names it (without the product prefix)
+    index: int
+    start: int
+    size: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuDevice:
     index: int
     uuid: GpuUuid
@@ -27,6 +41,12 @@ class GpuDevice:
     healthy: bool = True
     health_reason: str = ""
     numa_node: int | None = None
+    mig_mode: bool = False  # the current mode, not the pending one
+    mig_instances: tuple[MigInstance, ...] = ()
+    #: Local GPUs joined to this one by at least one active NVLink (NVSwitch ports excluded).
+    nvlink_peers: tuple[GpuUuid, ...] = ()
+    #: Local GPUs whose common PCIe ancestor with this one is a switch (SINGLE or MULTIPLE).
+    pcie_switch_peers: tuple[GpuUuid, ...] = ()
 
     def satisfies(self, requirement: Requirement | None) -> bool:
         if requirement is None:
@@ -65,10 +85,16 @@ class NodeInventory:
     cuda_driver_version: str = ""
     by_index: Mapping[int, GpuDevice] = field(init=False, compare=False, repr=False)
     by_uuid: Mapping[GpuUuid, GpuDevice] = field(init=False, compare=False, repr=False)
+    #: MIG UUID -> the instance; `mig_parent` names the GPU that holds it.
+    mig_by_uuid: Mapping[str, MigInstance] = field(init=False, compare=False, repr=False)
+    mig_parent: Mapping[str, GpuDevice] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_index", MappingProxyType({d.index: d for d in self.devices}))
         object.__setattr__(self, "by_uuid", MappingProxyType({d.uuid: d for d in self.devices}))
+        migs = [(m, d) for d in self.devices for m in d.mig_instances]
+        object.__setattr__(self, "mig_by_uuid", MappingProxyType({m.uuid: m for m, _ in migs}))
+        object.__setattr__(self, "mig_parent", MappingProxyType({m.uuid: d for m, d in migs}))
 
     def find(self, ref: DeviceRef) -> GpuDevice | None:
         if isinstance(ref, int):
@@ -91,6 +117,10 @@ class NodeInventory:
                         "healthy": d.healthy,
                         "healthReason": d.health_reason,
                         "numaNode": d.numa_node,
+                        "migMode": d.mig_mode,
+                        "migInstances": [_mig_to_json(m) for m in d.mig_instances],
+                        "nvlinkPeers": list(d.nvlink_peers),
+                        "pcieSwitchPeers": list(d.pcie_switch_peers),
                     }
                     for d in sorted(self.devices, key=lambda d: d.index)
                 ],
@@ -114,6 +144,10 @@ class NodeInventory:
                     healthy=bool(d.get("healthy", True)),
                     health_reason=str(d.get("healthReason", "")),
                     numa_node=None if d.get("numaNode") is None else int(d["numaNode"]),
+                    mig_mode=_strict_bool(d.get("migMode", False), "migMode"),
+                    mig_instances=tuple(_mig_from_json(m) for m in _list(d, "migInstances")),
+                    nvlink_peers=tuple(GpuUuid(str(u)) for u in _list(d, "nvlinkPeers")),
+                    pcie_switch_peers=tuple(GpuUuid(str(u)) for u in _list(d, "pcieSwitchPeers")),
                 )
                 for d in data.get("devices", [])
             )
@@ -125,6 +159,45 @@ class NodeInventory:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed inventory: {exc}") from exc
+
+
+def _mig_to_json(m: MigInstance) -> dict[str, Any]:
+    return {
+        "uuid": m.uuid,
+        "profile": m.profile,
+        "index": m.index,
+        "start": m.start,
+        "size": m.size,
+        "memoryMiB": m.memory_mib,
+    }
+
+
+def _mig_from_json(data: Any) -> MigInstance:
+    return MigInstance(
+        uuid=str(data["uuid"]),
+        profile=str(data["profile"]),
+        index=int(data["index"]),
+        start=int(data.get("start", 0)),
+        size=int(data.get("size", 0)),
+        memory_mib=int(data.get("memoryMiB", 0)),
+    )
+
+
+def _list(device: Any, key: str) -> list[Any]:
+    """A list field that agents before MIG and NVLink did not write: absent or null reads empty."""
+    value = device.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"device {device.get('index')}: {key} is not a list")
+    return value
+
+
+def _strict_bool(value: Any, key: str) -> bool:
+    # bool("false") is True: a string here is a writer's bug, not a mode.
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} is not a boolean: {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,9 @@
 
 #define CONFIG_ENV "GPUPLACE_FAKE_NVML_CONFIG"
 #define MAX_DEVICES 64
+/* MIG devices one GPU can hold at most (an H100 or H200 holds 7). */
+#define MAX_MIG 7
+#define MAX_NVLINKS 18
 #define MIB (1024ull * 1024ull)
 
 typedef int nvmlReturn_t;
@@ -104,6 +107,12 @@ enum call {
     CALL_MINOR,
     CALL_SUPPORTED_EVENTS,
     CALL_REGISTER_EVENTS,
+    CALL_MIG_MODE,
+    CALL_MIG_HANDLE,
+    CALL_GPU_INSTANCE,
+    CALL_NVLINK_STATE,
+    CALL_NVLINK_REMOTE,
+    CALL_TOPOLOGY,
     CALL_COUNT_
 };
 
@@ -120,13 +129,47 @@ static const char *const CALL_NAMES[CALL_COUNT_] = {
     "nvmlDeviceGetMinorNumber",
     "nvmlDeviceGetSupportedEventTypes",
     "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceById",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetTopologyCommonAncestor",
 };
 
 /* ---- NVML structures, laid out as in nvml.h ------------------------------------------------ */
 
+/* `mig` is 0 for a whole GPU and 1 + the MIG device index for a MIG device on it. */
 typedef struct nvmlDevice_st {
     unsigned index;
+    unsigned mig;
 } *nvmlDevice_t;
+
+/* A GPU instance handle: the parent GPU's index and the instance's position in its list. */
+typedef struct nvmlGpuInstance_st {
+    unsigned index;
+    unsigned position;
+} *nvmlGpuInstance_t;
+
+typedef struct {
+    unsigned int start, size;
+} nvmlGpuInstancePlacement_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount,
+        copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+
+#define NVML_GPU_INSTANCE_PROFILE_INFO_V2 \
+    ((unsigned)(sizeof(nvmlGpuInstanceProfileInfo_v2_t) | (2u << 24)))
 
 typedef struct {
     unsigned long long total, free, used;
@@ -160,6 +203,24 @@ typedef struct {
 
 /* ---- configuration -------------------------------------------------------------------------- */
 
+struct mig_config {
+    char uuid[96];
+    char profile[32]; /* "3g.40gb", as the profile's name after "MIG " */
+    char name[96];    /* nvmlDeviceGetName; empty: "<GPU name> MIG <profile>" */
+    unsigned index;   /* MIG device index on the parent */
+    unsigned gi_id, ci_id, profile_id;
+    unsigned start, size;
+    unsigned long long memory; /* bytes */
+};
+
+struct nvlink_config {
+    unsigned link;
+    int active;
+    int remote_is_switch;
+    char remote_bus_id[32];
+    unsigned remote_domain, remote_bus, remote_device, remote_function;
+};
+
 struct device_config {
     char uuid[96];
     char name[96];
@@ -174,6 +235,12 @@ struct device_config {
     unsigned fail_calls; /* bit per enum call; 0 means every per-device call */
     unsigned long long xid;
     int events;
+    int mig_supported, mig_mode; /* mig_supported: the file has "migMode" (true or false) */
+    unsigned mig_count;
+    struct mig_config migs[MAX_MIG];
+    int has_nvlinks;
+    unsigned nvlink_count;
+    struct nvlink_config nvlinks[MAX_NVLINKS];
 };
 
 struct config {
@@ -184,6 +251,9 @@ struct config {
     int event_sets;
     unsigned count;
     struct device_config devices[MAX_DEVICES];
+    /* PCIe topology: the level (NVML_TOPOLOGY_*) shared by each pair of devices. */
+    int has_topology;
+    unsigned char topology[MAX_DEVICES][MAX_DEVICES];
 };
 
 struct stamp {
@@ -211,6 +281,8 @@ static int g_warned_unset;
 /* Bumped whenever a device's "xid" takes a new non-zero value; event sets deliver each once. */
 static unsigned long long g_xid_seq[MAX_DEVICES];
 static struct nvmlDevice_st g_handles[MAX_DEVICES];
+static struct nvmlDevice_st g_mig_handles[MAX_DEVICES][MAX_MIG];
+static struct nvmlGpuInstance_st g_gi_handles[MAX_DEVICES][MAX_MIG];
 
 static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -337,7 +409,157 @@ static int check_keys(ctx *c, const json_value *object, const char *const *allow
 static const char *const DEVICE_KEYS[] = {
     "index", "uuid", "name", "memoryTotalMiB", "memoryUsedMiB", "memoryReservedMiB", "pciBusId",
     "pciDeviceId", "pciSubSystemId", "numaNode", "minorNumber", "fail", "failCalls", "xid",
-    "events", NULL};
+    "events", "migMode", "migInstances", "nvlinks", NULL};
+
+static const char *const MIG_KEYS[] = {"uuid", "profile", "name", "index", "gpuInstanceId",
+                                       "computeInstanceId", "giProfileId", "placement",
+                                       "memoryMiB", NULL};
+
+/* The NVML GPU instance profile ID of a profile name, as H100, H200 and A100 number them by
+ * compute slices ("nvidia-smi mig -lgip"); other shapes must give "giProfileId". */
+static int default_profile_id(const char *profile, unsigned *out) {
+    unsigned slices;
+    char tail[32];
+    if (sscanf(profile, "%ug.%31s", &slices, tail) != 2) return 0;
+    if (strstr(tail, "+me")) {
+        if (slices != 1) return 0;
+        *out = 20;
+        return 1;
+    }
+    switch (slices) {
+    case 1: *out = 19; return 1;
+    case 2: *out = 14; return 1;
+    case 3: *out = 9; return 1;
+    case 4: *out = 5; return 1;
+    case 7: *out = 0; return 1;
+    default: return 0;
+    }
+}
+
+static int parse_mig(ctx *c, const json_value *v, const char *where, unsigned position,
+                     struct mig_config *m) {
+    long long n;
+    const json_value *f;
+    if (v->type != JSON_OBJECT) return bad(c, v, "%s must be an object", where);
+    if (!check_keys(c, v, MIG_KEYS, where)) return 0;
+    memset(m, 0, sizeof *m);
+    if (!(f = json_get(v, "uuid"))) return bad(c, v, "%s has no \"uuid\"", where);
+    if (!want_string(c, f, "uuid", m->uuid, sizeof m->uuid)) return 0;
+    if (strncmp(m->uuid, "MIG-", 4) != 0) return bad(c, f, "a MIG device's uuid starts with \"MIG-\"");
+    if (!(f = json_get(v, "profile"))) return bad(c, v, "%s has no \"profile\" (e.g. \"3g.40gb\")", where);
+    if (!want_string(c, f, "profile", m->profile, sizeof m->profile)) return 0;
+    unsigned slices;
+    char tail[32];
+    if (sscanf(m->profile, "%ug.%31s", &slices, tail) != 2 || !slices) {
+        return bad(c, f, "profile \"%s\" is not <slices>g.<memory>gb, e.g. 3g.40gb", m->profile);
+    }
+    if ((f = json_get(v, "name")) && !want_string(c, f, "name", m->name, sizeof m->name)) return 0;
+    m->index = position;
+    if ((f = json_get(v, "index"))) {
+        if (!want_int(c, f, "index", 0, MAX_MIG - 1, &n)) return 0;
+        m->index = (unsigned)n;
+    }
+    m->gi_id = position + 1;
+    if ((f = json_get(v, "gpuInstanceId"))) {
+        if (!want_int(c, f, "gpuInstanceId", 0, 0xFFFF, &n)) return 0;
+        m->gi_id = (unsigned)n;
+    }
+    if ((f = json_get(v, "computeInstanceId"))) {
+        if (!want_int(c, f, "computeInstanceId", 0, 0xFFFF, &n)) return 0;
+        m->ci_id = (unsigned)n;
+    }
+    if ((f = json_get(v, "giProfileId"))) {
+        if (!want_int(c, f, "giProfileId", 0, 0xFFFF, &n)) return 0;
+        m->profile_id = (unsigned)n;
+    } else if (!default_profile_id(m->profile, &m->profile_id)) {
+        return bad(c, v, "%s: give \"giProfileId\" for profile %s", where, m->profile);
+    }
+    /* Placements count memory slices: a 3g instance takes 4 of the 8 on H100 and H200. */
+    m->size = slices == 3 ? 4 : slices;
+    if ((f = json_get(v, "placement"))) {
+        const json_value *start = json_get(f, "start"), *size = json_get(f, "size");
+        if (f->type != JSON_OBJECT || !start || !size || f->count != 2) {
+            return bad(c, f, "placement must be {\"start\": <slice>, \"size\": <slices>}");
+        }
+        if (!want_int(c, start, "placement.start", 0, 7, &n)) return 0;
+        m->start = (unsigned)n;
+        if (!want_int(c, size, "placement.size", 1, 8, &n)) return 0;
+        m->size = (unsigned)n;
+    }
+    if ((f = json_get(v, "memoryMiB"))) {
+        if (!want_int(c, f, "memoryMiB", 0, 1ll << 40, &n)) return 0;
+        m->memory = (unsigned long long)n * MIB;
+    }
+    return 1;
+}
+
+static int parse_migs(ctx *c, const json_value *list, const char *where, struct device_config *d) {
+    char at[64];
+    if (list->type != JSON_ARRAY) return bad(c, list, "migInstances must be an array");
+    if (list->count > MAX_MIG) return bad(c, list, "at most %d MIG devices a GPU", MAX_MIG);
+    if (list->count && !d->mig_mode) return bad(c, list, "%s has migInstances but \"migMode\" is not true", where);
+    for (size_t i = 0; i < list->count; i++) {
+        snprintf(at, sizeof at, "%s.migInstances[%zu]", where, i);
+        struct mig_config *m = &d->migs[i];
+        if (!parse_mig(c, &list->items[i], at, (unsigned)i, m)) return 0;
+        for (size_t j = 0; j < i; j++) {
+            const struct mig_config *o = &d->migs[j];
+            if (o->index == m->index) return bad(c, &list->items[i], "%s: MIG device index %u is taken", at, m->index);
+            if (o->gi_id == m->gi_id) return bad(c, &list->items[i], "%s: gpuInstanceId %u is taken", at, m->gi_id);
+            if (strcmp(o->uuid, m->uuid) == 0) return bad(c, &list->items[i], "%s: uuid %s is taken", at, m->uuid);
+            if (o->profile_id == m->profile_id && strcmp(o->profile, m->profile) != 0) {
+                return bad(c, &list->items[i], "%s: profiles %s and %s share giProfileId %u", at, o->profile,
+                           m->profile, m->profile_id);
+            }
+        }
+    }
+    d->mig_count = (unsigned)list->count;
+    return 1;
+}
+
+static int parse_nvlinks(ctx *c, const json_value *list, const char *where, struct device_config *d) {
+    static const char *const keys[] = {"link", "active", "remotePciBusId", "remote", NULL};
+    char at[64];
+    long long n;
+    const json_value *f;
+    if (list->type != JSON_ARRAY) return bad(c, list, "nvlinks must be an array");
+    if (list->count > MAX_NVLINKS) return bad(c, list, "at most %d NVLinks a GPU", MAX_NVLINKS);
+    d->has_nvlinks = 1;
+    for (size_t i = 0; i < list->count; i++) {
+        const json_value *v = &list->items[i];
+        struct nvlink_config *l = &d->nvlinks[i];
+        snprintf(at, sizeof at, "%s.nvlinks[%zu]", where, i);
+        if (v->type != JSON_OBJECT) return bad(c, v, "%s must be an object", at);
+        if (!check_keys(c, v, keys, at)) return 0;
+        memset(l, 0, sizeof *l);
+        l->link = (unsigned)i;
+        if ((f = json_get(v, "link"))) {
+            if (!want_int(c, f, "link", 0, MAX_NVLINKS - 1, &n)) return 0;
+            l->link = (unsigned)n;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (d->nvlinks[j].link == l->link) return bad(c, v, "%s: link %u is listed twice", at, l->link);
+        }
+        l->active = 1;
+        if ((f = json_get(v, "active")) && !want_bool(c, f, "active", &l->active)) return 0;
+        if (!(f = json_get(v, "remotePciBusId"))) return bad(c, v, "%s has no \"remotePciBusId\"", at);
+        if (!want_string(c, f, "remotePciBusId", l->remote_bus_id, sizeof l->remote_bus_id)) return 0;
+        if (!parse_bus_id(l->remote_bus_id, &l->remote_domain, &l->remote_bus, &l->remote_device,
+                          &l->remote_function)) {
+            return bad(c, f, "remotePciBusId \"%s\" is not domain:bus:device.function", l->remote_bus_id);
+        }
+        snprintf(l->remote_bus_id, sizeof l->remote_bus_id, "%08X:%02X:%02X.%X", l->remote_domain,
+                 l->remote_bus, l->remote_device, l->remote_function);
+        if ((f = json_get(v, "remote"))) {
+            if (f->type != JSON_STRING || (strcmp(f->string, "gpu") && strcmp(f->string, "switch"))) {
+                return bad(c, f, "remote must be \"gpu\" or \"switch\"");
+            }
+            l->remote_is_switch = strcmp(f->string, "switch") == 0;
+        }
+    }
+    d->nvlink_count = (unsigned)list->count;
+    return 1;
+}
 
 static int parse_device(ctx *c, const json_value *v, unsigned position, struct device_config *d) {
     long long n;
@@ -426,11 +648,76 @@ static int parse_device(ctx *c, const json_value *v, unsigned position, struct d
         d->xid = (unsigned long long)n;
     }
     if ((f = json_get(v, "events")) && !want_bool(c, f, "events", &d->events)) return 0;
+    if ((f = json_get(v, "migMode")) && f->type != JSON_NULL) {
+        if (!want_bool(c, f, "migMode", &d->mig_mode)) return 0;
+        d->mig_supported = 1;
+    }
+    if ((f = json_get(v, "migInstances")) && !parse_migs(c, f, where, d)) return 0;
+    if ((f = json_get(v, "nvlinks")) && !parse_nvlinks(c, f, where, d)) return 0;
+    return 1;
+}
+
+static const struct {
+    const char *name;
+    unsigned char level;
+} TOPOLOGY_LEVELS[] = {{"INTERNAL", 0},   {"SINGLE", 10}, {"MULTIPLE", 20},
+                       {"HOSTBRIDGE", 30}, {"NODE", 40},  {"SYSTEM", 50}};
+
+static int want_level(ctx *c, const json_value *v, unsigned char *out) {
+    if (v->type == JSON_STRING) {
+        for (size_t i = 0; i < sizeof TOPOLOGY_LEVELS / sizeof TOPOLOGY_LEVELS[0]; i++) {
+            if (strcmp(v->string, TOPOLOGY_LEVELS[i].name) == 0) {
+                *out = TOPOLOGY_LEVELS[i].level;
+                return 1;
+            }
+        }
+    }
+    return bad(c, v, "a topology level is one of INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM");
+}
+
+/* "topology": {"default": "SYSTEM", "groups": [{"level": "SINGLE", "devices": [0, 1]}, ...]}: two
+ * devices share the closest level of any group holding both, else the default. */
+static int parse_topology(ctx *c, const json_value *v, struct config *cfg) {
+    static const char *const keys[] = {"default", "groups", NULL};
+    static const char *const group_keys[] = {"level", "devices", NULL};
+    unsigned char fallback = 50;
+    const json_value *f;
+    if (v->type != JSON_OBJECT) return bad(c, v, "topology must be an object");
+    if (!check_keys(c, v, keys, "topology")) return 0;
+    if ((f = json_get(v, "default")) && !want_level(c, f, &fallback)) return 0;
+    memset(cfg->topology, fallback, sizeof cfg->topology);
+    if ((f = json_get(v, "groups"))) {
+        if (f->type != JSON_ARRAY) return bad(c, f, "topology.groups must be an array");
+        for (size_t g = 0; g < f->count; g++) {
+            const json_value *group = &f->items[g], *level_v, *members;
+            unsigned char level;
+            if (group->type != JSON_OBJECT) return bad(c, group, "topology.groups[%zu] must be an object", g);
+            if (!check_keys(c, group, group_keys, "a topology group")) return 0;
+            if (!(level_v = json_get(group, "level")) || !want_level(c, level_v, &level)) {
+                return level_v ? 0 : bad(c, group, "topology.groups[%zu] has no \"level\"", g);
+            }
+            if (!(members = json_get(group, "devices")) || members->type != JSON_ARRAY) {
+                return bad(c, group, "topology.groups[%zu] needs \"devices\": [<index>, ...]", g);
+            }
+            for (size_t i = 0; i < members->count; i++) {
+                long long a, b;
+                if (!want_int(c, &members->items[i], "a device index", 0, (long long)cfg->count - 1, &a)) return 0;
+                for (size_t j = 0; j < members->count; j++) {
+                    if (!want_int(c, &members->items[j], "a device index", 0, (long long)cfg->count - 1, &b)) {
+                        return 0;
+                    }
+                    if (level < cfg->topology[a][b]) cfg->topology[a][b] = level;
+                }
+            }
+        }
+    }
+    for (unsigned i = 0; i < MAX_DEVICES; i++) cfg->topology[i][i] = 0;
+    cfg->has_topology = 1;
     return 1;
 }
 
 static const char *const TOP_KEYS[] = {"driverVersion", "nvmlVersion", "cudaDriverVersion",
-                                       "initError", "eventSets", "devices", NULL};
+                                       "initError", "eventSets", "devices", "topology", NULL};
 
 static int parse_config(ctx *c, const json_value *root, struct config *cfg) {
     long long n;
@@ -476,9 +763,21 @@ static int parse_config(ctx *c, const json_value *root, struct config *cfg) {
                     return bad(c, &f->items[i], "uuid %s is also used by devices[%zu]", cfg->devices[i].uuid, j);
                 }
             }
+            for (size_t j = 0; j < i; j++) {
+                for (unsigned k = 0; k < cfg->devices[i].mig_count; k++) {
+                    for (unsigned l = 0; l < cfg->devices[j].mig_count; l++) {
+                        if (strcmp(cfg->devices[i].migs[k].uuid, cfg->devices[j].migs[l].uuid) == 0) {
+                            return bad(c, &f->items[i], "MIG uuid %s is also used by devices[%zu]",
+                                       cfg->devices[i].migs[k].uuid, j);
+                        }
+                    }
+                }
+            }
         }
         cfg->count = (unsigned)f->count;
     }
+    /* After the devices: the groups name device indices, checked against the count. */
+    if ((f = json_get(root, "topology")) && !parse_topology(c, f, cfg)) return 0;
     return 1;
 }
 
@@ -622,7 +921,36 @@ static nvmlReturn_t copy_string(char *out, unsigned length, const char *value) {
 
 static nvmlDevice_t handle_of(unsigned index) {
     g_handles[index].index = index;
+    g_handles[index].mig = 0;
     return &g_handles[index];
+}
+
+static int within(const void *handle, const void *array, size_t size, size_t item) {
+    uintptr_t p = (uintptr_t)handle, base = (uintptr_t)array;
+    return handle && p >= base && p < base + size && (p - base) % item == 0;
+}
+
+static int is_mig_handle(nvmlDevice_t handle) {
+    return within(handle, g_mig_handles, sizeof g_mig_handles, sizeof g_mig_handles[0][0]);
+}
+
+/* The MIG device a MIG handle names, like lookup() for GPUs; the parent's faults apply to it. A
+ * MIG device that the file no longer lists (or whose parent left MIG mode) is NOT_FOUND. */
+static nvmlReturn_t mig_lookup(nvmlDevice_t handle, enum call call, struct device_config **parent,
+                               struct mig_config **out) {
+    if (!is_mig_handle(handle)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (handle->index >= g_config.count) return NVML_ERROR_GPU_IS_LOST;
+    struct device_config *d = &g_config.devices[handle->index];
+    nvmlReturn_t fault = device_fault(d, call);
+    if (fault) return fault;
+    for (unsigned i = 0; d->mig_mode && i < d->mig_count; i++) {
+        if (d->migs[i].index + 1 == handle->mig) {
+            *parent = d;
+            *out = &d->migs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 /* ---- initialization ------------------------------------------------------------------------- */
@@ -778,16 +1106,57 @@ static nvmlReturn_t device_string(nvmlDevice_t device, enum call call, size_t fi
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    if (is_mig_handle(device)) {
+        LOCKED_BEGIN();
+        struct device_config *d;
+        struct mig_config *m;
+        if ((ret = mig_lookup(device, CALL_UUID, &d, &m))) goto out;
+        ret = copy_string(uuid, length, m->uuid);
+        LOCKED_END();
+    }
     return device_string(device, CALL_UUID, offsetof(struct device_config, uuid), uuid, length);
 }
 
+/* A MIG device is named after its parent and profile, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", as
+ * nvidia-smi -L shows it. */
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    if (is_mig_handle(device)) {
+        LOCKED_BEGIN();
+        struct device_config *d;
+        struct mig_config *m;
+        char text[160];
+        if ((ret = mig_lookup(device, CALL_NAME, &d, &m))) goto out;
+        if (m->name[0]) {
+            snprintf(text, sizeof text, "%s", m->name);
+        } else {
+            snprintf(text, sizeof text, "%s MIG %s", d->name, m->profile);
+        }
+        ret = copy_string(name, length, text);
+        LOCKED_END();
+    }
     return device_string(device, CALL_NAME, offsetof(struct device_config, name), name, length);
+}
+
+/* Memory of a MIG device: its own, all free (the fake runs no processes). */
+static nvmlReturn_t mig_memory(nvmlDevice_t device, const void *result, unsigned long long *total) {
+    struct device_config *d;
+    struct mig_config *m;
+    nvmlReturn_t ret = mig_lookup(device, CALL_MEMORY, &d, &m);
+    if (ret == NVML_SUCCESS && !result) ret = NVML_ERROR_INVALID_ARGUMENT;
+    if (ret == NVML_SUCCESS) *total = m->memory;
+    return ret;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     LOCKED_BEGIN();
     struct device_config *d;
+    if (is_mig_handle(device)) {
+        unsigned long long total = 0;
+        if ((ret = mig_memory(device, memory, &total))) goto out;
+        memory->total = memory->free = total;
+        memory->used = 0;
+        goto out;
+    }
     if ((ret = lookup_into(device, CALL_MEMORY, memory, &d))) goto out;
     /* Version 1 counts reserved memory as used, as the real library does. */
     memory->total = d->memory_total;
@@ -799,6 +1168,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     LOCKED_BEGIN();
     struct device_config *d;
+    if (is_mig_handle(device)) {
+        unsigned long long total = 0;
+        if ((ret = mig_memory(device, memory, &total))) goto out;
+        if (memory->version != NVML_MEMORY_V2) {
+            ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+            goto out;
+        }
+        memory->total = memory->free = total;
+        memory->reserved = memory->used = 0;
+        goto out;
+    }
     if ((ret = lookup_into(device, CALL_MEMORY, memory, &d))) goto out;
     if (memory->version != NVML_MEMORY_V2) {
         ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -979,5 +1359,254 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     }
     set->magic = 0;
     free(set);
+    LOCKED_END();
+}
+
+/* ---- MIG ------------------------------------------------------------------------------------- */
+
+/* A GPU that the file gives no "migMode" does not support MIG (an L4, a V100): NOT_SUPPORTED. */
+static nvmlReturn_t mig_parent(nvmlDevice_t device, enum call call, const void *result,
+                               struct device_config **d) {
+    nvmlReturn_t ret = lookup_into(device, call, result, d);
+    if (ret == NVML_SUCCESS && !(*d)->mig_supported) ret = NVML_ERROR_NOT_SUPPORTED;
+    return ret;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    LOCKED_BEGIN();
+    struct device_config *d;
+    if ((ret = mig_parent(device, CALL_MIG_MODE, current, &d))) goto out;
+    if (!pending) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    *current = *pending = (unsigned)d->mig_mode;
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    LOCKED_BEGIN();
+    struct device_config *d;
+    if ((ret = mig_parent(device, CALL_MIG_MODE, count, &d))) goto out;
+    *count = d->mig_mode ? MAX_MIG : 0; /* zero while MIG is disabled, as nvml.h says */
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *mig) {
+    LOCKED_BEGIN();
+    struct device_config *d;
+    if ((ret = mig_parent(device, CALL_MIG_HANDLE, mig, &d))) goto out;
+    if (index >= MAX_MIG) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    ret = NVML_ERROR_NOT_FOUND; /* also while MIG is disabled, as an H200 on driver 580 answers */
+    if (!d->mig_mode) goto out;
+    for (unsigned i = 0; i < d->mig_count; i++) {
+        if (d->migs[i].index == index) {
+            struct nvmlDevice_st *h = &g_mig_handles[device->index][index];
+            h->index = device->index;
+            h->mig = index + 1;
+            *mig = h;
+            ret = NVML_SUCCESS;
+        }
+    }
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvmlDevice_t *device) {
+    LOCKED_BEGIN();
+    struct device_config *d;
+    struct mig_config *m;
+    if ((ret = mig_lookup(mig, CALL_COUNT_, &d, &m))) goto out;
+    if (!device) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    *device = handle_of(mig->index);
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
+    LOCKED_BEGIN();
+    if (!is_mig) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if (is_mig_handle(device)) {
+        *is_mig = 1;
+        goto out;
+    }
+    struct device_config *d;
+    if ((ret = lookup(device, CALL_COUNT_, &d))) goto out;
+    *is_mig = 0;
+    LOCKED_END();
+}
+
+/* Both ids of a MIG device; asked of a whole GPU, the real library answers INVALID_ARGUMENT. */
+static nvmlReturn_t mig_id(nvmlDevice_t device, unsigned int *id, int compute) {
+    LOCKED_BEGIN();
+    struct device_config *d;
+    struct mig_config *m;
+    if (!is_mig_handle(device)) {
+        ret = lookup(device, CALL_COUNT_, &d);
+        if (ret == NVML_SUCCESS) ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if ((ret = mig_lookup(device, CALL_COUNT_, &d, &m))) goto out;
+    if (!id) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    *id = compute ? m->ci_id : m->gi_id;
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return mig_id(device, id, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return mig_id(device, id, 1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gi) {
+    LOCKED_BEGIN();
+    struct device_config *d;
+    if ((ret = mig_parent(device, CALL_GPU_INSTANCE, gi, &d))) goto out;
+    if (!d->mig_mode) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    ret = NVML_ERROR_NOT_FOUND;
+    for (unsigned i = 0; i < d->mig_count; i++) {
+        if (d->migs[i].gi_id == id) {
+            struct nvmlGpuInstance_st *h = &g_gi_handles[device->index][i];
+            h->index = device->index;
+            h->position = i;
+            *gi = h;
+            ret = NVML_SUCCESS;
+            break;
+        }
+    }
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info) {
+    LOCKED_BEGIN();
+    if (!within(gi, g_gi_handles, sizeof g_gi_handles, sizeof g_gi_handles[0][0]) || !info) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    struct device_config *d;
+    if ((ret = lookup(handle_of(gi->index), CALL_COUNT_, &d))) goto out;
+    if (!d->mig_mode || gi->position >= d->mig_count) {
+        ret = NVML_ERROR_INVALID_ARGUMENT; /* the instance was destroyed */
+        goto out;
+    }
+    const struct mig_config *m = &d->migs[gi->position];
+    info->device = handle_of(gi->index);
+    info->id = m->gi_id;
+    info->profileId = m->profile_id;
+    info->placement.start = m->start;
+    info->placement.size = m->size;
+    LOCKED_END();
+}
+
+/* Profile info of a profile some instance of the GPU uses; the fake knows no others. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t device, unsigned int profile_id,
+                                                             nvmlGpuInstanceProfileInfo_v2_t *info) {
+    LOCKED_BEGIN();
+    struct device_config *d;
+    if ((ret = mig_parent(device, CALL_GPU_INSTANCE, info, &d))) goto out;
+    if (info->version != NVML_GPU_INSTANCE_PROFILE_INFO_V2) {
+        ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        goto out;
+    }
+    ret = NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned i = 0; i < d->mig_count; i++) {
+        const struct mig_config *m = &d->migs[i];
+        if (m->profile_id != profile_id) continue;
+        unsigned slices = 0;
+        sscanf(m->profile, "%u", &slices);
+        memset((char *)info + sizeof info->version, 0, sizeof *info - sizeof info->version);
+        info->id = profile_id;
+        info->sliceCount = slices;
+        info->instanceCount = MAX_MIG / (slices ? slices : 1);
+        info->memorySizeMB = m->memory / MIB;
+        snprintf(info->name, sizeof info->name, "MIG %s", m->profile);
+        ret = NVML_SUCCESS;
+        break;
+    }
+    LOCKED_END();
+}
+
+/* ---- NVLink and PCIe topology ------------------------------------------------------------- */
+
+/* A GPU without "nvlinks" has none (NOT_SUPPORTED); a link the file does not list is inactive
+ * for its state and NOT_SUPPORTED for its remote, past the last link INVALID_ARGUMENT. */
+static nvmlReturn_t nvlink_of(nvmlDevice_t device, enum call call, unsigned link, const void *result,
+                              const struct nvlink_config **out) {
+    struct device_config *d;
+    nvmlReturn_t ret = lookup_into(device, call, result, &d);
+    if (ret != NVML_SUCCESS) return ret;
+    if (!d->has_nvlinks) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= MAX_NVLINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    *out = NULL;
+    for (unsigned i = 0; i < d->nvlink_count; i++) {
+        if (d->nvlinks[i].link == link) *out = &d->nvlinks[i];
+    }
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, unsigned int *active) {
+    LOCKED_BEGIN();
+    const struct nvlink_config *l;
+    if ((ret = nvlink_of(device, CALL_NVLINK_STATE, link, active, &l))) goto out;
+    *active = l && l->active;
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci) {
+    LOCKED_BEGIN();
+    const struct nvlink_config *l;
+    if ((ret = nvlink_of(device, CALL_NVLINK_REMOTE, link, pci, &l))) goto out;
+    if (!l) {
+        ret = NVML_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", l->remote_domain & 0xFFFF,
+             l->remote_bus, l->remote_device, l->remote_function);
+    snprintf(pci->busId, sizeof pci->busId, "%s", l->remote_bus_id);
+    pci->domain = l->remote_domain;
+    pci->bus = l->remote_bus;
+    pci->device = l->remote_device;
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link, unsigned int *type) {
+    LOCKED_BEGIN();
+    const struct nvlink_config *l;
+    if ((ret = nvlink_of(device, CALL_NVLINK_REMOTE, link, type, &l))) goto out;
+    if (!l) {
+        ret = NVML_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    *type = l->remote_is_switch ? 2u : 0u; /* NVML_NVLINK_DEVICE_TYPE_SWITCH : _GPU */
+    LOCKED_END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t first, nvmlDevice_t second, unsigned int *level) {
+    LOCKED_BEGIN();
+    struct device_config *a, *b;
+    if ((ret = lookup_into(first, CALL_TOPOLOGY, level, &a))) goto out;
+    if ((ret = lookup(second, CALL_TOPOLOGY, &b))) goto out;
+    if (!g_config.has_topology) {
+        ret = NVML_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    *level = g_config.topology[first->index][second->index];
     LOCKED_END();
 }
