@@ -34,6 +34,7 @@ class _Found:
 
     device: GpuDevice
     shown: str
+    whole: bool = True  # False for a MIG device (then `device` is its parent)
 
 
 def check_node(
@@ -75,7 +76,7 @@ def check_slot(
             return DeviceCheck(str(key), slot.index, True, message="no devices declared")
         found = [d for d in (_find(inventory, ref, problems) for ref in refs) if d is not None]
     for item in found:
-        problems.extend(device_problems(item.device, requirement, item.shown))
+        problems.extend(device_problems(item.device, requirement, item.shown, whole=item.whole))
     return _verdict(inventory, key, slot, found, problems)
 
 
@@ -183,7 +184,7 @@ def _find_mig(inventory: NodeInventory, uuid: str, problems: list[Problem]) -> _
         )
         return None
     # `require.minMemoryMiB` asks what the pod gets: the MIG device's memory, not the GPU's.
-    return _Found(dataclasses.replace(parent, memory_mib=instance.memory_mib), shown)
+    return _Found(dataclasses.replace(parent, memory_mib=instance.memory_mib), shown, whole=False)
 
 
 def _mig_count(inventory: NodeInventory) -> str:

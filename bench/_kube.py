@@ -314,8 +314,22 @@ class PodWatch:
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) the process has used so far."""
-    return cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), _TICKS)
+    """CPU seconds (user + system) the process and its live descendants (a controller's bind
+    processes) have used so far."""
+    total = cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), _TICKS)
+    for child in _children(pid):
+        with contextlib.suppress(OSError, ValueError):  # it ended meanwhile
+            total += process_cpu(child)
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    return found
 
 
 def peak_rss_mib(pid: int) -> float:

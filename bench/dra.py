@@ -11,8 +11,10 @@ real `gpuplace webhook` and `gpuplace controller` with `--enforcement=dra`, and 
    the map's ResourceClaimTemplate; kube-controller-manager generates the claims; the binder
    writes each claim's finalizer and status (allocation + reservedFor), then the Binding. Rate:
    pods / (first create sent -> last pod seen bound); latency: create sent -> bound, per pod.
-2. gpuplace, backlog drain: the controller is stopped, the pods are created and
-   kube-controller-manager has generated every claim; the controller starts. Rate: pods /
+2. gpuplace, backlog drain: with the leader running and every node cordoned, the pods are
+   created, kube-controller-manager generates every claim and the controller writes each claim's
+   finalizer as it appears (reported apart: "finalizers per pod, written when seen"); the nodes
+   are uncordoned. Rate: pods /
    (first claim seen allocated -> last pod seen bound), from a watch of the claims beside the pod
    watch: binding only, timed over the same work whether a contender writes all claims before
    its first Binding (kube-scheduler's pipeline) or claim and Binding pod by pod.
@@ -96,6 +98,7 @@ from bench.placement import (
     gpu_uuid,
     gpuplace_pod,
     inventory,
+    node_name,
     pod_name,
     rates,
     ratio,
@@ -132,6 +135,8 @@ WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
 FINALIZER_VERBS = frozenset({"PUT", "PATCH"})
 CLAIM_METADATA = frozenset({("resourceclaims", "")})
 FINALIZER_METRIC = "gpuplace_claim_finalizer_writes_total"
+#: Its `when` of the finalizers written as the claims appeared (not on the Binding path).
+SEEN = "seen"
 #: What the contenders write to place a pod: its claim (created, finalizer, status) and Binding.
 PLACEMENT_RESOURCES = frozenset(
     {("resourceclaims", ""), ("resourceclaims", "status"), ("pods", "binding")}
@@ -436,31 +441,63 @@ class DraBench(PlacementBench):
         return self._writes(metrics, replace(result, extra=result.extra | where))
 
     def gpuplace_dra_drain(self) -> DraRun:
-        self.stop_controller()
+        """The backlog forms while the leader runs, as it does in a cluster: every node cordoned,
+        the pods created, kube-controller-manager generates their claims and the controller
+        writes each claim's finalizer as it appears (counted apart, by the metric's `when`);
+        the drain is timed from the uncordon, over the claims' status and the Bindings."""
         self.cluster.stop_scheduler()
+        if self.controller is None:
+            self.start_controller()
+            self.ready("gpuplace controller", gpuplace_pod)
+            self._clear_claims([], delete=False)  # the probe's claim
         run, pods = self._pods(gpuplace_pod)
-        create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
-        self.cluster.wait_for(
-            "kube-controller-manager to generate every pod's claim",
-            lambda: self._claims_made() >= len(pods),
-            RUN_TIMEOUT,
-            interval=0.5,
-        )
-        self._quiesce()
-        usage: list[Usage] = []
-        metrics: list[str] = []
-        with self._watching_claims() as (watch, claims):
-            with self._measuring(usage, metrics):
+        before = self._finalizers_written()
+        self._cordon(True)
+        try:
+            create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+            self.cluster.wait_for(
+                "kube-controller-manager to generate every pod's claim",
+                lambda: self._claims_made() >= len(pods),
+                RUN_TIMEOUT,
+                interval=0.5,
+            )
+            if before:
+                self.cluster.wait_for(
+                    "the controller to write every claim's finalizer as it appeared",
+                    lambda: self._finalizers_since(before, SEEN) >= len(pods),
+                    RUN_TIMEOUT,
+                    interval=0.5,
+                )
+            self._quiesce()
+            usage: list[Usage] = []
+            metrics: list[str] = []
+            with (
+                self._watching_claims() as (watch, claims),
+                self._measuring(usage, metrics),
+                profiling(self._controller_pid(), self._profile("dra-drain")),
+            ):
                 started = time.monotonic()
-                self.start_controller()
-                with profiling(self._controller_pid(), self._profile("dra-drain")):
-                    seen = watch.wait()
-                    allocated = claims.wait()
-            usage[0].add("gpuplace controller", process_cpu(self._controller_pid()))
-        where = self._finalizers_where({})  # a new controller: its counters start at 0
+                self._cordon(False)
+                seen = watch.wait()
+                allocated = claims.wait()
+        finally:
+            self._cordon(False)
+        where = self._finalizers_where(before)
         self.note_controller_peak()
         result = self._drained(run, pods, False, seen, allocated, started, usage[0])
         return self._writes(metrics, replace(result, extra=result.extra | where))
+
+    def _cordon(self, unschedulable: bool) -> None:
+        """Marks every node (un)schedulable: the binder binds to no cordoned node."""
+
+        def mark(n: int) -> None:
+            body = {"spec": {"unschedulable": unschedulable or None}}
+            call(self.cluster, "PATCH", f"/api/v1/nodes/{node_name(n)}", body)
+
+        concurrently(list(range(self.scale.nodes)), mark, SETUP_THREADS)
+
+    def _finalizers_since(self, before: Mapping[str, float], when: str) -> float:
+        return self._finalizers_written().get(when, 0.0) - before.get(when, 0.0)
 
     def _finalizers_written(self) -> dict[str, float]:
         """The controller's claim finalizer writes so far, by where they were written (`seen`:

@@ -8,12 +8,14 @@ PodScheduled=False with the reason, an Event, and waits for the objects its stat
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from controller import podfacts
+from controller.bindprocs import BindJob, BindProcesses, connection_of
 from controller.claimfinalizers import ClaimFinalizers
 from controller.dra import ClaimPlan, ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
@@ -47,7 +49,8 @@ def binding_body(pod: Pod, placement: Placement, signer: RingKey) -> Obj:
 
 
 class Binder:
-    """Decides on one thread, binds on `bind_workers` threads.
+    """Decides on one thread, binds on `bind_workers` threads (or, with `bind_processes`, from
+    that many worker processes: controller/bindprocs.py).
 
     Contract: informer threads feed pods (`on_pod`, `rebuild`) and wake keys (`wake`); the binder
     thread pops and decides (`_decide`), the only place a slot or GPU is chosen, so decisions never
@@ -69,11 +72,17 @@ class Binder:
         on_bound: Callable[[SlotKey], None] = lambda _key: None,  # a slot was bound or freed
         dra: DraTracker | None = None,  # `dra` enforcement: claims are allocated before binding
         fence: Callable[[], bool] = lambda: True,
+        lease_deadline: Callable[[], float] | None = None,
     ) -> None:
         self.kube = kube
         #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
         #: before each Binding, so a leader that was paused past its lease sends none.
         self.fence = fence
+        #: Until when the lease is surely held (LeaderElector.held_until, time.monotonic): what
+        #: each job for the bind processes carries, so that none is sent past it.
+        self.lease_deadline = lease_deadline or (lambda: math.inf if fence() else -math.inf)
+        #: `bind_processes` >= 1: the Bindings go out from worker processes (from `start` on).
+        self._procs: BindProcesses | None = None
         self.settings = settings
         self.metrics = metrics
         self.events = events
@@ -241,6 +250,13 @@ class Binder:
         if self.finalizers is not None and self.dra is not None:
             self.dra.attach(self.finalizers)
             self.finalizers.start(self.dra.unprotected())
+        if self.settings.bind_processes > 0 and self._procs is None:
+            processes = self.settings.bind_processes
+            self._procs = BindProcesses(
+                connection_of(self.kube),
+                processes,
+                max(1, -(-self.settings.bind_workers // processes)),
+            )
         self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
         self._thread.start()
 
@@ -261,6 +277,9 @@ class Binder:
             self.dra.attach(None)
             self.finalizers.stop()
         self._workers.shutdown(cancel=True)
+        procs, self._procs = self._procs, None
+        if procs is not None:
+            procs.close()
 
     def _run(self) -> None:
         last_flush = time.monotonic()
@@ -290,10 +309,13 @@ class Binder:
             self._fenced(uid)
             return
         facts = podfacts.facts(pod, self.settings.legacy)
-        outcome: Placement | Status = plan(facts, self.cluster(), self.cache)
+        cluster = self.cluster()
+        outcome: Placement | Status = plan(facts, cluster, self.cache)
         claim: ClaimPlan | None = None
         if isinstance(outcome, Placement) and self.dra is not None and facts.map_name is not None:
-            checked = self.dra.check(pod, outcome, self.cache)
+            cmap = cluster.model.maps.get(outcome.slot.map)
+            tolerations = () if cmap is None else cmap.tolerations.get(outcome.slot.index, ())
+            checked = self.dra.check(pod, outcome, self.cache, tolerations)
             if isinstance(checked, Status):
                 outcome = checked
             else:
@@ -315,6 +337,15 @@ class Binder:
         self.cache.assume(uid, pod.key, outcome)
         with self._lock:
             self._in_flight.add(uid)
+        procs = self._procs
+        if procs is not None and claim is None:
+            try:
+                self._hand_over(procs, uid, pod, outcome, None)
+            except Exception:
+                self.cache.forget(uid)
+                self._finish(uid, requeue=False)
+                raise
+            return
         self._workers.submit(self._bind, uid, pod, outcome, claim)
 
     def _bind(
@@ -337,9 +368,51 @@ class Binder:
                     self.cache.forget(uid)
                     self._finish(uid, requeue=True)
                     return
+            procs = self._procs
+            if procs is not None:
+                self._hand_over(procs, uid, pod, placement, claim)
+                return
             # Checked again as the request is written, after any wait for a connection.
             self.kube.create(path, binding_body(pod, placement, self._signer()), guard=self.fence)
-        except FencedError:
+        except APIError as exc:
+            self._failed(uid, pod, claim, exc)
+            return
+        self._bound(uid, placement)
+
+    def _hand_over(
+        self,
+        procs: BindProcesses,
+        uid: str,
+        pod: Pod,
+        placement: Placement,
+        claim: ClaimPlan | None,
+    ) -> None:
+        """Sends the signed Binding to a bind process; its outcome comes back on the pool's
+        result thread, to the same paths as a Binding sent here."""
+        signer = self._signer()
+        annotations = signed_binding(
+            signer.secret, signer.id, pod.uid, pod.namespace, placement.decision
+        )
+        job = BindJob(
+            self.lease_deadline(),
+            pod.name,
+            pod.namespace,
+            pod.uid,
+            placement.decision.node,
+            annotations,
+        )
+
+        def done(error: APIError | None) -> None:
+            if error is None:
+                self._bound(uid, placement)
+            else:
+                self._failed(uid, pod, claim, error)
+
+        procs.submit(job, done)
+
+    def _failed(self, uid: str, pod: Pod, claim: ClaimPlan | None, exc: APIError) -> None:
+        """The Binding was not stored (or may not have been): the assumed decision is forgotten."""
+        if isinstance(exc, FencedError):
             # The decision came from a cache that another leader may already have outdated.
             # Decided again once the lease is held: by this process if a late renewal keeps it,
             # else the binder stops with the lost leadership and the next leader decides.
@@ -349,7 +422,7 @@ class Binder:
             self._finish(uid, requeue=False)
             self._fenced(uid)
             return
-        except (APINotFoundError, APIConflictError) as exc:
+        if isinstance(exc, (APINotFoundError, APIConflictError)):
             # Gone, recreated, or already bound by someone else: the pod's next event decides.
             self.metrics.binds.labels("conflict").inc()
             log.info("bind refused: %s", exc, extra={"pod": pod.key})
@@ -359,17 +432,14 @@ class Binder:
             self.cache.forget(uid)
             self._finish(uid, requeue=False)
             return
-        except APIError as exc:
-            self.metrics.binds.labels("error").inc()
-            log.warning("bind failed: %s", exc, extra={"pod": pod.key})
-            if 400 <= exc.status < 500:
-                # Refused, so surely not bound. After a timeout or a 5xx the Binding may have
-                # been stored: the allocation stays, and the retry finds it done and reuses it.
-                self._unreserve(claim)
-            self.cache.forget(uid)
-            self._finish(uid, requeue=True)
-            return
-        self._bound(uid, placement)
+        self.metrics.binds.labels("error").inc()
+        log.warning("bind failed: %s", exc, extra={"pod": pod.key})
+        if 400 <= exc.status < 500:
+            # Refused, so surely not bound. After a timeout or a 5xx the Binding may have
+            # been stored: the allocation stays, and the retry finds it done and reuses it.
+            self._unreserve(claim)
+        self.cache.forget(uid)
+        self._finish(uid, requeue=True)
 
     def _bound(self, uid: str, placement: Placement) -> None:
         """The Binding was stored: the assumed decision is confirmed."""

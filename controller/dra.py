@@ -1,11 +1,14 @@
 """The binder's DRA side: watch-fed caches of ResourceSlices and ResourceClaims, the allocation
 check, and the claim writes (Reserve before the Binding, Unreserve when the Binding fails).
 
-Contract: `DraTracker` is written by the informer threads (`on_slice`, `on_claim`) and read by the
-binder's decision thread (`check`); one lock guards its maps. It hands every claim generated from
-gpuplace's template that lacks the delete-protection finalizer to the `ClaimFinalizers` attached to
-it (the leader's binder), which writes the finalizer off the Binding path. `ClaimWriter` runs on
-the bind workers and only writes; what it wrote comes back through the claims informer.
+Contract: `DraTracker` is written by the informer threads (`on_slice`, `on_claim`,
+`on_taint_rule`) and read by the binder's decision thread (`check`) and the reconcile loop
+(`taints_on`); one lock guards its maps. It calls `on_taints` (outside the lock, on the informer
+thread) with each node whose devices' taints changed. It
+hands every claim generated from gpuplace's template that lacks the delete-protection finalizer
+to the `ClaimFinalizers` attached to it (the leader's binder), which writes the finalizer off the
+Binding path. `ClaimWriter` runs on the bind workers and only writes; what it wrote comes back
+through the claims informer.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from controller.claimfinalizers import ClaimFinalizers, add_finalizer, needs_pro
 from kubeio.client import Kube, Obj, obj_key
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.informer import DELETED
-from kubeio.paths import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES
+from kubeio.paths import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource
 from kubeio.pod import Pod
 from placement.binding import Code, Placement, SlotView, Status
 from placement.dra import (
@@ -41,7 +44,9 @@ from placement.dra import (
     template_matches,
     template_name,
 )
+from placement.inventory import SourcedTaint
 from placement.reasons import Reason
+from placement.taints import DeviceTaint, TaintRule, Toleration, read_taint_rule, untolerated
 from placement.types import GpuUuid, MapKey, NodeName
 from placement.wake import WakeKey
 
@@ -49,6 +54,10 @@ log = logging.getLogger(__name__)
 CLAIMS_PATH = RESOURCE_CLAIMS.collection()
 SLICES_PATH = RESOURCE_SLICES.collection()
 TEMPLATES_PATH = RESOURCE_CLAIM_TEMPLATES.collection()
+#: Alpha in Kubernetes 1.35 (gate DRADeviceTaintRules, API resource.k8s.io/v1alpha3): watched
+#: where served, read as none where not.
+DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1alpha3", "devicetaintrules", namespaced=False)
+TAINT_RULES_PATH = DEVICE_TAINT_RULES.collection()
 TEMPLATE_SELECTOR = f"{TEMPLATE_LABEL}=true"
 DeviceId = tuple[str, str, str]  # (driver, pool, device)
 
@@ -61,6 +70,7 @@ class ClaimPlan:
     node: NodeName
     devices: tuple[DraDevice, ...]
     done: bool  # already allocated exactly so and reserved for the pod (a failover)
+    tolerations: tuple[Toleration, ...] = ()  # the slot's, written into each allocation result
 
 
 def from_our_template(obj: Obj) -> bool:
@@ -90,6 +100,10 @@ class DraTracker:
         #: Claims generated from gpuplace's templates that lack the delete-protection finalizer.
         self._unprotected: dict[tuple[str, str], ClaimState] = {}
         self._finalizers: ClaimFinalizers | None = None
+        #: DeviceTaintRules by name (empty where the API is not served).
+        self._rules: dict[str, TaintRule] = {}
+        #: Told of each node whose devices' taints (slices' or rules') changed.
+        self.on_taints: Callable[[NodeName], None] = lambda _node: None
 
     def attach(self, finalizers: ClaimFinalizers | None) -> None:
         """Hands claims that need the finalizer to `finalizers` from now on (None: no more)."""
@@ -102,6 +116,7 @@ class DraTracker:
             return
         name = NodeName(str(node))
         with self._lock:
+            before = self._node_taints(name)
             if event == DELETED:
                 self._slices[name].pop(obj_key(obj)[1], None)
             else:
@@ -112,7 +127,51 @@ class DraTracker:
             self._devices[name] = {d.uuid: d for d in devices if d.node == name}
             for device in self._devices[name].values():
                 self._by_id[(self.settings.driver, device.pool, device.name)] = device
+            retainted = self._node_taints(name) != before
+        if retainted:
+            self.on_taints(name)
         self._wake([WakeKey.inventory(name)])
+
+    def on_taint_rule(self, event: str, obj: Obj, _old: Obj | None) -> None:
+        """A DeviceTaintRule changed: devices it selects (or selected) may serve slots now, or no
+        longer; every node with published devices is woken, rules being few and rare."""
+        name = obj_key(obj)[1]
+        rule = None if event == DELETED else read_taint_rule(obj)
+        with self._lock:
+            nodes = list(self._devices)
+            before = {n: self._node_taints(n) for n in nodes}
+            if rule is None:
+                self._rules.pop(name, None)
+            else:
+                self._rules[name] = rule
+            retainted = [n for n in nodes if self._node_taints(n) != before[n]]
+        for node in retainted:
+            self.on_taints(node)
+        self._wake([WakeKey.inventory(n) for n in nodes])
+
+    def _taints_of(self, device: DraDevice) -> list[tuple[DeviceTaint, str]]:
+        """The device's taints and where each comes from (its slice, or a rule); under the lock."""
+        found = [(t, "in its ResourceSlice") for t in device.taints]
+        for name in sorted(self._rules):
+            rule = self._rules[name]
+            if rule.selects(self.settings.driver, device.pool, device.name):
+                found.append((rule.taint, f"by DeviceTaintRule {name}"))
+        return found
+
+    def _node_taints(self, node: NodeName) -> dict[str, tuple[SourcedTaint, ...]]:
+        """The taints of the node's published devices, by GPU or MIG UUID; under the lock."""
+        out: dict[str, tuple[SourcedTaint, ...]] = {}
+        for uuid, device in self._devices.get(node, {}).items():
+            found = self._taints_of(device)
+            if found:
+                out[uuid] = tuple(SourcedTaint(t, src) for t, src in found)
+        return out
+
+    def taints_on(self, node: NodeName) -> dict[str, tuple[SourcedTaint, ...]]:
+        """The taints of the devices the node's ResourceSlices publish (by GPU or MIG UUID),
+        from the slices and the DeviceTaintRules; devices without taints are left out."""
+        with self._lock:
+            return self._node_taints(node)
 
     def on_claim(self, event: str, obj: Obj, _old: Obj | None) -> None:
         claim = read_claim(obj)
@@ -172,8 +231,16 @@ class DraTracker:
         with self._lock:
             return self._unprotected.get((pod.namespace, name))
 
-    def check(self, pod: Pod, placement: Placement, slots: SlotView) -> ClaimPlan | Status:
-        """Whether the pod's claim can get the placement's devices, and how."""
+    def check(
+        self,
+        pod: Pod,
+        placement: Placement,
+        slots: SlotView,
+        tolerations: tuple[Toleration, ...] = (),
+    ) -> ClaimPlan | Status:
+        """Whether the pod's claim can get the placement's devices, and how. A device tainted
+        NoSchedule or NoExecute (by its driver or a DeviceTaintRule) serves only a slot that
+        tolerates the taint."""
         decision = placement.decision
         node, uid = decision.node, pod.uid
         where = f"map {placement.slot.map} index {placement.slot.index}"
@@ -196,6 +263,15 @@ class DraTracker:
                         Reason.DEVICE_MISSING,
                         f"{where}: device {uuid} is not in the ResourceSlices of DRA driver "
                         f"{driver} for node {node}",
+                        WakeKey.inventory(node),
+                        WakeKey.model(),
+                    )
+                tainted = self._untolerated(device, tolerations)
+                if tainted:
+                    return _wait(
+                        Reason.DEVICE_TAINTED,
+                        f"{where}: device {uuid} ({device.pool}/{device.name}) on node {node} is "
+                        f"tainted {tainted}; the slot's tolerations do not tolerate it",
                         WakeKey.inventory(node),
                         WakeKey.model(),
                     )
@@ -251,7 +327,13 @@ class DraTracker:
         done = bool(claim.allocated) and (
             allocation_matches(claim, devices, node, driver) and uid in claim.reserved_for
         )
-        return ClaimPlan(claim, node, tuple(devices), done)
+        return ClaimPlan(claim, node, tuple(devices), done, tolerations)
+
+    def _untolerated(self, device: DraDevice, tolerations: tuple[Toleration, ...]) -> str:
+        """The taints that keep the device from the slot, as `key=value:Effect (where)`."""
+        found = self._taints_of(device)
+        blocking = set(untolerated((t for t, _ in found), tolerations))
+        return ", ".join(f"{t.describe()} ({src})" for t, src in found if t in blocking)
 
 
 class ClaimWriter:
@@ -296,7 +378,9 @@ class ClaimWriter:
                 version = self.finalizers.protect(claim, version)
             else:
                 version = add_finalizer(self.kube, claim, version)
-        status = allocation_status(plan.devices, plan.node, pod.name, pod.uid, self.settings.driver)
+        status = allocation_status(
+            plan.devices, plan.node, pod.name, pod.uid, self.settings.driver, plan.tolerations
+        )
         self.kube.patch(
             self._path(plan.claim, "status"),
             {"metadata": {"resourceVersion": version}, "status": status},

@@ -7,7 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from controller.dra import CLAIMS_PATH, SLICES_PATH, TEMPLATE_SELECTOR, TEMPLATES_PATH
+from controller.dra import (
+    CLAIMS_PATH,
+    SLICES_PATH,
+    TAINT_RULES_PATH,
+    TEMPLATE_SELECTOR,
+    TEMPLATES_PATH,
+)
 from controller.settings import ControllerSettings
 from kubeio.client import Kube, Obj
 from kubeio.informer import Informer
@@ -29,11 +35,13 @@ from placement.grants import POLICY_CONFIGMAP
 
 @dataclass(frozen=True)
 class DraInformers:
-    """dra enforcement: the driver's ResourceSlices, the claims, gpuplace's claim templates."""
+    """dra enforcement: the driver's ResourceSlices, the claims, gpuplace's claim templates, and
+    DeviceTaintRules (optional: an apiserver without the alpha API answers 404, read as none)."""
 
     slices: Informer
     claims: Informer
     templates: Informer
+    taint_rules: Informer
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ class SharedInformers:
                 Informer(
                     kube, TEMPLATES_PATH, name="claimtemplates", label_selector=TEMPLATE_SELECTOR
                 ),
+                Informer(kube, TAINT_RULES_PATH, name="devicetaintrules", optional=True),
             )
         return cls(
             sources=sources,
@@ -145,6 +154,7 @@ class SharedInformers:
         yield from self.pods
         if self.dra is not None:
             yield from (self.dra.slices, self.dra.claims, self.dra.templates)
+            yield self.dra.taint_rules
         yield from (self.policy, self.binding_key)
 
     def start(self) -> None:

@@ -1,4 +1,5 @@
-"""Node inventories: the agents' ConfigMaps, judged fresh or stale by their Leases.
+"""Node inventories: the agents' ConfigMaps, judged fresh or stale by their Leases, with the DRA
+taints of their devices overlaid (dra enforcement).
 
 A Lease is stale when this process has not seen it renewed for its leaseDurationSeconds (agents set
 that to three renewal intervals). Time is this process's own clock from the last observed change,
@@ -10,21 +11,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from kubeio.client import Obj, obj_key
 from placement.binding import InventoryState
-from placement.inventory import INVENTORY_KEY, NodeInventory
+from placement.inventory import INVENTORY_KEY, NodeInventory, SourcedTaint
 from placement.types import NodeName
 
 log = logging.getLogger(__name__)
 
 
 class InventoryTracker:
+    """Written by the inventories' and leases' informer threads, the expiry timer and (`retaint`)
+    the ResourceSlices' and DeviceTaintRules' informer threads, under one lock; `states` is read
+    by the binder and `on_change` is called under that lock. The inventory served (to `states`
+    and `on_change`) is the agent's with `taints_of(node)` overlaid: the compiler and the binder
+    see the same taints."""
+
     def __init__(self, on_change: Callable[[NodeName, NodeInventory | None], None]) -> None:
         self.on_change = on_change  # called with the inventory to serve, or None when gone/stale
+        #: A node's DRA device taints by GPU or MIG UUID; none outside dra enforcement.
+        self.taints_of: Callable[[NodeName], Mapping[str, tuple[SourcedTaint, ...]]] = (
+            lambda _node: {}
+        )
         self.states: dict[NodeName, InventoryState] = {}
         self._inventories: dict[NodeName, NodeInventory] = {}
+        #: What is served: `_inventories` with their taints, made when either changes (the expiry
+        #: timer re-judges every node every second and must stay cheap).
+        self._served: dict[NodeName, NodeInventory] = {}
         self._renewed: dict[NodeName, tuple[str, float, float]] = {}  # renewTime, seen, duration
         self._lock = threading.RLock()
 
@@ -48,6 +62,7 @@ class InventoryTracker:
                 if self._inventories.get(node) == inventory:
                     return
                 self._inventories[node] = inventory
+            self._overlay(node)
             self._publish(node)
 
     def on_lease(self, event: str, obj: Obj, _old: Obj | None) -> None:
@@ -64,12 +79,26 @@ class InventoryTracker:
                     self._renewed[node] = (renew, time.monotonic(), duration)
             self._publish(node)
 
+    def retaint(self, node: NodeName) -> None:
+        """The node's devices' taints changed: its inventory is served again with them. A node
+        without an agent inventory stays without one (its taints reach the binder's DRA check)."""
+        with self._lock:
+            self._overlay(node)
+            self._publish(node)
+
+    def _overlay(self, node: NodeName) -> None:
+        inventory = self._inventories.get(node)
+        if inventory is None:
+            self._served.pop(node, None)
+        else:
+            self._served[node] = inventory.with_taints(self.taints_of(node))
+
     def _fresh(self, node: NodeName) -> bool:
         last = self._renewed.get(node)
         return last is not None and time.monotonic() - last[1] <= last[2]
 
     def _publish(self, node: NodeName) -> None:
-        inventory = self._inventories.get(node)
+        inventory = self._served.get(node)
         before = self.states.get(node)
         if inventory is None:
             if before is not None:

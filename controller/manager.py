@@ -94,6 +94,7 @@ class Controller:
             self._on_bound,
             dra=self.dra,
             fence=self._holds_lease,
+            lease_deadline=self._lease_deadline,
         )
         self.binder.report.on_map = self._on_trust_change
         self.renumber = RenumberTracker(kube, self.events, self.metrics.renumbered.set)
@@ -165,6 +166,9 @@ class Controller:
         maps.wake = self.binder.wake
         maps.leading = self._leading.is_set
         maps.holds_lease = self._holds_lease
+        if self.dra is not None:
+            self.tracker.taints_of = self.dra.taints_on
+            self.dra.on_taints = self.tracker.retaint
         if inf.sources is not None:
             inf.sources.add_handler(self._on_source)
         if inf.resources is not None:
@@ -181,6 +185,7 @@ class Controller:
         if inf.dra is not None and self.dra is not None:
             inf.dra.slices.add_handler(self.dra.on_slice)
             inf.dra.claims.add_handler(self.dra.on_claim)
+            inf.dra.taint_rules.add_handler(self.dra.on_taint_rule)
             inf.dra.templates.add_handler(self._on_template)
         for form, informer in self._policy_informers().items():
             informer.add_handler(self._policy_handler(form))
@@ -311,6 +316,11 @@ class Controller:
         """Whether the lease is held and unexpired by the local clock: checked before every
         write only the leader may make (Bindings, the model, statuses, evictions)."""
         return self.elector.holds()
+
+    def _lease_deadline(self) -> float:
+        """Until when the lease is surely held (time.monotonic): what each job for the bind
+        processes carries."""
+        return self.elector.held_until()
 
     def _leads(self) -> bool:
         return self._leading.is_set() and self._holds_lease()

@@ -61,10 +61,11 @@ class NodeKeeper:
             labels = dict(obj["metadata"].get("labels") or {})
             self.grants.set_node(name, labels)
             after = node_state(obj, self.alias_label)
+            # The compiler reads a label the binder does not (the GPU clique, for `sameClique`).
+            recompile = self.compiler.set_node(name, labels)
             if before == after:
-                return None
+                return set() if recompile else None
             self.nodes[name] = after
-            self.compiler.set_node(name, labels)
         if (before and before.alias) or (after and after.alias):
             self._aliases_dirty = True
         keys = {WakeKey.node(name), WakeKey.nodes()}

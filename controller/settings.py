@@ -20,6 +20,10 @@ class BinderSettings:
     #: binds a second the more arrive at once: on one two-core local control plane (200 kwok
     #: nodes, a backlog of 1,000 pods) 32, 64 and 128 bound about 350, 420 and 460 pods/s.
     bind_workers: int = 128
+    #: 0: the Bindings are sent by `bind_workers` threads of the controller's process. N >= 1:
+    #: by N worker processes (`bind_workers` in flight in all), for a leader that one
+    #: interpreter lock caps at about one core; decisions stay on the leader's one thread.
+    bind_processes: int = 0
     #: Unschedulable pods are re-examined at least this often even with no triggering event.
     flush_seconds: float = 30.0
     #: A pod seen before its ResourceClaim exists (dra enforcement) is reported ClaimPending only

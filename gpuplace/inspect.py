@@ -31,6 +31,7 @@ from placement.annotations import (
 from placement.errors import PlacementError
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
 from placement.legacy import PodLine, shared_gpus
+from placement.migprofiles import MIG_PREFIX
 from placement.status import MapStatus
 
 _FIELD_REF = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
@@ -142,7 +143,29 @@ def gpuplace_pods(kube: Kube, scheduler_names: Sequence[str]) -> list[PodRow]:
     return sorted(rows, key=lambda r: (r.namespace, r.name))
 
 
-def pod_table(rows: Iterable[PodRow]) -> str:
+def mig_inventories(
+    kube: Kube, rows: Iterable[PodRow], namespace: str = INVENTORY_NAMESPACE
+) -> dict[str, NodeInventory]:
+    """The inventories of the nodes where a pod holds a MIG instance (none listed if no pod does),
+    for `pod_table` to show each instance's parent and profile."""
+    nodes = {r.node for r in rows if MIG_PREFIX in r.devices}
+    if not nodes:
+        return {}
+    return {i.node: i for i in _inventories(kube, namespace) if i.node in nodes}
+
+
+def pod_table(
+    rows: Iterable[PodRow], inventories: Mapping[str, NodeInventory] | None = None
+) -> str:
+    """The pods; a MIG instance as `gpu 0 / 3g.40gb (MIG-…)` where `inventories` has its node."""
+    invs = inventories or {}
+
+    def devices(row: PodRow) -> str:
+        inventory = invs.get(row.node)
+        if inventory is None:
+            return row.devices
+        return ",".join(mig_shown(inventory, d) for d in row.devices.split(",") if d)
+
     return table(
         (
             "NAMESPACE",
@@ -162,7 +185,7 @@ def pod_table(rows: Iterable[PodRow]) -> str:
                 r.map,
                 r.index,
                 r.node or "-",
-                r.devices or "-",
+                devices(r) or "-",
                 r.cuda_visible_devices or "-",
                 r.phase,
                 r.reason or "-",  # last column, in full: it names what the pod waits for
@@ -203,6 +226,37 @@ def map_table(statuses: Iterable[tuple[str, MapStatus | None]]) -> str:
 def placement_policy_exists(kube: Kube, namespace: str = "gpuplace-system") -> bool:
     """Whether the placement policy exists, as the custom resource or as the ConfigMap."""
     return mapviews.placement_policy_form(kube, namespace) is not None
+
+
+def shown_gpus(kube: Kube, node: str, devices: str, namespace: str = INVENTORY_NAMESPACE) -> str:
+    """A binding's devices as people read them: a MIG instance as `gpu 0 / 3g.40gb (MIG-…)`, its
+    parent and profile taken from the node's inventory (whole GPUs as they are)."""
+    uuids = [d for d in devices.split(",") if d]
+    if not any(u.startswith(MIG_PREFIX) for u in uuids):
+        return devices
+    inventory = next((i for i in _inventories(kube, namespace) if i.node == node), None)
+    return ",".join(mig_shown(inventory, u) for u in uuids)
+
+
+def mig_shown(inventory: NodeInventory | None, uuid: str) -> str:
+    instance = inventory.mig_by_uuid.get(uuid) if inventory is not None else None
+    parent = inventory.mig_parent.get(uuid) if inventory is not None else None
+    if instance is None or parent is None:
+        return uuid
+    return f"gpu {parent.index} / {instance.profile} ({uuid})"
+
+
+def _inventories(kube: Kube, namespace: str) -> list[NodeInventory]:
+    out: list[NodeInventory] = []
+    for cm in kube.get(CONFIGMAPS.collection(namespace))["items"]:
+        text = (cm.get("data") or {}).get(INVENTORY_KEY)
+        if text is None:
+            continue
+        try:
+            out.append(NodeInventory.from_json(text))
+        except ValueError:
+            continue
+    return out
 
 
 def degraded_devices(kube: Kube, namespace: str = INVENTORY_NAMESPACE) -> list[tuple[str, str]]:
@@ -324,7 +378,7 @@ def explanation(kube: Kube, namespace: str, name: str) -> Explanation | None:
         by_gpuplace=by_gpuplace,
         map=map_name or row.map,
         index=row.index,
-        gpus=row.devices,
+        gpus=shown_gpus(kube, row.node, row.devices) if row.node else row.devices,
         cuda_visible_devices=row.cuda_visible_devices,
         provenance=tuple(line.strip() for line in _provenance(pod)) if by_gpuplace else (),
         placed_by=placed_by(ann) if by_gpuplace and not legacy else "",

@@ -172,6 +172,15 @@ class Kube:
         weakref.finalize(self, _close_all, self._idle)  # as urllib3 closes its pools
         self._lock = threading.Lock()
 
+    @property
+    def configuration(self) -> k8s_client.Configuration:
+        """What the client was built from (read by whoever opens more clients like it)."""
+        return self._config
+
+    @property
+    def settings(self) -> ClientSettings:
+        return self._settings
+
     @classmethod
     def connect(cls, settings: ClientSettings | None = None) -> Kube:
         settings = settings or ClientSettings()

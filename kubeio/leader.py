@@ -14,6 +14,7 @@ thread while this one keeps renewing.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -82,6 +83,12 @@ class LeaderElector:
         """Whether this process may act as the leader right now: check it immediately before
         each write that only the leader may make."""
         return self.is_leader.is_set() and self._clock() < self._held_until
+
+    def held_until(self) -> float:
+        """Until when, on `clock` (time.monotonic: CLOCK_MONOTONIC, the same in every process of
+        the machine), the lease is surely held; -inf when not leading. `holds()` is `clock()`
+        before it, so a write checked against it elsewhere stops when `holds()` would."""
+        return self._held_until if self.is_leader.is_set() else -math.inf
 
     def _renew(self) -> bool:
         started = self._clock()

@@ -57,6 +57,8 @@ DRIFTED_CONDITION = "gpuplace.io/Drifted"
 RENUMBERED_CONDITION = "DevicesRenumbered"
 LEGACY_ANNOTATION = "gpu-scheduling-map"
 LEGACY_NODE_LABEL = "gpu-node-name"
+#: Node label (NVIDIA GPU feature discovery): the NVLink domain (clique) of the node's GPUs.
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
 LEGACY_MAP_PREFIX = "legacy."
 
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

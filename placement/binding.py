@@ -16,11 +16,12 @@ from placement.annotations import LEGACY_NODE_LABEL, BindingDecision, legacy_map
 from placement.devices import DeclaredDevices, GpuId
 from placement.errors import PlacementError
 from placement.indexing import IndexSource, PodIdentity, resolve_index
-from placement.inventory import NodeInventory, device_problems
+from placement.inventory import NodeInventory, device_problems, taint_problem
 from placement.legacy import pod_line, shared_gpus
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.nodes import resolve_node
 from placement.reasons import Reason
+from placement.taints import Toleration
 from placement.types import EnvMode, GpuUuid, MapKey, NodeName, Sharing, SlotKey
 from placement.wake import WakeKey
 
@@ -198,6 +199,7 @@ def _place_in_map(
         slots,
         lines_share if cmap.legacy_sharing else _never,
         cmap.provenance,
+        cmap.tolerations.get(index, ()),
     )
 
 
@@ -260,9 +262,12 @@ def _node_refusal(where: str, slot: CompiledSlot, cluster: Cluster) -> Status | 
     return None
 
 
-def _device_refusal(where: str, slot: CompiledSlot, cluster: Cluster) -> Status | None:
+def _device_refusal(
+    where: str, slot: CompiledSlot, cluster: Cluster, tolerations: tuple[Toleration, ...] = ()
+) -> Status | None:
     """Why the slot's devices cannot be used now: no fresh inventory (where one is required),
-    or a device missing or unhealthy in it. Each waits for the node's inventory or the model."""
+    or a device missing, unhealthy or tainted (beyond the slot's `tolerations`) in it. Each
+    waits for the node's inventory or the model."""
     inv = cluster.inventories.get(slot.node)
     found: tuple[Reason, str] | None = None
     if inv is None or not inv.fresh:
@@ -279,7 +284,7 @@ def _device_refusal(where: str, slot: CompiledSlot, cluster: Cluster) -> Status 
     elif not slot.resolved:
         found = (Reason.DEVICE_MISSING, f"devices {slot.declared} not found on node {slot.node}")
     else:
-        found = _first_device_problem(slot, inv.inventory)
+        found = _first_device_problem(slot, inv.inventory, tolerations)
     if found is None:
         return None
     reason, message = found
@@ -287,14 +292,25 @@ def _device_refusal(where: str, slot: CompiledSlot, cluster: Cluster) -> Status 
 
 
 def _first_device_problem(
-    slot: CompiledSlot, inventory: NodeInventory
+    slot: CompiledSlot, inventory: NodeInventory, tolerations: tuple[Toleration, ...] = ()
 ) -> tuple[Reason, str] | None:
     for uuid in slot.devices:
         device = inventory.by_uuid.get(uuid)
+        instance = None
+        if device is None and slot.mig is not None:
+            # A MIG instance: it must still exist, and its parent GPU be healthy.
+            device = inventory.mig_parent.get(uuid)
+            instance = inventory.mig_by_uuid.get(uuid)
         if device is None:
             return Reason.DEVICE_MISSING, f"device {uuid} not found on node {slot.node}"
         # The slot's requirement was checked when its devices were resolved (compile).
-        problems = device_problems(device, None, f"{device.index} ({uuid})")
+        shown = f"{device.index} ({uuid})"
+        problems = device_problems(
+            device, None, shown, whole=slot.mig is None, tolerations=tolerations
+        )
+        tainted = taint_problem(instance.taints, tolerations, f"MIG {uuid}") if instance else None
+        if tainted is not None:
+            problems.append(tainted)
         if problems:
             reason, message = problems[0]
             return reason, f"{message} (node {slot.node})"
@@ -324,6 +340,19 @@ def _busy_refusal(
                 f"{where}: GPU {gpu} on node {slot.node} is still used by {_who(slots, holder)}",
                 WakeKey.gpu(slot.node, gpu),
             )
+    if slot.mig is not None and slot.mig.parent:
+        # A pod bound to the whole parent GPU (before the map named its MIG devices) still runs
+        # on it: a MIG device of that GPU is not free until it is gone, shared or not.
+        parent = GpuId.of_uuid(slot.mig.parent)
+        for holder in slots.gpu_holders(slot.node, parent):
+            if holder != pod.uid:
+                return _wait(
+                    Reason.DEVICE_BUSY,
+                    f"{where}: GPU {slot.mig.parent} on node {slot.node}, the parent of "
+                    f"{slot.mig.describe(','.join(slot.devices))}, is still used whole by "
+                    f"{_who(slots, holder)}",
+                    WakeKey.gpu(slot.node, parent),
+                )
     return None
 
 
@@ -338,12 +367,13 @@ def _check_and_place(
     slots: SlotView,
     may_share: MayShare = _never,
     provenance: Provenance | None = None,
+    tolerations: tuple[Toleration, ...] = (),
 ) -> Placement | Status:
     """The slot's node, devices and GPUs checked in order, then the decision (see `plan`)."""
     where = f"map {slot_key.map} index {slot_key.index}"
     refusal = (
         _node_refusal(where, slot, cluster)
-        or _device_refusal(where, slot, cluster)
+        or _device_refusal(where, slot, cluster, tolerations)
         or _busy_refusal(pod, where, slot, sharing, slots, may_share)
     )
     if refusal is not None:

@@ -21,16 +21,23 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from placement.annotations import LEGACY_NODE_LABEL
+from placement.annotations import CLIQUE_LABEL, LEGACY_NODE_LABEL
 from placement.bulk import without_cycle_collection
 from placement.compileinputs import CompileInputs
 from placement.devices import DeclaredDevices, GpuId, gpu_ids
 from placement.grants import GrantView
-from placement.inventory import GpuDevice, NodeInventory
+from placement.inventory import GpuDevice, NodeInventory, untolerated_taints
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.reasons import Reason
-from placement.slotdevices import no_inventory_to_pick, picked, resolve_named
+from placement.slotdevices import (
+    all_joined,
+    mig_slot,
+    no_inventory_to_pick,
+    picked,
+    resolve_mig,
+    resolve_named,
+)
 from placement.status import Phase
 from placement.types import MapKey, NodeName, Sharing, SlotKey
 
@@ -84,8 +91,9 @@ class Compiler:
         """The grants the next model carries (maps outside them are never set here)."""
         self._grants = grants
 
-    def set_node(self, name: NodeName, labels: Mapping[str, str]) -> None:
-        self.inputs.set_node(name, labels)
+    def set_node(self, name: NodeName, labels: Mapping[str, str]) -> bool:
+        """Whether the node's labels change what a map compiles to (its alias, its GPU clique)."""
+        return self.inputs.set_node(name, labels)
 
     def remove_node(self, name: NodeName) -> None:
         self.inputs.remove_node(name)
@@ -234,16 +242,25 @@ class Compiler:
         that keep the devices they were given; then new `count` picks, which choose around every
         claim made so far. So a pick never takes a device that another entry names or holds."""
         pending: list[tuple[_MapWork, DeclaredSlot]] = []
+        # Entries with spares come after every other named entry: a spare is free only if no
+        # entry names it.
+        spared: list[tuple[_MapWork, DeclaredSlot]] = []
         for pmap in pmaps:
             work = _MapWork(pmap)
+            if pmap.same_clique:
+                work.clique = self._map_clique(pmap)
             self._base[pmap.key] = work.base
             self._problems[pmap.key] = work.problems
             self._slot_claims[pmap.key] = work.claims
             for slot in pmap.slots:
-                if slot.count is None:
+                if slot.fallback:
+                    spared.append((work, slot))
+                elif slot.count is None and slot.mig is None:
                     self._compile_slot(work, slot, touched, pick=False)
                 else:
                     pending.append((work, slot))
+        for work, slot in spared:
+            self._compile_slot(work, slot, touched, pick=False)
         picks = [(w, s) for w, s in pending if not self._compile_slot(w, s, touched, pick=False)]
         for work, slot in picks:
             self._compile_slot(work, slot, touched, pick=True)
@@ -256,9 +273,12 @@ class Compiler:
         pmap = work.pmap
         node, problem = self.resolve_node(slot.node)
         target = node or NodeName(slot.node)
+        if pmap.same_clique and node is not None and self._off_clique(work, slot, node):
+            return True
         inventory = self.inputs.inventories.get(target) if node else None
-        if slot.count is not None and not pick:
-            compiled = self._keep_count(pmap, slot, target, inventory)
+        if (slot.count is not None or slot.mig is not None) and not pick:
+            keep = self._keep_count if slot.count is not None else self._keep_mig
+            compiled = keep(pmap, slot, target, inventory)
             if compiled is None:
                 return False
             slot_problems: list[str] = []
@@ -290,8 +310,9 @@ class Compiler:
         inventory: NodeInventory | None,
     ) -> CompiledSlot | None:
         """The devices this `count` entry was given in the model in service, if they are still
-        present, healthy and matching, and no other entry names them. Other picks of the same GPU
-        do not matter here: the entry is their incumbent and keeps it, as any slot would."""
+        present, healthy, untainted and matching, and no other entry names them. Other picks of
+        the same GPU do not matter here: the entry is their incumbent and keeps it, as any slot
+        would."""
         previous = self._model.slot(pmap.key, slot.index)
         if (
             inventory is None
@@ -306,13 +327,20 @@ class Compiler:
         me = SlotKey(pmap.key, slot.index)
         for uuid in previous.devices:
             device = inventory.by_uuid.get(uuid)
-            if device is None or not device.healthy or not device.satisfies(slot.require):
+            if (
+                device is None
+                or not device.healthy
+                or not device.satisfies(slot.require)
+                or device.blocked_by(slot.tolerations)
+            ):
                 return None
             if self._named_elsewhere((node, GpuId.of_uuid(uuid)), me) or self._named_elsewhere(
                 (node, GpuId.of_index(device.index)), me
             ):
                 return None
             kept.append(device)
+        if slot.require is not None and slot.require.nvlink and not all_joined(kept):
+            return None  # a link went down: pick again among sets still joined
         return CompiledSlot(
             slot.index,
             node,
@@ -321,6 +349,46 @@ class Compiler:
             DeclaredDevices(count=slot.count),
         )
 
+    def _keep_mig(
+        self,
+        pmap: PlacementMap,
+        slot: DeclaredSlot,
+        node: NodeName,
+        inventory: NodeInventory | None,
+    ) -> CompiledSlot | None:
+        """The MIG instance this entry was given in the model in service, if it still exists on
+        the same parent with the same profile, no other slot holds it and no DRA taint the slot
+        does not tolerate keeps it."""
+        previous = self._model.slot(pmap.key, slot.index)
+        if (
+            inventory is None
+            or previous is None
+            or previous.blocked
+            or previous.node != node
+            or previous.mig is None
+            or previous.mig.request != slot.mig
+            or len(previous.devices) != 1
+        ):
+            return None
+        uuid = previous.devices[0]
+        instance = inventory.mig_by_uuid.get(uuid)
+        parent = inventory.mig_parent.get(uuid)
+        if (
+            instance is None
+            or parent is None
+            or parent is not inventory.find(previous.mig.request.gpu)
+            or not parent.mig_mode
+            or instance.profile != previous.mig.request.profile
+            or untolerated_taints(instance.taints, slot.tolerations)
+            or self._held_by_other((node, GpuId.of_uuid(uuid)), SlotKey(pmap.key, slot.index))
+        ):
+            return None
+        compiled, _ = mig_slot(slot, node, parent, instance)
+        return compiled
+
+    def _held_by_other(self, claim: Claim, me: SlotKey) -> bool:
+        return any(h != me for h in self._claims.get(claim, ()))
+
     def _resolve_devices(
         self,
         pmap: PlacementMap,
@@ -328,8 +396,19 @@ class Compiler:
         node: NodeName,
         inventory: NodeInventory | None,
     ) -> tuple[CompiledSlot, list[str]]:
+        if slot.mig is not None:
+            me = SlotKey(pmap.key, slot.index)
+            return resolve_mig(
+                slot,
+                node,
+                inventory,
+                lambda uuid: self._held_by_other((node, GpuId.of_uuid(uuid)), me),
+            )
         if slot.count is None:
-            return resolve_named(slot, node, inventory)
+            if not slot.fallback or inventory is None:
+                return resolve_named(slot, node, inventory)
+            me = SlotKey(pmap.key, slot.index)
+            return resolve_named(slot, node, inventory, lambda d: self._free(pmap, me, node, d))
         if inventory is None:
             return no_inventory_to_pick(slot, node)
         return self._resolve_count(pmap, slot, node, inventory)
@@ -340,19 +419,67 @@ class Compiler:
         me = SlotKey(pmap.key, slot.index)
 
         def free(device: GpuDevice) -> bool:
-            holders = self._claims.get((node, GpuId.of_uuid(device.uuid)))
-            if not holders or (len(holders) == 1 and me in holders):
-                return True
-            if pmap.sharing is Sharing.EXCLUSIVE:
-                return False
-            return all(
-                self._maps[h.map].sharing is Sharing.SHARED
-                for h in holders
-                if h != me and h.map in self._maps
-            )
+            return self._free(pmap, me, node, device)
 
-        usable = [d for d in inventory.devices if d.healthy and d.satisfies(slot.require)]
+        # A GPU in MIG mode serves its instances (`mig` entries), never a whole-GPU pick.
+        usable = [
+            d
+            for d in inventory.devices
+            if d.healthy
+            and not d.mig_mode
+            and d.satisfies(slot.require)
+            and not d.blocked_by(slot.tolerations)
+        ]
         return picked(slot, node, usable, [d for d in usable if free(d)])
+
+    def _free(self, pmap: PlacementMap, me: SlotKey, node: NodeName, device: GpuDevice) -> bool:
+        """Whether `me` may take `device` (a pick or a spare): nobody else holds it, or all its
+        holders and `me` are shared maps."""
+        holders = self._claims.get((node, GpuId.of_uuid(device.uuid)))
+        if not holders or (len(holders) == 1 and me in holders):
+            return True
+        if pmap.sharing is Sharing.EXCLUSIVE:
+            return False
+        return all(
+            self._maps[h.map].sharing is Sharing.SHARED
+            for h in holders
+            if h != me and h.map in self._maps
+        )
+
+    def _map_clique(self, pmap: PlacementMap) -> str | None:
+        """The GPU clique a `sameClique` map's slots go to: the one most of their nodes are in
+        (a tie goes to the lowest index's); None when no node of theirs carries one."""
+        cliques = self.inputs.cliques
+        seen: list[str] = []
+        for slot in pmap.slots:
+            node, _ = self.resolve_node(slot.node)
+            clique = cliques.get(node) if node is not None else None
+            if clique is not None:
+                seen.append(clique)
+        if not seen:
+            return None
+        return max(dict.fromkeys(seen), key=seen.count)
+
+    def _off_clique(self, work: _MapWork, slot: DeclaredSlot, node: NodeName) -> bool:
+        """Blocks the slot of a `sameClique` map (no claims) if its node is not in the map's
+        clique; whether it did."""
+        clique = self.inputs.cliques.get(node)
+        if clique is not None and clique == work.clique:
+            return False
+        where = f"index {slot.index} on node {node}"
+        if clique is None:
+            message = f"{where}: sameClique: node {node} has no {CLIQUE_LABEL} label"
+        else:
+            message = (
+                f"{where}: sameClique: node {node} is in GPU clique {clique!r}, the map's "
+                f"other slots in {work.clique!r} ({CLIQUE_LABEL})"
+            )
+        declared = DeclaredDevices(slot.devices, slot.count)
+        work.base[slot.index] = CompiledSlot(
+            slot.index, node, declared=declared, blocked=Reason.CLIQUE_MISMATCH, message=message
+        )
+        work.problems.append(message)
+        return True
 
     def _decide_contests(self) -> tuple[set[SlotKey], dict[SlotKey, set[SlotKey]]]:
         """The slots that lose a contested GPU, and every contending slot with its rivals."""
@@ -363,12 +490,12 @@ class Compiler:
             sharing = [self._maps[h.map].sharing for h in holders if h.map in self._maps]
             if all(s is Sharing.SHARED for s in sharing):
                 continue
-            if len(self._co_tenants(next(iter(holders)), holders)) == len(holders):
-                continue  # lines of one legacy map that share their GPU, and nobody else
+            if len(self._sharers(next(iter(holders)), holders, claim)) == len(holders):
+                continue  # lines of one legacy map, or MIG slots of one GPU, and nobody else
             incumbent = self._incumbent(claim, holders)
-            winners = self._co_tenants(incumbent, holders) if incumbent is not None else set()
+            winners = self._sharers(incumbent, holders, claim) if incumbent is not None else set()
             for holder in holders:
-                contenders[holder] |= holders - self._co_tenants(holder, holders)
+                contenders[holder] |= holders - self._sharers(holder, holders, claim)
                 if holder not in winners:
                     losers.add(holder)
         return losers, contenders
@@ -381,6 +508,19 @@ class Compiler:
             return {slot}
         return {h for h in holders if h.map == slot.map}
 
+    def _sharers(self, slot: SlotKey, holders: set[SlotKey], claim: Claim) -> set[SlotKey]:
+        """`_co_tenants`, and for a GPU that MIG slots claim as their parent: every MIG slot of
+        it (each holds its own instance); they win or lose it against a whole-GPU slot together."""
+        if self._mig_parent(slot) == claim[1]:
+            return {h for h in holders if self._mig_parent(h) == claim[1]}
+        return self._co_tenants(slot, holders)
+
+    def _mig_parent(self, slot: SlotKey) -> str | None:
+        compiled = self._base.get(slot.map, {}).get(slot.index)
+        if compiled is None or compiled.mig is None or not compiled.mig.parent:
+            return None
+        return compiled.mig.parent
+
     def _incumbent(self, claim: Claim, holders: set[SlotKey]) -> SlotKey | None:
         node, device = claim
         for holder in sorted(holders):
@@ -392,7 +532,7 @@ class Compiler:
                 if GpuId(device).nvml_index is None
                 else gpu_ids((), slot.device_indices)
             )
-            if device in held:
+            if device in held or (slot.mig is not None and slot.mig.parent == device):
                 return holder
         return None
 
@@ -400,17 +540,22 @@ class Compiler:
 class _MapWork:
     """What compiling one map produces, filled slot by slot."""
 
-    __slots__ = ("base", "claims", "pmap", "problems")
+    __slots__ = ("base", "claims", "clique", "pmap", "problems")
 
     def __init__(self, pmap: PlacementMap) -> None:
         self.pmap = pmap
         self.base: dict[int, CompiledSlot] = {}
         self.problems: list[str] = []
         self.claims: list[tuple[Claim, SlotKey]] = []
+        self.clique: str | None = None  # the GPU clique of a `sameClique` map
 
 
 def _claims_of(slot: CompiledSlot, node: NodeName) -> list[Claim]:
-    return [(node, gpu) for gpu in gpu_ids(slot.devices, slot.device_indices)]
+    claims: list[Claim] = [(node, gpu) for gpu in gpu_ids(slot.devices, slot.device_indices)]
+    if slot.mig is not None and slot.mig.parent and slot.devices:
+        # The instance, and its parent GPU: a whole-GPU slot of that GPU contests it.
+        claims.append((node, GpuId.of_uuid(slot.mig.parent)))
+    return claims
 
 
 def assemble(
@@ -429,7 +574,8 @@ def assemble(
         for index in lost:
             base = slots[index]
             names = ", ".join(str(r) for r in sorted(rivals[index]))
-            message = f"GPU {base.declared} on node {base.node} is also claimed by {names}"
+            what = f"MIG {base.mig.request}" if base.mig is not None else f"GPU {base.declared}"
+            message = f"{what} on node {base.node} is also claimed by {names}"
             slots[index] = replace(base, blocked=Reason.SLOT_CONFLICT, message=message)
     return CompiledMap(
         pmap.key,
@@ -442,6 +588,9 @@ def assemble(
         pmap.legacy_sharing,
         pmap.rollout,
         provenance,
+        {s.index: s.tolerations for s in pmap.slots if s.tolerations},
+        {s.index: s.fallback for s in pmap.slots if s.fallback},
+        pmap.same_clique,
     )
 
 

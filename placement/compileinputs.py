@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
+from placement.annotations import CLIQUE_LABEL
 from placement.inventory import NodeInventory
 from placement.maps import PlacementMap
 from placement.model import Provenance
@@ -22,6 +23,7 @@ class CompileInputs:
         self.provenance: dict[MapKey, Provenance] = {}
         self.inventories: dict[NodeName, NodeInventory] = {}
         self._nodes: dict[NodeName, str | None] = {}  # node -> its alias label value
+        self.cliques: dict[NodeName, str] = {}  # node -> its GPU clique label value
         self._aliases: dict[str, set[NodeName]] = defaultdict(set)
         #: node name or logical name -> the maps with a slot there
         self._by_node: dict[str, set[MapKey]] = defaultdict(set)
@@ -49,18 +51,32 @@ class CompileInputs:
         self.provenance.pop(key, None)
         self.dirty.add(key)
 
-    def set_node(self, name: NodeName, labels: Mapping[str, str]) -> None:
+    def set_node(self, name: NodeName, labels: Mapping[str, str]) -> bool:
+        """Records the node's labels; whether one that compiling reads changed."""
+        clique_changed = self._set_clique(name, labels.get(CLIQUE_LABEL))
         alias = labels.get(self.alias_label)
         if name in self._nodes and self._nodes[name] == alias:
-            return
+            return clique_changed
         self._forget_node(name)
         self._nodes[name] = alias
         if alias:
             self._aliases[alias].add(name)
             self.dirty |= self._by_node.get(alias, set())
         self.dirty |= self._by_node.get(name, set())
+        return True
+
+    def _set_clique(self, name: NodeName, clique: str | None) -> bool:
+        if self.cliques.get(name) == clique:
+            return False
+        if clique:
+            self.cliques[name] = clique
+        else:
+            self.cliques.pop(name, None)
+        self._dirty_node(name)
+        return True
 
     def remove_node(self, name: NodeName) -> None:
+        self._set_clique(name, None)
         if name in self._nodes:
             self._forget_node(name)
             self.dirty |= self._by_node.get(name, set())

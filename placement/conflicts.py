@@ -1,9 +1,10 @@
 """Cross-map checks on declared maps, before any inventory is known (`gpuplace validate`).
 
-Two maps conflict when an exclusive slot of one and any slot of the other name the same device on
-the same node, spelled the same way (`node: gpu-a-01`, `devices: [0]`). The compiler finds the rest
+Two maps conflict when an exclusive slot of one and any slot of the other name the same device
+(declared or as a fallback spare) on the same node, spelled the same way (`node: gpu-a-01`, `devices: [0]`). The compiler finds the rest
 (an index in one map and the UUID of that GPU in another, `count` picks) once inventories are in.
-Shared maps may overlap one another. Duplicates inside one map are `validate.cross_entry_checks`'s.
+Shared maps may overlap one another. A `mig` entry claims its parent GPU against whole-GPU entries
+only, shared or not: a GPU in MIG mode serves its instances, which the compiler hands out. Duplicates inside one map are `validate.cross_entry_checks`'s.
 """
 
 from __future__ import annotations
@@ -44,9 +45,18 @@ class Conflict:
 
     def diagnostic(self) -> Diagnostic:
         loc = self.second.slot.location
+        if self.second.slot.mig is not None or self.first.slot.mig is not None:
+            return Diagnostic(
+                Location(loc.source, loc.line, loc.column, loc.path),
+                f"GPU {self.device} on node {self.node} of {self.second.describe()} is also "
+                f"claimed by {self.first.describe()}; a GPU in MIG mode serves its MIG "
+                "instances only, never a whole-GPU slot",
+                hint="give the whole-GPU slot another GPU, or a MIG instance",
+            )
+        spare = " (a fallback device)" if self.device in self.second.slot.fallback else ""
         return Diagnostic(
             Location(loc.source, loc.line, loc.column, loc.path),
-            f"device {self.device} on node {self.node} of {self.second.describe()} is also "
+            f"device {self.device}{spare} on node {self.node} of {self.second.describe()} is also "
             f"claimed by {self.first.describe()}; an exclusive slot needs its GPU to itself",
             hint=CONFLICT_HINT,
         )
@@ -63,17 +73,26 @@ def find_conflicts(
     for pmap in sorted(maps, key=lambda m: (m.key not in incumbents, m.key)):
         for slot in pmap.slots:
             claimant = Claimant(pmap.key, pmap.sharing, slot)
-            for device in slot.devices:
+            # A spare (fallback device) counts as claimed: it serves when a declared one fails.
+            named = (slot.mig.gpu,) if slot.mig is not None else slot.devices
+            for device in (*named, *slot.fallback):
                 earlier = claims[(slot.node, device)]
                 for other in earlier:
                     if other.map == pmap.key:
                         continue
-                    if Sharing.EXCLUSIVE in (other.sharing, pmap.sharing):
+                    if _clash(other, claimant):
                         conflicts.append(Conflict(slot.node, device, other, claimant))
                         # One message per device and slot: name the first rival only.
                         break
                 earlier.append(claimant)
     return conflicts
+
+
+def _clash(first: Claimant, second: Claimant) -> bool:
+    """Whether two slots of different maps that name one GPU may not both have it."""
+    if first.slot.mig is not None or second.slot.mig is not None:
+        return (first.slot.mig is None) != (second.slot.mig is None)
+    return Sharing.EXCLUSIVE in (first.sharing, second.sharing)
 
 
 def find_duplicate_maps(

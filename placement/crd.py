@@ -16,6 +16,7 @@ from typing import Any
 
 from placement.crdstatus import map_status_schema, policy_status_schema
 from placement.grants import POLICY_CONFIGMAP
+from placement.migprofiles import PROFILE_RE
 from placement.openapi import structural_schema
 from placement.policyschema import PolicySpec
 from placement.schema import MapSpec
@@ -66,15 +67,18 @@ MAP_RULES: Mapping[tuple[str, ...], Mapping[str, Any]] = {
     ("placements", "[]"): {
         "x-kubernetes-validations": [
             {
-                "rule": "has(self.devices) != has(self.count)",
-                "message": "give exactly one of 'devices' (these GPUs) and 'count' (the "
-                "controller picks that many)",
+                "rule": "(has(self.devices) ? 1 : 0) + (has(self.count) ? 1 : 0) "
+                "+ (has(self.mig) ? 1 : 0) == 1",
+                "message": "give exactly one of 'devices' (these GPUs), 'count' (the "
+                "controller picks that many) and 'mig' (one MIG instance)",
             }
         ]
     },
     ("placements", "[]", "node"): {"pattern": NODE_REF_PATTERN},
     ("placements", "[]", "devices"): {"minItems": 1},
     ("placements", "[]", "devices", "[]"): _DEVICE,
+    ("placements", "[]", "mig", "gpu"): _DEVICE,
+    ("placements", "[]", "mig", "profile"): {"pattern": f"^{PROFILE_RE.pattern}$"},
     # No default: a legacy `map` that omits `sharing` keeps its lines' shared GPUs, so
     # placement/validate.py must see whether it was given.
     ("sharing",): {"default": None},

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from placement.inventory import NodeInventory
+from placement.taints import DeviceTaint, Toleration, read_taints
 from placement.types import GpuUuid, MapKey, NodeName
 
 Obj = dict[str, Any]
@@ -36,6 +37,9 @@ CLAIM_MAP_LABEL = "gpuplace.io/map"
 DEFAULT_DRIVER = "gpu.nvidia.com"
 DEFAULT_ATTRIBUTE = "uuid"
 DEFAULT_DEVICE_CLASS = "gpu.nvidia.com"
+#: The `type` attribute of NVIDIA's driver: a whole GPU, or one MIG instance of a GPU.
+TYPE_GPU = "gpu"
+TYPE_MIG = "mig"
 _MAX_NAME = 253
 
 
@@ -53,10 +57,13 @@ class DraSettings:
     device_class: str = DEFAULT_DEVICE_CLASS
 
     def attribute_names(self) -> tuple[str, ...]:
+        return self.qualified(self.attribute)
+
+    def qualified(self, attribute: str) -> tuple[str, ...]:
         # An unqualified attribute is in the driver's domain; slices may write either form.
-        if "/" in self.attribute:
-            return (self.attribute,)
-        return (self.attribute, f"{self.driver}/{self.attribute}")
+        if "/" in attribute:
+            return (attribute,)
+        return (attribute, f"{self.driver}/{attribute}")
 
 
 def template_name(map_name: str) -> str:
@@ -112,7 +119,11 @@ class DraDevice:
     node: NodeName
     pool: str
     name: str
-    uuid: GpuUuid
+    uuid: GpuUuid  # a GPU's, or a MIG instance's (MIG-...): what a slot's devices name
+    taints: tuple[DeviceTaint, ...] = ()  # as the driver published them
+    kind: str = TYPE_GPU  # the `type` attribute; absent reads as a whole GPU
+    parent: GpuUuid | None = None  # a MIG instance's GPU (`parentUUID`)
+    profile: str = ""  # a MIG instance's profile, e.g. 3g.40gb
 
 
 def _attribute_value(device: Mapping[str, Any], names: tuple[str, ...]) -> str | None:
@@ -153,10 +164,24 @@ def slice_devices(slices: Iterable[Mapping[str, Any]], settings: DraSettings) ->
         for device in spec.get("devices") or []:
             uuid = _attribute_value(device, names)
             if uuid is not None and device.get("name"):
-                out.append(
-                    DraDevice(NodeName(spec["nodeName"]), pool_name, device["name"], GpuUuid(uuid))
-                )
+                out.append(_device(device, NodeName(spec["nodeName"]), pool_name, uuid, settings))
     return out
+
+
+def _device(
+    device: Mapping[str, Any], node: NodeName, pool: str, uuid: str, settings: DraSettings
+) -> DraDevice:
+    parent = _attribute_value(device, settings.qualified("parentUUID"))
+    return DraDevice(
+        node,
+        pool,
+        str(device["name"]),
+        GpuUuid(uuid),
+        taints=read_taints(device),
+        kind=_attribute_value(device, settings.qualified("type")) or TYPE_GPU,
+        parent=GpuUuid(parent) if parent else None,
+        profile=_attribute_value(device, settings.qualified("profile")) or "",
+    )
 
 
 # -- claims -------------------------------------------------------------------------------------
@@ -225,17 +250,27 @@ def _selected_node(selector: Mapping[str, Any] | None) -> NodeName | None:
 
 
 def allocation_status(
-    devices: Iterable[DraDevice], node: NodeName, pod_name: str, pod_uid: str, driver: str
+    devices: Iterable[DraDevice],
+    node: NodeName,
+    pod_name: str,
+    pod_uid: str,
+    driver: str,
+    tolerations: Iterable[Toleration] = (),
 ) -> Obj:
-    """The claim status that gives the pod exactly `devices` on `node`."""
+    """The claim status that gives the pod exactly `devices` on `node`.
+
+    Every result carries the slot's tolerations, as kube-scheduler copies a request's into it:
+    kube-controller-manager's eviction for NoExecute taints reads them there."""
+    held = [t.to_api() for t in tolerations]
+    results: list[Obj] = []
+    for d in devices:
+        result: Obj = {"request": REQUEST_NAME, "driver": driver, "pool": d.pool, "device": d.name}
+        if held:
+            result["tolerations"] = held
+        results.append(result)
     return {
         "allocation": {
-            "devices": {
-                "results": [
-                    {"request": REQUEST_NAME, "driver": driver, "pool": d.pool, "device": d.name}
-                    for d in devices
-                ]
-            },
+            "devices": {"results": results},
             "nodeSelector": {
                 "nodeSelectorTerms": [
                     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
@@ -259,6 +294,13 @@ def device_name(index: int) -> str:
     return f"gpu-{index}"
 
 
+def mig_device_name(index: int, profile: str, start: int) -> str:
+    """The DRA device name of a MIG instance (what the fake driver publishes): a device name is a
+    DNS label, so the profile's `.` and `+` become `-` (`gpu-0-mig-3g-40gb-0`)."""
+    label = profile.lower().replace(".", "-").replace("+", "-")
+    return f"gpu-{index}-mig-{label}-{start}"
+
+
 def slice_for(inventory: NodeInventory, settings: DraSettings, generation: int = 1) -> Obj:
     """The ResourceSlice a DRA driver publishes for a node's GPUs (one pool per node, named after
     it): what the fake driver publishes and kwok nodes get in tests and the demo."""
@@ -271,15 +313,32 @@ def slice_for(inventory: NodeInventory, settings: DraSettings, generation: int =
             "nodeName": inventory.node,
             "pool": {"name": inventory.node, "generation": generation, "resourceSliceCount": 1},
             "devices": [
-                {
-                    "name": device_name(d.index),
-                    "attributes": {
-                        settings.attribute: {"string": d.uuid},
-                        "productName": {"string": d.name},
-                    },
-                    "capacity": {"memory": {"value": f"{d.memory_mib}Mi"}},
-                }
-                for d in inventory.devices
+                *(
+                    {
+                        "name": device_name(d.index),
+                        "attributes": {
+                            "type": {"string": TYPE_GPU},
+                            settings.attribute: {"string": d.uuid},
+                            "productName": {"string": d.name},
+                        },
+                        "capacity": {"memory": {"value": f"{d.memory_mib}Mi"}},
+                    }
+                    for d in inventory.devices
+                ),
+                *(
+                    {
+                        "name": mig_device_name(d.index, m.profile, m.start),
+                        "attributes": {
+                            "type": {"string": TYPE_MIG},
+                            settings.attribute: {"string": m.uuid},
+                            "parentUUID": {"string": d.uuid},
+                            "profile": {"string": m.profile},
+                        },
+                        "capacity": {"memory": {"value": f"{m.memory_mib}Mi"}},
+                    }
+                    for d in inventory.devices
+                    for m in d.mig_instances
+                ),
             ],
         },
     }

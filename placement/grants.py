@@ -388,7 +388,11 @@ def resolve(
 
 
 def slot_refusal(view: GrantView, namespace: str, slot: DeclaredSlot) -> str | None:
-    return view.refusal(namespace, slot.node, slot.devices, count=slot.count is not None)
+    # A spare serves the slot when a declared GPU fails: it needs the grant as much.
+    devices = (*slot.devices, *slot.fallback)
+    if slot.mig is not None:
+        devices = (slot.mig.gpu,)  # a MIG instance is granted through its parent GPU
+    return view.refusal(namespace, slot.node, devices, count=slot.count is not None)
 
 
 def check_map(view: GrantView, pmap: PlacementMap) -> list[Diagnostic]:

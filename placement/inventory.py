@@ -3,18 +3,42 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 from placement.maps import Requirement
 from placement.reasons import Reason
+from placement.taints import DeviceTaint, Toleration
 from placement.types import DeviceRef, GpuUuid, NodeName
 
 INVENTORY_KEY = "inventory.json"
 CHECKS_KEY = "checks.json"
 INVENTORY_NAMESPACE = "gpuplace-inventory"
+
+
+@dataclass(frozen=True, slots=True)
+class SourcedTaint:
+    """A DRA device taint and where it comes from ("in its ResourceSlice", "by DeviceTaintRule
+    <name>"), so that a status can say whom to ask."""
+
+    taint: DeviceTaint
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.taint.describe()} ({self.source})"
+
+
+def untolerated_taints(
+    taints: Iterable[SourcedTaint], tolerations: Iterable[Toleration]
+) -> tuple[SourcedTaint, ...]:
+    """The taints that keep a device from a slot with these tolerations (see
+    `placement.taints.untolerated`)."""
+    held = tuple(tolerations)
+    return tuple(
+        t for t in taints if t.taint.blocks and not any(tol.tolerates(t.taint) for tol in held)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +53,8 @@ class MigInstance:
     start: int
     size: int
     memory_mib: int
+    #: Its DRA device's taints (a MIG device is a device of its own); see `GpuDevice.taints`.
+    taints: tuple[SourcedTaint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +73,13 @@ class GpuDevice:
     nvlink_peers: tuple[GpuUuid, ...] = ()
     #: Local GPUs whose common PCIe ancestor with this one is a switch (SINGLE or MULTIPLE).
     pcie_switch_peers: tuple[GpuUuid, ...] = ()
+    #: Its DRA device's taints, overlaid by the controller in dra enforcement (agents do not
+    #: see them, and the inventory JSON does not carry them).
+    taints: tuple[SourcedTaint, ...] = ()
+
+    def blocked_by(self, tolerations: Iterable[Toleration]) -> tuple[SourcedTaint, ...]:
+        """Its taints that a slot with these tolerations does not tolerate."""
+        return untolerated_taints(self.taints, tolerations) if self.taints else ()
 
     def satisfies(self, requirement: Requirement | None) -> bool:
         if requirement is None:
@@ -56,16 +89,50 @@ class GpuDevice:
         return not (requirement.min_memory_mib and self.memory_mib < requirement.min_memory_mib)
 
 
+def taint_problem(
+    taints: Iterable[SourcedTaint], tolerations: Iterable[Toleration], shown: str
+) -> tuple[Reason, str] | None:
+    """The untolerated taints of the DRA device `shown`, as one problem; None when it has none."""
+    blocking = untolerated_taints(taints, tolerations)
+    if not blocking:
+        return None
+    listed = ", ".join(t.describe() for t in blocking)
+    return (
+        Reason.DEVICE_TAINTED,
+        f"device {shown} is tainted {listed}; the slot's tolerations do not tolerate it",
+    )
+
+
 def device_problems(
-    device: GpuDevice, require: Requirement | None, shown: str
+    device: GpuDevice,
+    require: Requirement | None,
+    shown: str,
+    *,
+    whole: bool = True,
+    tolerations: Iterable[Toleration] = (),
 ) -> list[tuple[Reason, str]]:
-    """What keeps a present device from serving a slot, in order: it is unhealthy, it is not what
-    the slot requires. The one device check of compile, the binder and the agents; `shown` is how
-    the caller names the device (as the map wrote it, or its index and UUID)."""
+    """What keeps a present device from serving a slot, in order: it is unhealthy, it carries a
+    DRA taint the slot's `tolerations` do not tolerate, it is a whole GPU in MIG mode (`whole`:
+    the slot wants the GPU itself, not one of its MIG devices; CUDA finds no device to run on
+    behind a MIG-mode GPU's own UUID), it is not what the slot requires. The one device check of
+    compile, the binder and the agents; `shown` is how the caller names the device (as the map
+    wrote it, or its index and UUID). The taints checked are the GPU's own only when the slot
+    uses it `whole`: a MIG slot's DRA device is its instance (see `taint_problem`)."""
     problems: list[tuple[Reason, str]] = []
     if not device.healthy:
         why = device.health_reason or "unknown"
         problems.append((Reason.DEVICE_UNHEALTHY, f"device {shown} is unhealthy: {why}"))
+    tainted = taint_problem(device.taints, tolerations, shown) if whole else None
+    if tainted is not None:
+        problems.append(tainted)
+    if whole and device.mig_mode:
+        problems.append(
+            (
+                Reason.REQUIREMENT_MISMATCH,
+                f"device {shown} is in MIG mode: a slot of whole GPUs cannot use it (name one "
+                "of its MIG devices with `mig:`, or disable MIG on it)",
+            )
+        )
     if require is not None and not device.satisfies(require):
         problems.append(
             (
@@ -100,6 +167,27 @@ class NodeInventory:
         if isinstance(ref, int):
             return self.by_index.get(ref)
         return self.by_uuid.get(ref)
+
+    def with_taints(self, taints: Mapping[str, tuple[SourcedTaint, ...]]) -> NodeInventory:
+        """The inventory with each device's DRA taints (by GPU or MIG UUID) in place of those it
+        carried: a device not in `taints` has none. Returns itself when nothing changes."""
+        if not taints and not any(
+            d.taints or any(m.taints for m in d.mig_instances) for d in self.devices
+        ):
+            return self
+        devices = tuple(
+            replace(
+                d,
+                taints=taints.get(d.uuid, ()),
+                mig_instances=tuple(
+                    replace(m, taints=taints.get(m.uuid, ())) for m in d.mig_instances
+                ),
+            )
+            for d in self.devices
+        )
+        if devices == self.devices:
+            return self
+        return replace(self, devices=devices)
 
     def to_json(self) -> str:
         return json.dumps(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from placement.errors import Diagnostic, Location
+from placement.taints import Toleration
 from placement.types import DeviceRef, EnvMode, Indexing, MapKey, RolloutStrategy, Sharing
 
 
@@ -14,9 +15,13 @@ from placement.types import DeviceRef, EnvMode, Indexing, MapKey, RolloutStrateg
 class Requirement:
     product: str | None = None
     min_memory_mib: int | None = None
+    #: A `count` pick must be GPUs all joined to each other by NVLink.
+    nvlink: bool = False
 
     def describe(self) -> str:
         parts = []
+        if self.nvlink:
+            parts.append("joined by NVLink")
         if self.product:
             parts.append(f"product {self.product!r}")
         if self.min_memory_mib:
@@ -39,6 +44,17 @@ class Rollout:
 
 
 @dataclass(frozen=True, slots=True)
+class MigRequest:
+    """One MIG instance a slot asks for: a `profile` on the GPU `gpu` (NVML index or UUID)."""
+
+    gpu: DeviceRef
+    profile: str
+
+    def __str__(self) -> str:
+        return f"gpu {self.gpu} / {self.profile}"
+
+
+@dataclass(frozen=True, slots=True)
 class DeclaredSlot:
     """One entry of a map as declared: explicit devices, or a count resolved at compile time."""
 
@@ -48,6 +64,12 @@ class DeclaredSlot:
     count: int | None = None
     require: Requirement | None = None
     location: Location = field(default=Location(""), compare=False)
+    #: DRA device taints its devices may carry (dra enforcement).
+    tolerations: tuple[Toleration, ...] = ()
+    #: The MIG instance the slot asks for (then `devices` is empty and `count` None).
+    mig: MigRequest | None = None
+    #: Spare GPUs, in order, for declared `devices` that are missing or unhealthy.
+    fallback: tuple[DeviceRef, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +86,8 @@ class PlacementMap:
     legacy_sharing: bool = False
     #: Located notes that do not make the map invalid (e.g. a GPU shared by legacy lines).
     warnings: tuple[Diagnostic, ...] = field(default=(), compare=False)
+    #: All slots' nodes must carry one value of the GPU clique label (one NVLink domain).
+    same_clique: bool = False
     by_index: Mapping[int, DeclaredSlot] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -18,9 +18,11 @@ from typing import Any, Literal
 from placement.bulk import without_cycle_collection
 from placement.devices import UNDECLARED, DeclaredDevices, GpuId, gpu_ids
 from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, GrantView
-from placement.maps import Rollout
+from placement.maps import MigRequest, Rollout
 from placement.reasons import Reason
+from placement.taints import Toleration
 from placement.types import (
+    DeviceRef,
     EnvMode,
     GpuUuid,
     Indexing,
@@ -40,6 +42,28 @@ MAX_SHARD_BYTES = 900 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class MigSlot:
+    """A slot's MIG instance: what the map asked for, and the parent GPU it resolved to (its
+    UUID; empty while unresolved). The instance's own UUID is the slot's one device."""
+
+    request: MigRequest
+    parent: GpuUuid | Literal[""] = ""
+
+    def describe(self, uuid: str) -> str:
+        """`gpu 0 / 3g.40gb (MIG-…)`: how status and explain show the slot's instance."""
+        return f"{self.request} ({uuid})" if uuid else str(self.request)
+
+    def encode(self) -> list[str]:
+        return [str(self.request.gpu), self.request.profile, self.parent]
+
+    @classmethod
+    def decode(cls, row: Any) -> MigSlot:
+        gpu, profile, parent = (str(v) for v in row)
+        ref = int(gpu) if gpu.isdecimal() else GpuUuid(gpu)
+        return cls(MigRequest(ref, profile), GpuUuid(parent) if parent else "")
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledSlot:
     index: int
     node: NodeName
@@ -48,9 +72,13 @@ class CompiledSlot:
     declared: DeclaredDevices = UNDECLARED  # as the map wrote it
     blocked: Reason | Literal[""] = ""  # why this slot is not served now (e.g. SlotConflict)
     message: str = ""
+    #: Set for a slot of one MIG instance: `devices` then holds the instance's MIG UUID and
+    #: `device_indices` the parent GPU's NVML index.
+    mig: MigSlot | None = None
 
     def cuda_visible_devices(self, env_mode: EnvMode) -> str:
-        if env_mode is EnvMode.UUID:
+        # An index would name the parent GPU: a MIG instance is reached by its UUID only.
+        if env_mode is EnvMode.UUID or self.mig is not None:
             return ",".join(self.devices)
         return ",".join(str(i) for i in self.device_indices)
 
@@ -93,11 +121,22 @@ class CompiledMap:
     legacy_sharing: bool = False
     rollout: Rollout = field(default_factory=Rollout)
     provenance: Provenance = field(default_factory=Provenance)
+    #: Slot index -> the DRA device taints its devices may carry (only slots that declare some).
+    tolerations: Mapping[int, tuple[Toleration, ...]] = field(default_factory=dict)
+    #: Slot index -> its spare GPUs as the map wrote them (only slots that list some): kept so
+    #: that a map rebuilt from the model (placement/restore.py) keeps its spares.
+    fallback: Mapping[int, tuple[DeviceRef, ...]] = field(default_factory=dict)
+    #: All slots' nodes must carry one GPU clique label value.
+    same_clique: bool = False
     sorted_indices: tuple[int, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.slots, MappingProxyType):
             object.__setattr__(self, "slots", MappingProxyType(dict(self.slots)))
+        if not isinstance(self.tolerations, MappingProxyType):
+            object.__setattr__(self, "tolerations", MappingProxyType(dict(self.tolerations)))
+        if not isinstance(self.fallback, MappingProxyType):
+            object.__setattr__(self, "fallback", MappingProxyType(dict(self.fallback)))
         object.__setattr__(self, "sorted_indices", tuple(sorted(self.slots)))
 
     def lines_share(self, index: int, other: int, gpu: str) -> bool:
@@ -153,6 +192,8 @@ def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[st
                 str(s.declared),
                 s.blocked,
                 s.message,
+                # Only MIG slots carry an eighth column: whole-GPU rows stay as they were.
+                *([s.mig.encode()] if s.mig is not None else []),
             ]
             for s in (cmap.slots[i] for i in cmap.sorted_indices)
         ],
@@ -166,6 +207,14 @@ def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[st
         out["revision"] = cmap.provenance.revision
     if cmap.provenance.file:
         out["sourceFile"] = cmap.provenance.file
+    if cmap.tolerations:
+        out["tolerations"] = {
+            str(i): [t.encode() for t in cmap.tolerations[i]] for i in sorted(cmap.tolerations)
+        }
+    if cmap.fallback:
+        out["fallback"] = {str(i): list(cmap.fallback[i]) for i in sorted(cmap.fallback)}
+    if cmap.same_clique:
+        out["sameClique"] = True
     if include_generation:
         out["generation"] = cmap.generation
     return out
@@ -174,7 +223,7 @@ def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[st
 def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
     slots: dict[int, CompiledSlot] = {}
     for row in data["slots"]:
-        index, node, devices, indices, declared, blocked, message = row
+        index, node, devices, indices, declared, blocked, message = row[:7]
         slots[int(index)] = CompiledSlot(
             index=int(index),
             node=NodeName(str(node)),
@@ -183,6 +232,7 @@ def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
             declared=DeclaredDevices.parse(str(declared)),
             blocked=Reason(blocked) if blocked else "",
             message=str(message),
+            mig=MigSlot.decode(row[7]) if len(row) > 7 else None,
         )
     return CompiledMap(
         key=key,
@@ -195,7 +245,20 @@ def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
         legacy_sharing=bool(data.get("legacySharing", False)),
         rollout=_decode_rollout(data.get("rollout")),
         provenance=Provenance(str(data.get("revision", "")), str(data.get("sourceFile", ""))),
+        tolerations={
+            int(i): tuple(Toleration.decode(row) for row in rows)
+            for i, rows in (data.get("tolerations") or {}).items()
+        },
+        fallback={
+            int(i): tuple(_device_ref(ref) for ref in refs)
+            for i, refs in (data.get("fallback") or {}).items()
+        },
+        same_clique=bool(data.get("sameClique", False)),
     )
+
+
+def _device_ref(value: Any) -> DeviceRef:
+    return value if isinstance(value, int) else GpuUuid(str(value))
 
 
 def _decode_rollout(value: Any) -> Rollout:

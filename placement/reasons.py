@@ -34,8 +34,11 @@ class Reason(StrEnum):
     # devices
     DEVICE_MISSING = "DeviceMissing"
     DEVICE_UNHEALTHY = "DeviceUnhealthy"
+    DEVICE_TAINTED = "DeviceTainted"  # a DRA device taint the slot does not tolerate
     DEVICE_BUSY = "DeviceBusy"
     REQUIREMENT_MISMATCH = "RequirementMismatch"
+    NO_NVLINK_SET = "NoNVLinkSet"  # require.nvlink: no free set of GPUs all joined by NVLink
+    CLIQUE_MISMATCH = "CliqueMismatch"  # sameClique: the slot's node is in another GPU clique
     # dra enforcement
     CLAIM_PENDING = "ClaimPending"
     CLAIM_MISSING = "ClaimMissing"

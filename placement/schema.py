@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+import re
+from typing import Literal
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+from placement.taints import TaintEffect, Toleration, TolerationOperator
 from placement.types import (
     API_VERSION,
     KIND,
@@ -34,6 +47,86 @@ class RequireSpec(BaseModel):
         alias="minMemoryMiB",
         ge=1,
         description="Least memory each GPU must have, in MiB.",
+    )
+    nvlink: StrictBool | None = Field(
+        default=None,
+        description="count entries: the picked GPUs must all be joined to each other by NVLink "
+        "(without it, NVLink-joined sets are only preferred).",
+    )
+
+
+#: A label name, as a taint key is: an optional DNS-subdomain prefix and `/`, then a name part.
+_TAINT_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_TAINT_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+class DeviceToleration(BaseModel):
+    """A DRA device taint the slot's devices may carry (dra enforcement), as in a claim."""
+
+    model_config = _STRICT
+
+    key: StrictStr = Field(
+        default="",
+        max_length=316,
+        description="Taint key; empty with operator Exists tolerates every taint.",
+    )
+    operator: Literal["Exists", "Equal"] = Field(
+        default="Equal", description="Exists: any value; Equal: the value must match."
+    )
+    value: StrictStr = Field(default="", max_length=63, description="Taint value (Equal).")
+    effect: Literal["NoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect tolerated; absent: every effect."
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _key_form(cls, key: str) -> str:
+        if key and not _TAINT_KEY.fullmatch(key):
+            raise ValueError(
+                f"{key!r} is not a taint key: a name of letters, digits, '-', '_', '.' (at most "
+                "63), optionally after a DNS prefix and '/', e.g. gpu.nvidia.com/xid"
+            )
+        return key
+
+    @field_validator("value")
+    @classmethod
+    def _value_form(cls, value: str) -> str:
+        if not _TAINT_VALUE.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a taint value: letters, digits, '-', '_', '.', starting and "
+                "ending with a letter or digit"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeviceToleration:
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key must use operator Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists takes no value")
+        return self
+
+    def toleration(self) -> Toleration:
+        effect = TaintEffect(self.effect) if self.effect else None
+        return Toleration(self.key, TolerationOperator(self.operator), self.value, effect)
+
+
+class MigSpec(BaseModel):
+    """One MIG instance: a profile on a GPU whose MIG mode is on and whose instances exist."""
+
+    model_config = _STRICT
+
+    gpu: StrictInt | StrictStr = Field(
+        description="The parent GPU: NVML index or GPU UUID (GPU-...).",
+    )
+    profile: StrictStr = Field(
+        min_length=1,
+        max_length=32,
+        description="MIG profile, e.g. 3g.40gb (H100 80GB) or 3g.71gb (H200); the slot gets one "
+        "existing instance of it.",
     )
 
 
@@ -69,6 +162,22 @@ class PlacementSpec(BaseModel):
     )
     require: RequireSpec | None = Field(
         default=None, description="What the GPUs must be: product name, least memory."
+    )
+    mig: MigSpec | None = Field(
+        default=None,
+        description="One MIG instance instead of whole GPUs; exclusive with devices and count.",
+    )
+    fallback: list[StrictInt | StrictStr] | None = Field(
+        default=None,
+        max_length=MAX_COUNT,
+        description="Spare GPUs (NVML indices or UUIDs), used in order in place of a declared "
+        "device that is missing or unhealthy; only with devices.",
+    )
+    tolerations: list[DeviceToleration] | None = Field(
+        default=None,
+        max_length=16,
+        description="dra enforcement: DRA device taints the slot's devices may carry and still "
+        "serve it (NoSchedule/NoExecute taints not tolerated keep the pod from binding).",
     )
 
 
@@ -125,6 +234,12 @@ class MapSpec(BaseModel):
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec,
         description="What happens to bound pods whose slot a new version of the map changed.",
+    )
+    same_clique: StrictBool = Field(
+        default=False,
+        alias="sameClique",
+        description="All slots' nodes must carry the same nvidia.com/gpu.clique label value "
+        "(one NVLink domain).",
     )
 
 

@@ -16,7 +16,8 @@ from pydantic_core import ErrorDetails
 
 from placement.errors import Diagnostic, Location, PlacementError, oversized
 from placement.legacy import LegacyEntry, parse_legacy, shared_gpus
-from placement.maps import DeclaredSlot, PlacementMap, Requirement, Rollout
+from placement.maps import DeclaredSlot, MigRequest, PlacementMap, Requirement, Rollout
+from placement.migprofiles import product_problem, profile_form_problem
 from placement.schema import (
     EXPECTED_API_VERSION,
     MapSpec,
@@ -62,6 +63,12 @@ _KNOWN_FIELDS = (
     "require",
     "product",
     "minMemoryMiB",
+    "mig",
+    "gpu",
+    "profile",
+    "fallback",
+    "nvlink",
+    "sameClique",
 )
 _TYPE_NAMES = {
     "int_type": "an integer",
@@ -231,26 +238,117 @@ def _entry_slots(
         devices = _entry_devices(doc, base, entry.devices or [], errors)
         require = None
         if entry.require is not None:
-            require = Requirement(entry.require.product, entry.require.min_memory_mib)
+            require = Requirement(
+                entry.require.product, entry.require.min_memory_mib, bool(entry.require.nvlink)
+            )
+        mig = _entry_mig(doc, base, entry, errors)
         slots.append(
             DeclaredSlot(
-                entry.index, entry.node, tuple(devices), entry.count, require, doc.locate(base)
+                entry.index,
+                entry.node,
+                tuple(devices),
+                entry.count,
+                require,
+                doc.locate(base),
+                tolerations=tuple(t.toleration() for t in entry.tolerations or ()),
+                mig=mig,
+                fallback=tuple(_entry_fallback(doc, base, entry, devices, errors)),
             )
         )
     return slots, errors
 
 
+def _entry_fallback(
+    doc: Document,
+    base: Path,
+    entry: PlacementSpec,
+    devices: list[DeviceRef],
+    errors: list[Diagnostic],
+) -> list[DeviceRef]:
+    """The entry's spare devices, well-formed, each once and none of its own devices; a problem
+    goes to `errors`."""
+    if entry.fallback is None:
+        return []
+    path = (*base, "fallback")
+    if entry.devices is None:
+        errors.append(
+            Diagnostic(
+                doc.locate(path, key=True),
+                "'fallback' needs 'devices'",
+                hint="spares stand in for devices the entry names; a 'count' entry picks "
+                "among every healthy GPU anyway",
+            )
+        )
+        return []
+    spares: list[DeviceRef] = []
+    seen: dict[DeviceRef, int] = {}
+    for j, raw in enumerate(entry.fallback):
+        fpath = (*path, j)
+        checked = _check_device(doc, fpath, raw)
+        if isinstance(checked, Diagnostic):
+            errors.append(checked)
+        elif checked in seen:
+            first = doc.locate((*path, seen[checked]))
+            errors.append(
+                Diagnostic(
+                    doc.locate(fpath),
+                    f"fallback device {checked} listed twice (first at {first.within()})",
+                )
+            )
+        elif checked in devices:
+            errors.append(
+                Diagnostic(
+                    doc.locate(fpath),
+                    f"fallback device {checked} is one of the entry's own devices",
+                    hint="a spare must be another GPU of the node",
+                )
+            )
+        else:
+            seen[checked] = j
+            spares.append(checked)
+    return spares
+
+
+def _entry_mig(
+    doc: Document, base: Path, entry: PlacementSpec, errors: list[Diagnostic]
+) -> MigRequest | None:
+    """The entry's MIG instance request, its parent and profile checked (the profile against
+    `require.product` where the map names one); a problem goes to `errors`."""
+    if entry.mig is None:
+        return None
+    path = (*base, "mig")
+    gpu = _check_device(doc, (*path, "gpu"), entry.mig.gpu)
+    if isinstance(gpu, Diagnostic):
+        errors.append(gpu)
+        return None
+    profile = entry.mig.profile
+    problem = profile_form_problem(profile)
+    if problem is None and entry.require is not None and entry.require.product:
+        problem = product_problem(profile, entry.require.product)
+    if problem is not None:
+        errors.append(Diagnostic(doc.locate((*path, "profile")), problem))
+        return None
+    return MigRequest(gpu, profile)
+
+
 def _entry_problem(doc: Document, base: Path, entry: PlacementSpec) -> Diagnostic | None:
     """What makes the entry at `base` unusable as a whole: how it names its GPUs, or its node."""
+    if entry.mig is not None and (entry.devices is not None or entry.count is not None):
+        other = "devices" if entry.devices is not None else "count"
+        return Diagnostic(
+            doc.locate((*base, "mig"), key=True),
+            f"'mig' and '{other}' are mutually exclusive",
+            hint="a slot gets one MIG instance, or whole GPUs",
+        )
     if entry.devices is not None and entry.count is not None:
         return Diagnostic(
             doc.locate((*base, "count"), key=True),
             "'devices' and 'count' are mutually exclusive",
             hint="list the devices, or let the controller pick 'count' of them",
         )
-    if entry.devices is None and entry.count is None:
+    if entry.devices is None and entry.count is None and entry.mig is None:
         return Diagnostic(
-            doc.locate(base), f"placement index {entry.index} needs 'devices' or 'count'"
+            doc.locate(base), f"placement index {entry.index} needs 'devices', 'count' or 'mig'"
         )
     if not is_node_ref(entry.node):
         return Diagnostic(
@@ -345,6 +443,7 @@ def cross_entry_checks(
     errors: list[Diagnostic] = []
     by_index: dict[int, DeclaredSlot] = {}
     claims: dict[tuple[str, DeviceRef], DeclaredSlot] = {}
+    whole_or_mig: dict[tuple[str, DeviceRef], DeclaredSlot] = {}
     for slot in slots:
         if slot.index in by_index:
             first = by_index[slot.index].location
@@ -356,21 +455,51 @@ def cross_entry_checks(
             )
             continue
         by_index[slot.index] = slot
+        # A GPU in MIG mode serves its instances only: never a whole-GPU slot too, shared or not.
+        errors.extend(_whole_and_mig(slot, whole_or_mig))
         if sharing is Sharing.SHARED or lines_share:
             continue
-        for device in slot.devices:
+        # A spare is held once it serves: two entries may not count on the same one.
+        for device, what in _named_and_spares(slot):
             owner = claims.get((slot.node, device))
             if owner is not None:
                 errors.append(
                     Diagnostic(
                         slot.location,
-                        f"device {device} on node {slot.node} is already given to index {owner.index} "
+                        f"{what} {device} on node {slot.node} is already given to index {owner.index} "
                         f"({_line_of(owner.location)}); an exclusive map gives each GPU to one slot",
                         hint="use another device, or set 'sharing: shared'",
                     )
                 )
             else:
                 claims[(slot.node, device)] = slot
+    return errors
+
+
+def _named_and_spares(slot: DeclaredSlot) -> list[tuple[DeviceRef, str]]:
+    """The slot's devices, then its fallback devices, each with how a message names it."""
+    return [(d, "device") for d in slot.devices] + [(d, "fallback device") for d in slot.fallback]
+
+
+def _whole_and_mig(
+    slot: DeclaredSlot, seen: dict[tuple[str, DeviceRef], DeclaredSlot]
+) -> list[Diagnostic]:
+    """A whole-GPU entry and a MIG entry of this map that name the same GPU (spelled the same)."""
+    errors: list[Diagnostic] = []
+    named = (slot.mig.gpu,) if slot.mig is not None else slot.devices
+    for device in named:
+        other = seen.setdefault((slot.node, device), slot)
+        if (other.mig is None) != (slot.mig is None):
+            mig, whole = (slot, other) if slot.mig is not None else (other, slot)
+            errors.append(
+                Diagnostic(
+                    slot.location,
+                    f"GPU {device} on node {slot.node} is given whole to index {whole.index} and "
+                    f"as a MIG instance ({mig.mig}) to index {mig.index} "
+                    f"({_line_of(other.location)}); a GPU in MIG mode serves its instances only",
+                    hint="give the whole-GPU entry another GPU, or a MIG instance",
+                )
+            )
     return errors
 
 
@@ -405,6 +534,7 @@ def document_to_map(doc: Document) -> PlacementMap:
         source=doc.source,
         legacy_sharing=lines_share,
         warnings=tuple(warnings),
+        same_clique=spec.same_clique,
     )
 
 

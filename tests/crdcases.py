@@ -94,6 +94,22 @@ MAP_CASES = (
         "spec.placements[1]",
     ),
     Case("empty-devices", _placements(_entry(devices=[])), "spec.placements[0].devices"),
+    Case("mig", _placements(_entry(mig={"gpu": 0, "profile": "1g.10gb+me"}))),
+    Case(
+        "mig-and-devices",
+        _placements(_entry(devices=[0], mig={"gpu": 0, "profile": "3g.40gb"})),
+        "spec.placements[0]",
+    ),
+    Case(
+        "mig-profile-malformed",
+        _placements(_entry(mig={"gpu": 0, "profile": "3g.40"})),
+        "spec.placements[0].mig.profile",
+    ),
+    Case(
+        "mig-gpu-not-a-uuid",
+        _placements(_entry(mig={"gpu": "GPU-1", "profile": "3g.40gb"})),
+        "spec.placements[0].mig.gpu",
+    ),
     Case("device-index-too-large", _placements(_entry(devices=[256])), DEVICE0),
     Case("device-index-negative", _placements(_entry(devices=[-1])), DEVICE0),
     Case("device-not-a-uuid", _placements(_entry(devices=["GPU-1"])), DEVICE0),

@@ -101,6 +101,14 @@ def _add_binder_flags(flags: EnvFlags) -> None:
         BinderSettings().bind_workers,
         help="concurrent pods/binding calls (default %(default)s)",
     )
+    flags.integer(
+        "--bind-processes",
+        "GPUPLACE_BIND_PROCESSES",
+        BinderSettings().bind_processes,
+        metavar="N",
+        help="worker processes that send the Bindings (0, the default: threads of the "
+        "controller's process; N from 1 to 64: past one core's worth of binds a second)",
+    )
 
 
 def _add_source_flags(flags: EnvFlags) -> None:
@@ -153,6 +161,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
             legacy=args.legacy,
             require_inventory=args.require_inventory,
             bind_workers=args.bind_workers,
+            bind_processes=args.bind_processes,
         ),
         enforcement=Enforcement(args.enforcement),
         dra=DraSettings(args.dra_driver, args.dra_attribute, args.dra_device_class),
@@ -166,6 +175,9 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     logs.configure(settings.log_level, settings.log_json)
+    if not 0 <= settings.binder.bind_processes <= 64:
+        log.error("--bind-processes (GPUPLACE_BIND_PROCESSES) must be from 0 to 64")
+        return 2
     if settings.source == "git" and not settings.git.repo:
         log.error("--source git needs --repo URL (and optionally --branch, --path)")
         return 2

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     print(inspect.table(mapviews.VIEW_HEADERS, mapviews.views_rows(mapviews.map_views(kube))))
     print("\nPods")
     rows = inspect.gpuplace_pods(kube, schedulers)
-    print(inspect.pod_table(rows))
+    print(inspect.pod_table(rows, inspect.mig_inventories(kube, rows)))
     lost = [r for r in rows if r.reason.startswith("BindingUnverifiable")]
     if lost:
         print(

@@ -153,6 +153,7 @@ ALLOWED: list[tuple[str, ...]] = [
     ("controller", "patch", "resourceclaims.resource.k8s.io", "-n", W),
     ("controller", "watch", "resourceclaims.resource.k8s.io", "--all-namespaces"),
     ("controller", "watch", "resourceslices.resource.k8s.io"),
+    ("controller", "watch", "devicetaintrules.resource.k8s.io"),
     ("controller", "create", "resourceclaimtemplates.resource.k8s.io", "-n", W),
     ("controller", "delete", "resourceclaimtemplates.resource.k8s.io", "-n", W),
     ("controller", "get", "secrets/gpuplace-binding-key", "-n", NAMESPACE),
@@ -197,6 +198,7 @@ REFUSED: list[tuple[str, ...]] = [
     ("controller", "delete", "resourceclaims.resource.k8s.io", "-n", W),
     ("controller", "create", "resourceslices.resource.k8s.io"),
     ("controller", "update", "resourceslices.resource.k8s.io"),
+    ("controller", "create", "devicetaintrules.resource.k8s.io"),
     # webhook and agent: never a claim allocation
     ("webhook", "patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", W),
     ("webhook", "update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", W),

@@ -38,6 +38,7 @@ from tests.integration.controllerkit import (
     create_workload,
     deployment,
     fresh_namespace,
+    get_pod,
     gpu_uuid,
     inventory_for,
     leader_killed_during_burst,
@@ -45,10 +46,12 @@ from tests.integration.controllerkit import (
     map_yaml,
     pending_reason,
     publish_inventory,
+    scheduled_condition,
     statefulset,
     unique,
     wait_for,
     wait_for_bound,
+    wait_for_map,
 )
 from tests.integration.test_webhook import RunningWebhook, free_port
 from webhook.certs import generate_ca
@@ -428,3 +431,171 @@ def test_a_template_someone_else_made_under_the_maps_name_is_replaced(
     create_workload(cluster, statefulset(namespace, "m", "m", 1))
     pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"))
     assert_claim_is_the_binding(cluster, pod)
+
+
+# -- device taints ------------------------------------------------------------------------------
+XID_TAINT = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+
+
+def tainted_node(cluster: LocalCluster, prefix: str, gpus: int, taints: dict[int, Any]) -> str:
+    """A kwok GPU node whose driver slice taints the given GPUs (as an XID makes NVIDIA's)."""
+    name = unique(prefix)
+    cluster.create_nodes([FakeNode(name, gpus=gpus)])
+    inventory = inventory_for(name, gpus)
+    publish_inventory(cluster, inventory)
+    body = slice_for(inventory, SETTINGS)
+    for index, device_taints in taints.items():
+        body["spec"]["devices"][index]["taints"] = device_taints
+    status, resp = cluster.request("POST", "/apis/resource.k8s.io/v1/resourceslices", body)
+    assert status == 201, resp
+    return name
+
+
+def tolerating_map(
+    namespace: str, name: str, entries: list[tuple[int, str, list[int]]], tolerations: str
+) -> str:
+    """`map_yaml` whose last entry has `tolerations` (a YAML flow list)."""
+    return map_yaml(namespace, name, entries) + f"      tolerations: {tolerations}\n"
+
+
+def pending_message(cluster: LocalCluster, namespace: str, name: str) -> str:
+    pod = get_pod(cluster, namespace, name)
+    cond = scheduled_condition(pod) if pod else None
+    return str((cond or {}).get("message", ""))
+
+
+def test_a_tainted_device_degrades_its_slot_until_the_map_tolerates_it(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    node = tainted_node(cluster, "taint", 2, {1: [XID_TAINT]})
+    stored = next(
+        s
+        for s in cluster.request("GET", "/apis/resource.k8s.io/v1/resourceslices")[1]["items"]
+        if s["spec"]["nodeName"] == node
+    )
+    # The apiserver keeps device taints only with the DRADeviceTaints gate on.
+    assert stored["spec"]["devices"][1]["taints"][0]["key"] == "gpu.nvidia.com/xid"
+    apply_map(cluster, namespace, "m", map_yaml(namespace, "m", [(0, node, [1]), (1, node, [0])]))
+    create_workload(cluster, statefulset(namespace, "m", "m", 2))
+    wait_for("m-1 bound", lambda: bound_pods(cluster, namespace).get("m-1"))
+    wait_for(
+        "m-0 DeviceTainted", lambda: pending_reason(cluster, namespace, "m-0") == "DeviceTainted"
+    )
+    assert "gpu.nvidia.com/xid=79:NoSchedule" in pending_message(cluster, namespace, "m-0")
+    claim = claim_of(cluster, get_pod(cluster, namespace, "m-0") or {"status": {}})
+    assert claim is None or not allocated(claim)
+
+    apply_map(
+        cluster,
+        namespace,
+        "m",
+        tolerating_map(
+            namespace,
+            "m",
+            [(1, node, [0]), (0, node, [1])],
+            "[{key: gpu.nvidia.com/xid, operator: Exists}]",
+        ),
+    )
+    pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"), timeout=60)
+    assert_claim_is_the_binding(cluster, pod)
+    claim = claim_of(cluster, pod)
+    assert claim is not None
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["tolerations"] == [{"key": "gpu.nvidia.com/xid", "operator": "Exists"}]
+
+
+TAINT_RULES = "/apis/resource.k8s.io/v1alpha3/devicetaintrules"
+
+
+def test_a_device_taint_rule_degrades_the_slot_it_selects_until_removed(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    status, _ = cluster.request("GET", TAINT_RULES)
+    if status == 404:
+        pytest.skip("this apiserver does not serve DeviceTaintRules (resource.k8s.io/v1alpha3)")
+    node = tainted_node(cluster, "rule", 2, {})
+    rule_name = unique("drain")
+    rule = {
+        "apiVersion": "resource.k8s.io/v1alpha3",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": rule_name},
+        "spec": {
+            "deviceSelector": {"driver": SETTINGS.driver, "pool": node, "device": device_name(0)},
+            "taint": {"key": "example.com/maintenance", "value": "now", "effect": "NoSchedule"},
+        },
+    }
+    created, resp = cluster.request("POST", TAINT_RULES, rule)
+    assert created == 201, resp
+    try:
+        apply_map(cluster, namespace, "m", map_yaml(namespace, "m", [(0, node, [0])]))
+        create_workload(cluster, statefulset(namespace, "m", "m", 1))
+        wait_for(
+            "m-0 DeviceTainted",
+            lambda: pending_reason(cluster, namespace, "m-0") == "DeviceTainted",
+        )
+        message = pending_message(cluster, namespace, "m-0")
+        assert f"example.com/maintenance=now:NoSchedule (by DeviceTaintRule {rule_name})" in (
+            message
+        )
+    finally:
+        cluster.request("DELETE", f"{TAINT_RULES}/{rule_name}")
+    pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"), timeout=60)
+    assert_claim_is_the_binding(cluster, pod)
+
+
+def retaint(cluster: LocalCluster, node: str, index: int, taints: list[dict[str, str]]) -> None:
+    """Rewrites the taints of GPU `index` in the node's driver slice, as the driver would."""
+    body = next(
+        s
+        for s in cluster.request("GET", "/apis/resource.k8s.io/v1/resourceslices")[1]["items"]
+        if s["spec"]["nodeName"] == node
+    )
+    body["spec"]["devices"][index]["taints"] = taints
+    path = f"/apis/resource.k8s.io/v1/resourceslices/{body['metadata']['name']}"
+    status, resp = cluster.request("PUT", path, body)
+    assert status == 200, resp
+
+
+XID_SHOWN = "gpu.nvidia.com/xid=79:NoSchedule (in its ResourceSlice)"
+
+
+def test_a_device_tainted_after_the_fact_degrades_the_map_status_until_tolerated(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    node = tainted_node(cluster, "tstatus", 2, {})
+    apply_map(cluster, namespace, "m", map_yaml(namespace, "m", [(0, node, [1])]))
+    wait_for_map(cluster, namespace, "m", "Valid")
+    retaint(cluster, node, 1, [XID_TAINT])
+    status = wait_for_map(cluster, namespace, "m", "Degraded", XID_SHOWN)
+    assert f"index 0 on node {node}: device 1 is tainted {XID_SHOWN}" in status["message"]
+    apply_map(
+        cluster,
+        namespace,
+        "m",
+        tolerating_map(
+            namespace, "m", [(0, node, [1])], "[{key: gpu.nvidia.com/xid, operator: Exists}]"
+        ),
+    )
+    wait_for_map(cluster, namespace, "m", "Valid")
+
+
+def test_a_fallback_device_serves_in_place_of_a_tainted_one(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    node = tainted_node(cluster, "tspare", 4, {1: [XID_TAINT], 2: [XID_TAINT]})
+    # Spare 2 is tainted too: 3 stands in.
+    text = map_yaml(namespace, "m", [(0, node, [0, 1])]) + "      fallback: [2, 3]\n"
+    apply_map(cluster, namespace, "m", text)
+    status = wait_for_map(cluster, namespace, "m", "Degraded", "serving from fallback")
+    assert (
+        f"device 1 tainted {XID_SHOWN}: fallback device 3 ({gpu_uuid(node, 3)}) stands in"
+        in status["message"]
+    )
+    create_workload(cluster, statefulset(namespace, "m", "m", 1))
+    pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"), timeout=60)
+    assert pod["metadata"]["annotations"][DEVICES_ANNOTATION] == (
+        f"{gpu_uuid(node, 0)},{gpu_uuid(node, 3)}"
+    )
+    assert_claim_is_the_binding(cluster, pod)
+    retaint(cluster, node, 1, [])
+    wait_for_map(cluster, namespace, "m", "Valid")

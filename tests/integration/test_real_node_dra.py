@@ -1,22 +1,25 @@
 """dra enforcement on the local cluster's real node: the fake GPU DRA driver (hack/dra-driver)
 publishes the node's fake NVML GPUs as its ResourceSlice, the binder allocates each pod's claim to
 its declared GPUs, the kubelet has the driver prepare exactly that allocation (CDI), and the
-assertions read what the gpu-probe container itself printed."""
+assertions read what the gpu-probe container itself printed. GPU 0 is in MIG mode with two
+3g.40gb instances, which the driver publishes as `type: mig` devices."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from gpuplace_dev.demo.components import Components, demo_uuid
 from gpuplace_dev.demo.realnode import printed as report
 from gpuplace_dev.localcluster import REAL_NODE_NAME, LocalCluster
-from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL
+from placement.annotations import DEVICES_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
 from placement.inventory import INVENTORY_NAMESPACE
 from placement.model import MODEL_NAMESPACE
-from tests.integration.controllerkit import map_yaml, wait_for
+from tests.integration.controllerkit import get_pod, map_yaml, wait_for
 from tests.integration.test_real_node import (
     GPUS,
     NODE_NUMBER,
@@ -26,6 +29,20 @@ from tests.integration.test_real_node import (
     probe_pod,
     wait_running,
 )
+
+XID_TAINT = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+#: GPU 0's MIG instances (the other GPUs are whole), in the fake NVML library's format.
+MIG_UUIDS = ("MIG-00000009-0000-4000-8000-000000000000", "MIG-00000009-0000-4000-8000-000000000004")
+MIG_INSTANCES: list[dict[str, object]] = [
+    {
+        "uuid": uuid,
+        "profile": "3g.40gb",
+        "index": n,
+        "placement": {"start": 4 * n, "size": 4},
+        "memoryMiB": 40320,
+    }
+    for n, uuid in enumerate(MIG_UUIDS)
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +55,12 @@ def gpuplace_dra(
         real_cluster.create_namespace(namespace)
     components = Components(real_cluster, tmp_path_factory.mktemp("components-dra"))
     try:
-        config = components.agent(REAL_NODE_NAME, GPUS, interval=1.0, number=NODE_NUMBER)
-        components.dra_driver(config)
+        config = components.agent(
+            REAL_NODE_NAME, GPUS, interval=1.0, number=NODE_NUMBER, mig={0: MIG_INSTANCES}
+        )
+        taints = config.with_name("taints.json")
+        taints.write_text(json.dumps({demo_uuid(NODE_NUMBER, 0): [XID_TAINT]}))
+        components.dra_driver(config, taints)
         components.controller(enforcement="dra")
         components.webhook(enforcement="dra")
 
@@ -51,10 +72,33 @@ def gpuplace_dra(
                 f"?fieldSelector=spec.nodeName={REAL_NODE_NAME}",
             )
             return status == 200 and any(
-                len(s["spec"].get("devices") or []) == GPUS for s in body["items"]
+                len(s["spec"].get("devices") or []) == GPUS + len(MIG_UUIDS) for s in body["items"]
             )
 
+        def devices() -> dict[str, dict[str, Any]]:
+            _, body = real_cluster.request(
+                "GET",
+                "/apis/resource.k8s.io/v1/resourceslices"
+                f"?fieldSelector=spec.nodeName={REAL_NODE_NAME}",
+            )
+            return {d["name"]: d for s in body["items"] for d in s["spec"].get("devices") or []}
+
         wait_for("the DRA driver's ResourceSlice for the real node", published, timeout=90)
+        # GPU 0 (in MIG mode, so no slot holds it whole) carries the taint of the driver's file;
+        # its instances are devices of their own, untainted.
+        found = devices()
+        # (The apiserver stamps each taint's timeAdded.)
+        (taint,) = found["gpu-0"]["taints"]
+        assert {k: taint[k] for k in XID_TAINT} == XID_TAINT, taint
+        mig = found["gpu-0-mig-3g-40gb-4"]
+        assert "taints" not in mig
+        assert {k: v["string"] for k, v in mig["attributes"].items() if "string" in v} == {
+            "type": "mig",
+            "uuid": MIG_UUIDS[1],
+            "parentUUID": demo_uuid(NODE_NUMBER, 0),
+            "profile": "3g.40gb",
+            "productName": "NVIDIA H100 80GB HBM3",
+        }
         yield
     finally:
         components.stop()
@@ -109,3 +153,35 @@ def test_each_container_sees_exactly_its_declared_gpus_and_another_maps_pod_only
             assert named == set(uuids), seen
             others = {demo_uuid(NODE_NUMBER, i) for i in range(GPUS)} - set(uuids)
             assert not any(o in " ".join(seen.values()) for o in others), seen
+
+
+def test_a_mig_slots_container_sees_exactly_its_mig_instance(
+    real_cluster: LocalCluster, ns: str
+) -> None:
+    node = REAL_NODE_NAME
+    slots = [
+        f"    - index: {i}\n      node: {node}\n      mig: {{gpu: 0, profile: 3g.40gb}}"
+        for i in range(2)
+    ]
+    text = map_yaml(ns, "mig", []) + "\n".join(slots) + "\n"
+    bound_map(real_cluster, ns, "mig", text)
+    for i in range(2):
+        create_pod(real_cluster, probe_pod(f"mig-{i}", ns, labels={MAP_LABEL: "mig"}))
+    held = []
+    for i in range(2):
+        wait_running(real_cluster, ns, f"mig-{i}")
+        pod = get_pod(real_cluster, ns, f"mig-{i}")
+        assert pod is not None
+        (instance,) = pod["metadata"]["annotations"][DEVICES_ANNOTATION].split(",")
+        assert instance in MIG_UUIDS
+        held.append(instance)
+        seen = report(logs(real_cluster, ns, f"mig-{i}", "-c", "probe"))
+        # The driver prepared the MIG device (its CDI edits) and gpuplace wired the same UUID:
+        # an index, or the parent's UUID, would name the whole GPU.
+        assert seen["NVIDIA_VISIBLE_DEVICES"] == instance, seen
+        assert seen["CUDA_VISIBLE_DEVICES"] == instance, seen
+        named = {v.split("=", 1)[1] for k, v in seen.items() if k.startswith("GPU_DEVICE_")}
+        assert named == {instance}, seen
+        others = {demo_uuid(NODE_NUMBER, g) for g in range(GPUS)} | set(MIG_UUIDS) - {instance}
+        assert not any(o in " ".join(seen.values()) for o in others), seen
+    assert sorted(held) == sorted(MIG_UUIDS)

@@ -3,6 +3,7 @@ placeable pod, how it undoes an assumption when the Binding fails, and how an un
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -56,7 +57,8 @@ class PodBuilder:
         return self
 
     def obj(self) -> dict[str, Any]:
-        return self._obj
+        """A fresh copy each call: a test that edits its pod (binds it) leaves the others' alone."""
+        return copy.deepcopy(self._obj)
 
 
 def make_pod(name: str) -> PodBuilder:

@@ -4,6 +4,7 @@ stepped clock: acquire, renew, expiry, takeover, fencing, renew failure, release
 from __future__ import annotations
 
 import copy
+import math
 import threading
 from typing import Any
 
@@ -108,6 +109,22 @@ def test_no_lease_is_created_held_by_us_and_fences_after_the_renew_deadline() ->
     assert not me.holds()
     assert me._renew()  # a renewal extends it from the renewal's start
     assert me.holds()
+
+
+def test_held_until_is_the_deadline_holds_checks_and_none_when_not_leading() -> None:
+    leases, clock = Leases(), Clock()
+    me = elector(leases, clock)
+    assert me.held_until() == -math.inf
+    assert me._renew()
+    assert me.held_until() == -math.inf  # renewed, but not leading (yet)
+    me.is_leader.set()
+    assert me.held_until() == 1010.0  # the renewal's start + renew_deadline_seconds
+    clock.now = 1009.9
+    assert me.holds() and clock() < me.held_until()
+    clock.now = 1010.0
+    assert not me.holds() and clock() >= me.held_until()
+    me.is_leader.clear()
+    assert me.held_until() == -math.inf
 
 
 def test_a_fresh_lease_of_another_is_respected_until_it_expires_by_our_clock() -> None:

@@ -10,7 +10,8 @@ PUBLISHED = {
     "MapNotFound", "MapInvalid", "NotGranted", "IndexInvalid", "IndexNotInMap", "NoPlacement",
     "SlotTaken", "NoFreeSlot", "NoServableSlot", "SlotConflict", "InsufficientDevices",
     "NodeNotFound", "NodeNotReady", "NodeCordoned", "InventoryMissing", "InventoryStale",
-    "DeviceMissing", "DeviceUnhealthy", "DeviceBusy", "RequirementMismatch",
+    "DeviceMissing", "DeviceUnhealthy", "DeviceTainted", "DeviceBusy", "RequirementMismatch",
+    "NoNVLinkSet", "CliqueMismatch",
     "ClaimPending", "ClaimMissing", "ClaimConflict",
 }  # fmt: skip
 

@@ -136,7 +136,7 @@ def test_neither_devices_nor_count() -> None:
       placements:
         - index: 4
           node: n1
-    """) == (8, 7, "spec.placements[0]", "placement index 4 needs 'devices' or 'count'")
+    """) == (8, 7, "spec.placements[0]", "placement index 4 needs 'devices', 'count' or 'mig'")
 
 
 def test_unknown_field_points_at_the_key_and_suggests_the_right_one() -> None:

@@ -31,9 +31,15 @@ def demo_uuid(node_number: int, index: int) -> str:
     return f"GPU-{node_number:08x}-0000-4000-8000-{index:012x}"
 
 
-def fake_gpus(node: str, count: int, number: int | None = None) -> dict[str, object]:
+def fake_gpus(
+    node: str,
+    count: int,
+    number: int | None = None,
+    mig: Mapping[int, list[dict[str, object]]] | None = None,
+) -> dict[str, object]:
     """A fake NVML configuration: `count` H100s with UUIDs derived from the node's number (the
-    name's last ``-<n>`` unless given)."""
+    name's last ``-<n>`` unless given); the GPUs of `mig` are in MIG mode with those instances
+    (tests/fakenvml/README.md's `migInstances`)."""
     if number is None:
         number = int(node.rsplit("-", 1)[-1])
     devices = []
@@ -49,6 +55,8 @@ def fake_gpus(node: str, count: int, number: int | None = None) -> dict[str, obj
                 "numaNode": index // 2,
             }
         )
+        if mig and index in mig:
+            devices[-1].update({"migMode": True, "migInstances": mig[index]})
     return {"driverVersion": "550.54.15", "cudaDriverVersion": "12.4", "devices": devices}
 
 
@@ -112,11 +120,18 @@ class Components:
         self.items.append(component.start())
         return component
 
-    def agent(self, node: str, gpus: int, interval: float = 2.0, number: int | None = None) -> Path:
+    def agent(
+        self,
+        node: str,
+        gpus: int,
+        interval: float = 2.0,
+        number: int | None = None,
+        mig: Mapping[int, list[dict[str, object]]] | None = None,
+    ) -> Path:
         """An agent for ``node`` whose fake NVML reports ``gpus`` devices (UUIDs from ``number``,
-        see `fake_gpus`)."""
+        MIG instances from ``mig``, see `fake_gpus`)."""
         config = self.workdir / f"nvml-{node}.json"
-        config.write_text(json.dumps(fake_gpus(node, gpus, number), indent=1))
+        config.write_text(json.dumps(fake_gpus(node, gpus, number, mig), indent=1))
         env = {
             "LD_LIBRARY_PATH": str(FAKE_NVML_DIR / "build"),
             "GPUPLACE_FAKE_NVML_CONFIG": str(config),
@@ -151,10 +166,11 @@ class Components:
             ),
         )
 
-    def dra_driver(self, nvml_config: Path) -> Component:
+    def dra_driver(self, nvml_config: Path, taints: Path | None = None) -> Component:
         """The fake GPU DRA driver (hack/dra-driver) as the real node's kubelet plugin: it
-        publishes the GPUs of ``nvml_config`` as the node's ResourceSlice and prepares claims
-        through CDI specs that name exactly the allocated devices."""
+        publishes the GPUs of ``nvml_config`` (and their MIG instances) as the node's
+        ResourceSlice, with the device taints of ``taints`` (device UUID -> taints, JSON), and
+        prepares claims through CDI specs that name exactly the allocated devices."""
         node = self.cluster.real_node
         layout = node.layout
         socket = layout.plugins_registry / "gpu.nvidia.com-reg.sock"
@@ -173,6 +189,7 @@ class Components:
                 f"--cdi-dir={layout.cdi_dir}",
                 f"--registrar-dir={layout.plugins_registry}",
                 f"--plugin-dir={layout.plugins / 'gpu.nvidia.com'}",
+                *([f"--taints={taints}"] if taints is not None else []),
             ],
         )
 

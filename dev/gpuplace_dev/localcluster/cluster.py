@@ -843,6 +843,13 @@ def _etcd_args(b: ControlPlaneBinaries, layout: ClusterLayout, port: int, peer: 
     ]
 
 
+#: DRA device taints (KEP-5055, alpha in Kubernetes 1.35): the apiserver keeps `taints` in
+#: ResourceSlices and serves DeviceTaintRules (resource.k8s.io/v1alpha3, `DEVICE_TAINT_API`),
+#: kube-scheduler heeds them, kube-controller-manager evicts for NoExecute ones.
+DEVICE_TAINT_GATES = "--feature-gates=DRADeviceTaints=true,DRADeviceTaintRules=true"
+DEVICE_TAINT_API = "--runtime-config=resource.k8s.io/v1alpha3=true"
+
+
 def _apiserver_args(
     b: ControlPlaneBinaries, layout: ClusterLayout, port: int, etcd_port: int
 ) -> list[str]:
@@ -877,6 +884,8 @@ def _apiserver_args(
         f"--audit-log-path={layout.audit_log}",
         "--audit-log-format=json",
         "--audit-log-maxbackup=1",
+        DEVICE_TAINT_GATES,
+        DEVICE_TAINT_API,
     ]
 
 
@@ -920,6 +929,7 @@ def _controller_manager_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> 
         # Benchmarks create thousands of pods a minute; the default 20 QPS would be the bottleneck.
         "--kube-api-qps=200",
         "--kube-api-burst=400",
+        DEVICE_TAINT_GATES,
     ]
 
 
@@ -929,6 +939,7 @@ def _scheduler_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> list[str]
         f"--kubeconfig={layout.component_kubeconfig('kube-scheduler')}",
         "--secure-port=0",
         "--leader-elect=false",
+        DEVICE_TAINT_GATES,
     ]
 
 

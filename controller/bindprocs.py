@@ -1,0 +1,358 @@
+"""Binding calls sent by worker processes, for a leader whose one interpreter lock caps it.
+
+The leader decides and signs (an HMAC of a few hundred bytes costs microseconds, and the key never
+leaves the leader); each worker process builds the Binding's body, encodes it and sends it over
+its own keep-alive TLS connections, on threads of its own. The leader sends each process a
+`BindJob` on that process's queue and reads every answer on one thread (`BindProcesses._collect`),
+which calls the job's `done` with None (bound) or the error the leader's own client would have
+raised, so that the binder's outcome paths are the same as with threads.
+
+Fencing: a job carries the lease's deadline on the machine's monotonic clock, which every process
+reads alike; a worker sends nothing past it, checked before the request and again as it is written
+(the `guard` of kubeio's client). A worker exits when the leader does (it watches the leader's
+process sentinel); a worker that dies is started again and its jobs are failed back as transport
+errors, so that each is decided again.
+
+Contract: `submit` from any thread; `done` runs on the collecting thread (or on the caller's, when
+the pool is closed); `close` once, by the owner.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnProcess
+from multiprocessing.queues import Queue
+
+import orjson
+from kubernetes import client as k8s_client
+
+from kubeio import bodies
+from kubeio.client import ClientSettings, Kube
+from kubeio.errors import APIError, APITransportError, FencedError, error_for
+from kubeio.paths import PODS
+
+log = logging.getLogger(__name__)
+
+_CONTEXT = multiprocessing.get_context("spawn")  # the leader runs threads: no fork
+
+
+@dataclass(frozen=True, slots=True)
+class KubeConnection:
+    """How to open a client like the leader's, in another process. `reload`: the leader's
+    configuration refreshes its token (a service account's token file, a kubeconfig's exec
+    plugin): the worker loads the configuration as the leader did, and re-reads it as it does."""
+
+    settings: ClientSettings
+    host: str
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+    server_name: str | None = None
+    token: str | None = None  # the Authorization header's value
+    reload: bool = False
+
+
+def connection_of(kube: Kube) -> KubeConnection:
+    config = kube.configuration
+    token = config.get_api_key_with_prefix("BearerToken", alias="authorization")
+    return KubeConnection(
+        settings=kube.settings,
+        host=kube.host,
+        ca_file=config.ssl_ca_cert or None,
+        cert_file=config.cert_file or None,
+        key_file=config.key_file or None,
+        verify=bool(config.verify_ssl),
+        server_name=config.tls_server_name or None,
+        token=token or None,
+        reload=config.refresh_api_key_hook is not None,
+    )
+
+
+def open_client(connection: KubeConnection, pool: int) -> Kube:
+    settings = ClientSettings(
+        kubeconfig=connection.settings.kubeconfig,
+        context=connection.settings.context,
+        qps_pool=pool,
+        timeout_seconds=connection.settings.timeout_seconds,
+        user_agent=connection.settings.user_agent,
+    )
+    if connection.reload:
+        return Kube.connect(settings)
+    config = k8s_client.Configuration()
+    config.host = connection.host
+    config.ssl_ca_cert = connection.ca_file
+    config.cert_file = connection.cert_file
+    config.key_file = connection.key_file
+    config.verify_ssl = connection.verify
+    config.tls_server_name = connection.server_name
+    if connection.token:
+        config.api_key = {"BearerToken": connection.token}
+    return Kube(config, settings)
+
+
+@dataclass(frozen=True, slots=True)
+class BindJob:
+    """One pod's Binding, as signed by the leader; `deadline`: the lease's, on time.monotonic."""
+
+    deadline: float
+    name: str
+    namespace: str
+    uid: str
+    node: str
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+#: (job number, status, reason, message): status 201 when bound; 0 when not answered (reason
+#: "Fenced": not sent, the deadline passed).
+BindResult = tuple[int, int, str, str]
+_Job = tuple[int, BindJob] | None  # None: the process ends
+
+BOUND = 201
+_CRASH_LOOP_SECONDS = 1.0
+FENCED = "Fenced"
+
+
+def error_of(result: BindResult) -> APIError | None:
+    """The error the leader's own client would have raised for `result`; None when bound."""
+    _seq, status, reason, message = result
+    if 200 <= status < 300:
+        return None
+    if status == 0:
+        if reason == FENCED:
+            return FencedError(0, FENCED, message)
+        return APITransportError(0, reason or "Transport", message)
+    return error_for(status, orjson.dumps({"reason": reason, "message": message}))
+
+
+def send(kube: Kube, seq: int, job: BindJob) -> BindResult:
+    """Sends one job's Binding unless its deadline passed, before or as it is written."""
+
+    def guard() -> bool:
+        return time.monotonic() < job.deadline
+
+    if not guard():
+        return (seq, 0, FENCED, "lease deadline passed: not sent")
+    body = bodies.binding(job.name, job.namespace, job.uid, job.node, job.annotations)
+    try:
+        kube.create(PODS.item(job.name, job.namespace, "binding"), body, guard=guard)
+    except APIError as exc:
+        return (seq, exc.status, exc.reason, exc.message)
+    return (seq, BOUND, "Created", "")
+
+
+def _serve(
+    connection: KubeConnection, threads: int, jobs: Queue[_Job], results: Connection
+) -> None:
+    """A worker process: `threads` threads send the jobs; one sends their results back in
+    batches (one pipe write for many)."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        # Ends with the leader, however it ended (killed included): no orphan keeps binding.
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+    kube = open_client(connection, threads)
+    done: queue.SimpleQueue[BindResult | None] = queue.SimpleQueue()
+
+    def work() -> None:
+        # Each thread takes its own jobs: a hand-off through another thread would cost every
+        # job a wait for the interpreter lock among all the busy threads.
+        while (item := _take(jobs)) is not None:
+            seq, job = item
+            try:
+                done.put(send(kube, seq, job))
+            except Exception as exc:  # a job is always answered, or the leader waits on it
+                log.exception("bind job failed")
+                done.put((seq, 0, "Transport", f"bind worker: {exc}"))
+        jobs.put(None)  # for the next thread
+        done.put(None)
+
+    def answer() -> None:
+        ended = 0
+        while ended < threads:
+            batch: list[BindResult] = []
+            item = done.get()
+            while True:
+                if item is None:
+                    ended += 1
+                else:
+                    batch.append(item)
+                if done.empty():
+                    break
+                item = done.get()
+            if batch:
+                results.send(batch)
+
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    sender = threading.Thread(target=answer, daemon=True)
+    for thread in [*workers, sender]:
+        thread.start()
+    sender.join()
+    results.close()
+    kube.close()
+
+
+def _take(jobs: Queue[_Job]) -> tuple[int, BindJob] | None:
+    """The next job; None when the leader is gone (its end of the queue closed)."""
+    try:
+        return jobs.get()
+    except (EOFError, OSError):
+        return None
+
+
+def _exit_with(sentinel: int) -> None:
+    wait([sentinel])
+    os._exit(1)
+
+
+@dataclass(slots=True)
+class _Worker:
+    process: SpawnProcess
+    jobs: Queue[_Job]
+    results: Connection
+    started: float  # time.monotonic()
+
+
+class BindProcesses:
+    """`processes` worker processes with `threads` Binding calls in flight each."""
+
+    def __init__(self, connection: KubeConnection, processes: int, threads: int) -> None:
+        if processes < 1 or threads < 1:
+            raise ValueError("bind processes and threads must be at least 1")
+        self._connection = connection
+        self._threads = threads
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        #: job number -> (worker index, what to call with its outcome)
+        self._in_flight: dict[int, tuple[int, Callable[[APIError | None], None]]] = {}
+        self._closed = False
+        self._wake_reader, self._wake_writer = _CONTEXT.Pipe(duplex=False)
+        self._workers = [self._spawn() for _ in range(processes)]
+        self._restarts = 0
+        self._collector = threading.Thread(target=self._collect, name="bind-results", daemon=True)
+        self._collector.start()
+
+    @property
+    def restarts(self) -> int:
+        return self._restarts
+
+    def pids(self) -> list[int | None]:
+        return [worker.process.pid for worker in self._workers]
+
+    def _spawn(self) -> _Worker:
+        jobs: Queue[_Job] = _CONTEXT.Queue()
+        reader, writer = _CONTEXT.Pipe(duplex=False)
+        process = _CONTEXT.Process(
+            target=_serve,
+            args=(self._connection, self._threads, jobs, writer),
+            name="gpuplace-bind",
+            daemon=True,  # terminated too when the leader exits normally
+        )
+        process.start()
+        writer.close()  # the worker holds the only writer: EOF when it exits
+        return _Worker(process, jobs, reader, time.monotonic())
+
+    def submit(self, job: BindJob, done: Callable[[APIError | None], None]) -> None:
+        seq = next(self._seq)
+        with self._lock:
+            if not self._closed:
+                index = seq % len(self._workers)
+                self._in_flight[seq] = (index, done)
+                self._workers[index].jobs.put((seq, job))
+                return
+        done(FencedError(0, FENCED, "bind processes stopped: not sent"))
+
+    def _collect(self) -> None:
+        """The one thread that reads answers; a worker's pipe at EOF means it exited (it holds
+        the pipe's only writer)."""
+        while True:
+            with self._lock:
+                open_ = [(i, w) for i, w in enumerate(self._workers) if not w.results.closed]
+                if self._closed and (not self._in_flight or not open_):
+                    return
+            ready = wait([self._wake_reader, *(w.results for _, w in open_)])
+            for index, worker in open_:
+                if worker.results in ready:
+                    self._read(index, worker)
+            if self._wake_reader in ready:
+                self._wake_reader.recv()
+
+    def _read(self, index: int, worker: _Worker) -> None:
+        try:
+            batch: list[BindResult] = worker.results.recv()
+        except (EOFError, OSError):
+            self._died(index, worker)
+            return
+        for result in batch:
+            with self._lock:
+                entry = self._in_flight.pop(result[0], None)
+            if entry is not None:
+                self._call(entry[1], error_of(result))
+
+    def _died(self, index: int, worker: _Worker) -> None:
+        """A worker exited: its jobs fail back (sent or not, the pod's next event or decision
+        settles it) and, unless closing, another process takes its place."""
+        worker.process.join(timeout=1.0)
+        worker.results.close()
+        if not self._closed and time.monotonic() - worker.started < _CRASH_LOOP_SECONDS:
+            # One that cannot even start (an unreadable kubeconfig) is not restarted in a loop.
+            time.sleep(_CRASH_LOOP_SECONDS)
+        with self._lock:
+            lost = [seq for seq, (at, _) in self._in_flight.items() if at == index]
+            calls = [self._in_flight.pop(seq)[1] for seq in lost]
+            if not self._closed and self._workers[index] is worker:
+                log.error(
+                    "bind process %s exited (code %s): %d Bindings failed back, restarting it",
+                    worker.process.pid,
+                    worker.process.exitcode,
+                    len(calls),
+                )
+                self._restarts += 1
+                self._workers[index] = self._spawn()
+        error: APIError = (
+            FencedError(0, FENCED, "bind processes stopped")
+            if self._closed
+            else APITransportError(0, "Transport", "bind process exited")
+        )
+        for call in calls:
+            self._call(call, error)
+
+    @staticmethod
+    def _call(done: Callable[[APIError | None], None], error: APIError | None) -> None:
+        try:
+            done(error)
+        except Exception:
+            log.exception("bind outcome failed")
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ends the processes after the jobs already queued (past their deadline these send
+        nothing); what is still unanswered after `timeout` is failed back as fenced."""
+        with self._lock:
+            self._closed = True
+            workers = list(self._workers)
+        for worker in workers:
+            worker.jobs.put(None)
+        ends = time.monotonic() + timeout
+        for worker in workers:
+            worker.process.join(max(0.0, ends - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+        self._wake_writer.send(None)
+        self._collector.join(timeout)
+        with self._lock:
+            calls = [done for _, done in self._in_flight.values()]
+            self._in_flight.clear()
+        for call in calls:
+            self._call(call, FencedError(0, FENCED, "bind processes stopped"))
+        for worker in workers:
+            worker.jobs.close()
+            worker.jobs.join_thread()
