@@ -21,11 +21,16 @@ def _http_error(exc: HTTPException) -> Response:
     return Response(body, status=code, mimetype="application/json")
 
 
-def create_app(settings: WebhookSettings, models: ModelSource) -> Flask:
+def create_app(
+    settings: WebhookSettings, models: ModelSource, metrics_dir: str | None = None
+) -> Flask:
+    """`metrics_dir`: the directory the server processes share their metrics through, if several."""
     app = Flask("gpuplace-webhook")
     # Werkzeug refuses larger bodies with 413 before we read them.
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes
-    app.extensions[EXTENSION] = WebhookState(settings, models, WebhookMetrics.create(models))
+    app.extensions[EXTENSION] = WebhookState(
+        settings, models, WebhookMetrics.create(models, metrics_dir)
+    )
     app.register_error_handler(HTTPException, _http_error)
     for module in (mutate, validate, ops):
         app.register_blueprint(module.blueprint)

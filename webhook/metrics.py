@@ -1,10 +1,20 @@
-"""The webhook's Prometheus metrics, in a registry of its own per app (no process globals)."""
+"""The webhook's Prometheus metrics, in a registry of its own per app (no process globals).
+
+With several server processes (`multiprocess_dir`), counters, histograms and gauges are written
+to files that `prometheus_client` shares between them, and the registry serves the totals over
+every process that answered since the parent started; the model gauges are the answering
+process's own view.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from webhook.modelcache import ModelSource
 
@@ -18,10 +28,18 @@ class WebhookMetrics:
     admission_duration: Histogram
     decisions: Counter
     certificate_expiry: Gauge
+    #: Reviews this process answered: with several processes, one series a pid (the balance).
+    process_reviews: Gauge
 
     @classmethod
-    def create(cls, models: ModelSource) -> WebhookMetrics:
+    def create(cls, models: ModelSource, multiprocess_dir: str | None = None) -> WebhookMetrics:
         registry = CollectorRegistry()
+        # With several processes the metric objects only write their files; the registry reads
+        # every process's files, and registering the objects too would count this one twice.
+        own: CollectorRegistry | None = registry
+        if multiprocess_dir is not None:
+            MultiProcessCollector(registry, path=multiprocess_dir)  # type: ignore[no-untyped-call]
+            own = None
         metrics = cls(
             registry=registry,
             admission_duration=Histogram(
@@ -29,34 +47,54 @@ class WebhookMetrics:
                 "Time to answer one AdmissionReview, from body read to answer built.",
                 ["operation"],
                 buckets=LATENCY_BUCKETS,
-                registry=registry,
+                registry=own,
             ),
             decisions=Counter(
                 "gpuplace_webhook_decisions",
                 "AdmissionReviews answered, by operation and result "
                 "(allowed, patched, denied, malformed).",
                 ["operation", "result"],
-                registry=registry,
+                registry=own,
             ),
+            # The earliest expiry any running process serves: the one to alert on mid-rotation.
             certificate_expiry=Gauge(
                 "gpuplace_webhook_certificate_expiry_timestamp_seconds",
                 "When the serving certificate expires (Unix time).",
-                registry=registry,
+                registry=own,
+                multiprocess_mode="livemin",
+            ),
+            process_reviews=Gauge(
+                "gpuplace_webhook_process_reviews",
+                "AdmissionReviews answered by this server process since it started "
+                "(label pid with several processes).",
+                registry=own,
+                multiprocess_mode="liveall",
             ),
         )
-        Gauge(
+        registry.register(_ModelCollector(models))
+        return metrics
+
+
+class _ModelCollector(Collector):
+    """The model gauges, read when scraped (not stored: a multiprocess gauge would be a file)."""
+
+    def __init__(self, models: ModelSource) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        model = self._models.current()
+        yield GaugeMetricFamily(
             "gpuplace_webhook_model_generation",
             "Generation of the model the webhook admits against.",
-            registry=registry,
-        ).set_function(lambda: models.current().generation)
-        Gauge(
+            value=model.generation,
+        )
+        yield GaugeMetricFamily(
             "gpuplace_webhook_model_maps",
             "Placement maps in the model the webhook admits against.",
-            registry=registry,
-        ).set_function(lambda: len(models.current().maps))
-        Gauge(
+            value=len(model.maps),
+        )
+        yield GaugeMetricFamily(
             "gpuplace_webhook_model_loaded",
             "1 once the model cache has loaded the model (readiness).",
-            registry=registry,
-        ).set_function(lambda: 1.0 if models.loaded() else 0.0)
-        return metrics
+            value=1.0 if self._models.loaded() else 0.0,
+        )

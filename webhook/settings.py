@@ -33,6 +33,9 @@ class ServerSettings:
     host: str = "0.0.0.0"  # noqa: S104 - a webhook pod must accept the apiserver's connections
     port: int = 8443
     threads: int = 16
+    #: Server processes sharing the port (SO_REUSEPORT), each with its own GIL and model cache;
+    #: 1 serves from the command's own process.
+    processes: int = 1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: After SIGTERM: answer /readyz 503 this long, so endpoints drop the pod before it stops.
     shutdown_delay_seconds: float = 2.0

@@ -1,13 +1,19 @@
-"""`gpuplace webhook`: the admission webhook over HTTPS (cheroot), with its model cache and TLS."""
+"""`gpuplace webhook`: the admission webhook over HTTPS (cheroot), with its model cache and TLS,
+served from this process or, with `--processes N`, from N processes sharing the port."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
 
@@ -26,6 +32,13 @@ from webhook.app import create_app
 from webhook.certs import KeyPair
 from webhook.manifests import Endpoint, mutating_configuration, validating_configuration
 from webhook.modelcache import ModelCache
+from webhook.processes import (
+    METRICS_DIR_ENV,
+    ServerProcesses,
+    reserve_port,
+    watch_parent,
+    write_pair_files,
+)
 from webhook.register import apply_configuration
 from webhook.server import WebhookServer
 from webhook.settings import (
@@ -81,6 +94,13 @@ def _add_server_flags(flags: EnvFlags) -> None:
     flags.string("--host", "GPUPLACE_WEBHOOK_HOST", "0.0.0.0")  # noqa: S104
     flags.integer("--port", "GPUPLACE_WEBHOOK_PORT", 8443)
     flags.integer("--threads", "GPUPLACE_WEBHOOK_THREADS", 16)
+    flags.integer(
+        "--processes",
+        "GPUPLACE_WEBHOOK_PROCESSES",
+        1,
+        help="server processes sharing the port (SO_REUSEPORT), each with its own GIL and "
+        "model cache; 1 serves from this process",
+    )
     flags.integer("--max-body-bytes", "GPUPLACE_WEBHOOK_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)
     flags.number(
         "--shutdown-delay-seconds",
@@ -158,6 +178,7 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
             host=args.host,
             port=args.port,
             threads=args.threads,
+            processes=args.processes,
             max_body_bytes=args.max_body_bytes,
             shutdown_delay_seconds=args.shutdown_delay_seconds,
         ),
@@ -246,6 +267,16 @@ def run(args: argparse.Namespace) -> int:
             "(e.g. from cert-manager), or --bootstrap-tls"
         )
         return 2
+    if settings.server.processes < 1:
+        log.error("--processes must be at least 1, not %d", settings.server.processes)
+        return 2
+    stop = _stop_on_signals()
+    if settings.server.processes > 1:
+        return run_processes(settings, stop)
+    return _serve(settings, stop)
+
+
+def _stop_on_signals() -> threading.Event:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -254,10 +285,20 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    return stop
 
+
+def _serve(
+    settings: WebhookSettings,
+    stop: threading.Event,
+    ready: Callable[[], None] | None = None,
+    metrics_dir: str | None = None,
+) -> int:
+    """Serves from this process until `stop`; `ready` is called once it listens and has read
+    the model (and registered the configurations, if it registers them)."""
     kube = Kube.connect(settings.kube)
     models = ModelCache(kube, settings.model_namespace).start()
-    app = create_app(settings, models)
+    app = create_app(settings, models, metrics_dir)
     metrics = state_of(app).metrics
 
     def served(pair: KeyPair) -> None:
@@ -292,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if serving.boot is not None:
         serving.boot.start(serving.tls)
+    if ready is not None:
+        ready()
     stop.wait()
     server.drain()
     server.stop()
@@ -301,3 +344,82 @@ def run(args: argparse.Namespace) -> int:
     serving.tls.close()
     log.info("stopped")
     return 0
+
+
+def run_processes(settings: WebhookSettings, stop: threading.Event) -> int:
+    """The parent of `settings.server.processes` server processes: it reserves the port, holds
+    the TLS material (bootstrapped here, once), registers the configurations once every process
+    is ready, keeps the workers running and stops them on `stop`."""
+    server = settings.server
+    kube = Kube.connect(settings.kube)
+    try:
+        reserved = reserve_port(server.host, server.port)
+    except OSError as exc:
+        log.error("cannot bind %s:%d: %s", server.host, server.port, exc)
+        return 1
+    files = Path(tempfile.mkdtemp(prefix="gpuplace-webhook-tls-"))
+    try:
+        return _parent(settings, stop, kube, int(reserved.getsockname()[1]), files)
+    finally:
+        reserved.close()
+        shutil.rmtree(files, ignore_errors=True)
+
+
+def _parent(
+    settings: WebhookSettings, stop: threading.Event, kube: Kube, port: int, files: Path
+) -> int:
+    def served(pair: KeyPair) -> None:
+        if not settings.tls.mounted:  # bootstrapped: the workers read what the parent issued
+            write_pair_files(files, pair.cert_pem, pair.key_pem)
+
+    try:
+        serving = _start_tls(kube, settings, stop, served)
+    except (CertificateError, OSError) as exc:
+        log.error("cannot serve TLS: %s", exc)
+        return 2
+    if serving is None:
+        return 0
+    tls = settings.tls
+    cert, key = files / "tls.crt", files / "tls.key"
+    if tls.cert_file and tls.key_file:  # workers watch the mounted files themselves
+        cert, key = Path(tls.cert_file), Path(tls.key_file)
+    worker = replace(
+        settings,
+        server=replace(settings.server, port=port),
+        tls=replace(tls, cert_file=str(cert), key_file=str(key), bootstrap=False),
+        registration=replace(settings.registration, register_url=None),
+    )
+    workers = ServerProcesses(settings.server.processes, partial(_worker, worker)).start()
+    log.info("serving HTTPS on %s:%d from processes %s", settings.server.host, port, workers.pids)
+    code = 0
+    try:
+        if workers.wait_ready(stop):
+            log.info("%d processes ready", settings.server.processes)
+            _register(kube, settings, serving.bundle)
+            if serving.boot is not None:
+                serving.boot.start(serving.tls)
+            while not stop.is_set():
+                workers.supervise(0.5)
+    except APIError as exc:
+        log.error("cannot register: %s", exc)
+        code = 1
+    finally:
+        server = settings.server
+        workers.stop(server.shutdown_delay_seconds + server.shutdown_timeout_seconds + 5)
+        workers.close()
+        for part in (serving.boot, serving.watcher):
+            if part is not None:
+                part.stop()
+        serving.tls.close()
+    log.info("stopped")
+    return code
+
+
+def _worker(settings: WebhookSettings, index: int, ready: Event) -> None:
+    """One server process (spawned): serves until SIGTERM or until the parent is gone."""
+    logs.configure(settings.log_level, settings.log_json)
+    stop = _stop_on_signals()
+    watch_parent(stop)
+    log.info("webhook process %d serving", index)
+    metrics_dir = os.environ[METRICS_DIR_ENV]
+    raise SystemExit(_serve(settings, stop, ready.set, metrics_dir))

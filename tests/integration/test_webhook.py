@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -469,6 +470,27 @@ def test_readiness_and_metrics_over_https(ns: str, webhook: RunningWebhook) -> N
         r'gpuplace_webhook_decisions_total\{operation="mutate",result="patched"\} [1-9]', text
     )
     assert 'gpuplace_webhook_admission_duration_seconds_count{operation="mutate"}' in text
+
+
+def test_a_burst_from_more_connections_than_workers_is_answered_in_full(
+    cluster: LocalCluster, ns: str, webhook: RunningWebhook
+) -> None:
+    """16 creating threads against 8 workers: the apiserver keeps a connection per concurrent
+    call, and a worker serving its connection's next request must leave none of the others
+    waiting for an answer past the apiserver's timeout."""
+    count = 160
+    before = calls(webhook)
+
+    def create(i: int) -> tuple[int, dict[str, Any]]:
+        labels = {MAP_LABEL: "llm", INDEX_LABEL: str(i % 4)}
+        return create_pod(cluster, pod(f"burst-{i}", ns, labels=labels), dry_run=True)
+
+    with ThreadPoolExecutor(16) as threads:
+        results = list(threads.map(create, range(count)))
+    assert [status for status, _ in results] == [201] * count, results[:3]
+    assert all(body["spec"]["schedulerName"] == "gpuplace" for _, body in results)
+    assert all(body["spec"]["containers"][0]["env"] for _, body in results)
+    assert calls(webhook) - before == count
 
 
 def test_stopped_webhook_refuses_labelled_pods_only(

@@ -1,8 +1,17 @@
-"""The bench's row of creates/s through the webhook against the same burst without it."""
+"""The bench's rows of the webhook's part: creates/s through the webhook against the same burst
+without it, and the webhook's p99 at a steady rate against the same creates' etcd write p99."""
 
 from __future__ import annotations
 
-from bench.placement import TARGET_CREATES_RATIO, RunResult, creates_rows
+from bench.placement import (
+    TARGET_CREATES_RATIO,
+    TARGET_WEBHOOK_VS_ETCD_P99,
+    WEBHOOK,
+    Admission,
+    RunResult,
+    _traced,
+    creates_rows,
+)
 
 
 def burst(creates: float) -> RunResult:
@@ -16,4 +25,30 @@ def test_the_ratio_is_taken_per_repeat_and_checked_against_its_target() -> None:
     assert ratio.value == 0.75  # the median of 0.6 and 0.9
     assert ratio.ok is False and ratio.target == f">= {TARGET_CREATES_RATIO:g} x"
     assert by["burst creates/s without it (webhook unregistered)"].value == 1000
-    assert creates_rows("b", [burst(900)], [burst(1000)])[-1].ok is True
+    ratio_of = {m.metric: m for m in creates_rows("b", [burst(900)], [burst(1000)])}
+    assert ratio_of["creates/s through the webhook / without it"].ok is True
+
+
+def test_the_webhooks_cpu_is_counted_per_create_of_the_burst() -> None:
+    through = RunResult(1.0, 1.0, pods=500, cpu={WEBHOOK: 0.25}, extra={"creates_per_s": 900.0})
+    rows = creates_rows("b", [through], [burst(1000)])
+    cpu = {m.metric: m for m in rows}["burst: webhook CPU per create"]
+    assert cpu.value == 0.5 and cpu.unit == "ms"
+
+
+def steady(webhook_ms: float, etcd_ms: float) -> Admission:
+    calls = tuple([webhook_ms / 1000] * 100)
+    return Admission({}, {}, traced=calls, creates=100, etcd=tuple([etcd_ms / 1000] * 100))
+
+
+def test_the_webhooks_p99_is_held_to_a_multiple_of_the_etcd_write_p99() -> None:
+    rows = _traced("b", "at 50 creates/s", [steady(6.0, 2.0)], TARGET_WEBHOOK_VS_ETCD_P99)
+    by = {m.metric: m for m in rows}
+    over = by["webhook p99 / the same creates' etcd write p99 (apiserver's traces) at 50 creates/s"]
+    assert over.value == 3.0 and over.ok is False
+    assert over.target == f"< {TARGET_WEBHOOK_VS_ETCD_P99:g} x"
+    assert by["webhook p99 (apiserver's traces) at 50 creates/s"].value == 6.0
+    assert by["the same creates' etcd write p99 (apiserver's traces) at 50 creates/s"].value == 2.0
+    ok = _traced("b", "at 50 creates/s", [steady(3.0, 2.0)], TARGET_WEBHOOK_VS_ETCD_P99)[0]
+    assert ok.ok is True
+    assert len(_traced("b", "one at a time", [steady(3.0, 2.0)])) == len(rows) - 1
