@@ -22,6 +22,7 @@ from placement.policyschema import PolicySpec
 from placement.schema import MapSpec
 from placement.types import (
     API_GROUP,
+    DEVICE_NAME_RE,
     DNS_LABEL_RE,
     GPU_UUID_RE,
     KIND,
@@ -43,14 +44,16 @@ CATEGORY = "gpuplace"
 ARGOCD_SYNC_OPTIONS = "Delete=false,ServerSideApply=true"
 LABELS = {"app.kubernetes.io/part-of": "gpuplace"}
 
-#: An NVML index or a GPU UUID: OpenAPI applies the bounds to an integer and the pattern to a
-#: string, at no cost to the CRD's CEL budget (a CEL rule on every device of 10,000 entries
-#: would exceed it).
+#: An NVML index, a GPU UUID or a PCI bus ID: OpenAPI applies the bounds to an integer and the
+#: pattern to a string, at no cost to the CRD's CEL budget (a CEL rule on every device of 10,000
+#: entries would exceed it).
 _DEVICE = {
     "minimum": 0,
     "maximum": MAX_DEVICE_INDEX,
-    "pattern": GPU_UUID_RE.pattern,
+    "pattern": DEVICE_NAME_RE.pattern,
 }
+#: A grant names GPUs by NVML index or UUID only (placement/grants.py reads no PCI bus IDs).
+_GRANT_DEVICE = {**_DEVICE, "pattern": GPU_UUID_RE.pattern}
 
 MAP_RULES: Mapping[tuple[str, ...], Mapping[str, Any]] = {
     (): {
@@ -93,7 +96,7 @@ POLICY_RULES: Mapping[tuple[str, ...], Mapping[str, Any]] = {
             }
         ]
     },
-    ("grants", "[]", "devices", "[]"): _DEVICE,
+    ("grants", "[]", "devices", "[]"): _GRANT_DEVICE,
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from placement.maps import Requirement
 from placement.reasons import Reason
 from placement.taints import DeviceTaint, Toleration
-from placement.types import DeviceRef, GpuUuid, NodeName
+from placement.types import DeviceRef, GpuUuid, NodeName, pci_bus_id
 
 INVENTORY_KEY = "inventory.json"
 CHECKS_KEY = "checks.json"
@@ -164,9 +164,13 @@ class NodeInventory:
         object.__setattr__(self, "mig_parent", MappingProxyType({m.uuid: d for m, d in migs}))
 
     def find(self, ref: DeviceRef) -> GpuDevice | None:
+        """The GPU a map's reference names: an NVML index, a UUID or a PCI bus ID."""
         if isinstance(ref, int):
             return self.by_index.get(ref)
-        return self.by_uuid.get(ref)
+        found = self.by_uuid.get(ref)
+        if found is None and (pci := pci_bus_id(ref)) is not None:
+            return next((d for d in self.devices if pci_bus_id(d.pci_bus_id) == pci), None)
+        return found
 
     def with_taints(self, taints: Mapping[str, tuple[SourcedTaint, ...]]) -> NodeInventory:
         """The inventory with each device's DRA taints (by GPU or MIG UUID) in place of those it

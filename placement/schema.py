@@ -120,7 +120,7 @@ class MigSpec(BaseModel):
     model_config = _STRICT
 
     gpu: StrictInt | StrictStr = Field(
-        description="The parent GPU: NVML index or GPU UUID (GPU-...).",
+        description="The parent GPU: NVML index, GPU UUID (GPU-...) or PCI bus ID.",
     )
     profile: StrictStr = Field(
         min_length=1,
@@ -150,8 +150,8 @@ class PlacementSpec(BaseModel):
     devices: list[StrictInt | StrictStr] | None = Field(
         default=None,
         max_length=MAX_COUNT,
-        description="NVML indices or GPU UUIDs (GPU-...); exclusive with count. UUIDs stay "
-        "stable across reboots.",
+        description='NVML indices, GPU UUIDs (GPU-...) or quoted PCI bus IDs ("0000:18:00.0"); '
+        "exclusive with count. UUIDs and PCI bus IDs stay stable across reboots.",
     )
     count: StrictInt | None = Field(
         default=None,
@@ -170,8 +170,8 @@ class PlacementSpec(BaseModel):
     fallback: list[StrictInt | StrictStr] | None = Field(
         default=None,
         max_length=MAX_COUNT,
-        description="Spare GPUs (NVML indices or UUIDs), used in order in place of a declared "
-        "device that is missing or unhealthy; only with devices.",
+        description="Spare GPUs (NVML indices, UUIDs or PCI bus IDs), used in order in place of a "
+        "declared device that is missing, unhealthy or tainted; only with devices.",
     )
     tolerations: list[DeviceToleration] | None = Field(
         default=None,

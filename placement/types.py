@@ -37,6 +37,26 @@ MAX_DEVICE_INDEX = 255
 GPU_UUID_RE = re.compile(
     r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 )
+#: A GPU's PCI bus ID, domain:bus:device.function, the domain in 4 or 8 hex digits (NVML writes
+#: `00000000:18:00.0`, lspci `0000:18:00.0`): the GPU's physical slot, stable while the card
+#: stays in it, whatever NVML's enumeration order.
+PCI_BUS_ID_RE = re.compile(
+    r"^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"
+)
+#: A device a map names by text: a GPU UUID or a PCI bus ID (one pattern, for schemas).
+DEVICE_NAME_RE = re.compile(f"^(?:{GPU_UUID_RE.pattern[1:-1]}|{PCI_BUS_ID_RE.pattern[1:-1]})$")
+
+
+def pci_bus_id(text: str) -> str | None:
+    """`text` as NVML writes a PCI bus ID (8-digit domain, upper-case hex), or None when it is
+    not one: the one form inventories and maps are compared in."""
+    found = PCI_BUS_ID_RE.match(text.strip())
+    if found is None:
+        return None
+    domain, bus, device, function = found.groups()
+    return f"{int(domain, 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{function}"
+
+
 # RFC 1123 subdomain (node names) and label (namespaces, map names).
 DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -36,6 +36,7 @@ from placement.types import (
     MapKey,
     Sharing,
     is_node_ref,
+    pci_bus_id,
 )
 from placement.yamlsource import Document, Path, format_path, load_documents
 
@@ -199,8 +200,17 @@ def _diagnostic(doc: Document, path: Path, error: ErrorDetails, names: list[str]
             hint=f"did you mean '{close[0]}'?" if close else "",
         )
     if kind in _TYPE_NAMES:
+        value = error.get("input")
+        # YAML 1.1 reads an unquoted 0000:18:00.0 as a base-60 number.
+        unquoted_pci = isinstance(value, float) and any(
+            str(p) in ("devices", "fallback", "gpu") for p in path
+        )
         return Diagnostic(
-            doc.locate(path), f"expected {' or '.join(names)}, got {_describe(error.get('input'))}"
+            doc.locate(path),
+            f"expected {' or '.join(names)}, got {_describe(value)}",
+            hint='quote a PCI bus ID ("0000:18:00.0"): unquoted, YAML reads it as a number'
+            if unquoted_pci
+            else "",
         )
     return Diagnostic(doc.locate(path), _bound_message(last, error))
 
@@ -217,10 +227,15 @@ def _check_device(doc: Document, path: Path, raw: object) -> DeviceRef | Diagnos
     text = str(raw)
     if GPU_UUID_RE.match(text):
         return GpuUuid(text)
+    pci = pci_bus_id(text)
+    if pci is not None:
+        # Named by its slot: the inventory resolves it to the GPU there (NodeInventory.find).
+        return GpuUuid(pci)
     return Diagnostic(
         doc.locate(path),
-        f"device {text!r} is neither an NVML index nor a GPU UUID",
-        hint="use an index like 0 or a UUID like GPU-5c1d0c3e-8c6a-4f4e-9a1b-2f6e7d8c9b0a",
+        f"device {text!r} is neither an NVML index, a GPU UUID nor a PCI bus ID",
+        hint="use an index like 0, a UUID like GPU-5c1d0c3e-8c6a-4f4e-9a1b-2f6e7d8c9b0a or a "
+        "PCI bus ID like 00000000:18:00.0",
     )
 
 

@@ -113,6 +113,8 @@ MAP_CASES = (
     Case("device-index-too-large", _placements(_entry(devices=[256])), DEVICE0),
     Case("device-index-negative", _placements(_entry(devices=[-1])), DEVICE0),
     Case("device-not-a-uuid", _placements(_entry(devices=["GPU-1"])), DEVICE0),
+    Case("device-by-pci-bus-id", _placements(_entry(devices=["0000:18:00.0", "00000000:3B:00.0"]))),
+    Case("device-pci-function-8", _placements(_entry(devices=["0000:18:00.8"])), DEVICE0),
     Case("node-not-a-name", _placements(_entry(node="gpu a", count=1)), "spec.placements[0].node"),
     Case("index-negative", _placements(_entry(index=-1, count=1)), "spec.placements[0].index"),
     Case("missing-node", _placements({"index": 0, "count": 1}), "spec.placements[0].node"),

@@ -88,7 +88,7 @@ def test_explain_prints_the_models_descriptions(cluster: LocalCluster) -> None:
     # The apiserver publishes a new CRD's OpenAPI a moment after it is Established.
     text = " ".join(wait_for("kubectl explain placementmap", explained, timeout=90).split())
     assert "The slots, one entry per index (unique); exclusive with map." in text
-    assert "NVML indices or GPU UUIDs (GPU-...); exclusive with count." in text
+    assert "NVML indices, GPU UUIDs (GPU-...) or quoted PCI bus IDs" in text
     assert "index <integer> -required-" in text
     policy = cluster.kubectl("explain", "placementpolicy.spec.grants").stdout
     assert "namespaces" in policy and "nodeSelector" in policy

@@ -102,7 +102,9 @@ def test_every_field_is_described_for_kubectl_explain() -> None:
         walk(root_of(crd)["properties"]["spec"], ".spec")
         walk(root_of(crd)["properties"]["status"], ".status")
     devices = at(root_of(placement_map_crd()), ("spec", "placements", "[]", "devices"))
-    assert devices["description"].startswith("NVML indices or GPU UUIDs (GPU-...)")
+    assert devices["description"].startswith(
+        "NVML indices, GPU UUIDs (GPU-...) or quoted PCI bus IDs"
+    )
 
 
 def test_both_forms_refuse_more_placements_than_the_crd_allows() -> None:

@@ -106,7 +106,7 @@ def test_fallback_repeats_and_overlaps_are_located() -> None:
     """) == [
         (9, 21, "fallback device 1 is one of the entry's own devices"),
         (9, 24, "fallback device 7 listed twice (first at line 9, column 18)"),
-        (9, 27, "device 'nonsense' is neither an NVML index nor a GPU UUID"),
+        (9, 27, "device 'nonsense' is neither an NVML index, a GPU UUID nor a PCI bus ID"),
     ]
 
 

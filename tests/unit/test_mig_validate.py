@@ -81,7 +81,10 @@ def test_a_bad_parent_points_at_gpu() -> None:
           mig: {gpu: gpu0, profile: 3g.40gb}
     """)
     assert [(p, m) for _, _, p, m in found] == [
-        ("spec.placements[0].mig.gpu", "device 'gpu0' is neither an NVML index nor a GPU UUID")
+        (
+            "spec.placements[0].mig.gpu",
+            "device 'gpu0' is neither an NVML index, a GPU UUID nor a PCI bus ID",
+        )
     ]
 
 

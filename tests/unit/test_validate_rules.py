@@ -234,8 +234,12 @@ def test_a_shared_map_may_give_one_device_to_several_entries() -> None:
     [
         ("-1", "device index -1 is negative"),
         ("256", "device index 256 is larger than 255"),
-        ("gpu0", "device 'gpu0' is neither an NVML index nor a GPU UUID"),
-        ("GPU-1234", "device 'GPU-1234' is neither an NVML index nor a GPU UUID"),
+        ("gpu0", "device 'gpu0' is neither an NVML index, a GPU UUID nor a PCI bus ID"),
+        ("GPU-1234", "device 'GPU-1234' is neither an NVML index, a GPU UUID nor a PCI bus ID"),
+        (
+            '"0000:18:00.8"',
+            "device '0000:18:00.8' is neither an NVML index, a GPU UUID nor a PCI bus ID",
+        ),
     ],
 )
 def test_bad_device(device: str, message: str) -> None:
@@ -362,3 +366,19 @@ def test_parse_map_for_checks_the_configmap_identity() -> None:
     assert raised.value.diagnostics[0].message == (
         "map declares inference/llm but is stored in ConfigMap inference/other"
     )
+
+
+def test_an_unquoted_pci_bus_id_is_read_by_yaml_as_a_number_and_the_hint_says_so() -> None:
+    doc = textwrap.dedent("""\
+        apiVersion: gpuplace.io/v1alpha1
+        kind: PlacementMap
+        metadata: {name: m, namespace: ns}
+        spec:
+          placements:
+            - {index: 0, node: n1, devices: [0000:18:00.0]}
+    """)
+    with pytest.raises(PlacementError) as raised:
+        parse_map(doc, "m.yaml")
+    (diagnostic,) = raised.value.diagnostics
+    assert "got number" in diagnostic.message
+    assert diagnostic.hint.startswith('quote a PCI bus ID ("0000:18:00.0")')
