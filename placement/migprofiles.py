@@ -52,9 +52,11 @@ def base_profile(profile: str) -> str:
 def product_profiles(product: str) -> tuple[str, ...] | None:
     """The base MIG profiles of a GPU product as NVML names it (e.g. "NVIDIA H100 80GB HBM3");
     None for a product this table does not know (nothing is checked then)."""
-    name = product.lower()
+    # Whole words: "NVIDIA GH200 480GB" and "NVIDIA GB200" hold "h200" and "b200" as substrings
+    # but are other GPUs with profiles of their own.
+    words_of = set(re.split(r"[^a-z0-9]+", product.lower()))
     for words, profiles in _PRODUCTS:
-        if all(w in name for w in words):
+        if all(w in words_of for w in words):
             return profiles
     return None
 

@@ -192,3 +192,15 @@ def test_suffixes_are_dropped_for_the_table_and_unknown_products_have_none() -> 
     assert base_profile("1g.10gb-me") == "1g.10gb"
     assert base_profile("1g.10gb+gfx") == "1g.10gb"
     assert product_profiles("Tesla V100") is None
+
+
+@pytest.mark.parametrize("product", ["NVIDIA GH200 480GB", "NVIDIA GB200", "NVIDIA H20"])
+def test_products_whose_names_contain_a_known_one_are_not_taken_for_it(product: str) -> None:
+    assert product_profiles(product) is None
+    assert product_problem("1g.12gb", product) is None  # unknown: nothing is checked
+
+
+def test_known_products_are_found_by_whole_words() -> None:
+    assert product_profiles("NVIDIA A100-SXM4-80GB") == product_profiles("NVIDIA H100 80GB HBM3")
+    assert "3g.71gb" in (product_profiles("NVIDIA H200 NVL") or ())
+    assert "3g.47gb" in (product_profiles("NVIDIA H100 NVL") or ())
