@@ -135,6 +135,20 @@ class Response:
             return self.data.decode(errors="replace")
 
 
+def _put_request(
+    connection: http.client.HTTPConnection, request: Request, headers: Mapping[str, str]
+) -> None:
+    """The request line and headers, buffered by http.client until `endheaders` writes them with
+    the body: what `HTTPConnection.request` does for a body of bytes, without the write."""
+    connection.putrequest(request.method, request.target)
+    if "Content-Length" not in headers and (
+        request.body is not None or request.method in ("POST", "PUT", "PATCH")
+    ):
+        connection.putheader("Content-Length", str(len(request.body or b"")))
+    for name, value in headers.items():
+        connection.putheader(name, value)
+
+
 class Kube:
     """Sends requests to one apiserver: the one HTTP client of gpuplace. Thread-safe; keeps up to
     `ClientSettings.qps_pool` connections alive."""
@@ -290,7 +304,14 @@ class Kube:
                 if guard is not None and not guard():
                     self._release(connection)
                     raise FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed")
-                connection.request(request.method, request.target, request.body, headers)
+                _put_request(connection, request, headers)
+                if guard is not None and not guard():
+                    # Asked again with the request built: only the one write below follows, so
+                    # a process paused between the answer and the write (its threads waiting
+                    # for the interpreter lock) has the least time left to be paused in.
+                    connection.close()  # a request was started on it
+                    raise FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed")
+                connection.endheaders(request.body)  # headers and body in one sendall
                 response = connection.getresponse()
                 data = response.read()
             except _CLOSED_WHILE_IDLE as exc:

@@ -8,6 +8,7 @@ so each test gets fresh library state.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import itertools
@@ -165,9 +166,13 @@ class ProbeProcess:
         return self.stderr_path.read_text()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
+        running = self.proc.poll() is None
+        if self.proc.stdin is not None:
+            # Closed even when the driver has exited already: left to the garbage collector, the
+            # pipe would warn (ResourceWarning) in whichever test runs then.
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        if running:
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
