@@ -1,14 +1,15 @@
 """`python -m bench.bindscale [--pods N] [--processes 1,2,4] [--latency-ms 3] [--servers S]`:
-Bindings a second, from the leader's threads and from worker processes.
+Bindings a second, from the leader's request loop and from worker processes.
 
-The binder's bind path (controller/binder.py `_bind` with `bind_processes` 0, `_hand_over` and
+The binder's bind path (controller/binder.py `_send` with `bind_processes` 0, `_hand_over` and
 controller/bindprocs.py with 1 or more) against a stub apiserver of fixed latency and ample
 capacity: `--servers` processes that share one port (SO_REUSEPORT), each an asyncio HTTPS server
 that answers every request with 201 after `--latency-ms`, whatever it holds in flight. Every pod
 is signed by the leader as the binder signs it; the decision itself is not part of the figure
 (bench/placement.py measures the whole binder against a real apiserver). Reported: pods bound a
-second with threads (0) and with each number of processes, the ratio of 2 processes to 1 (target
-at least 1.6), and the leader process's CPU per pod (its threads included, not the workers').
+second from the request loop (0) and with each number of processes, the ratio of 2 processes to 1
+(target at least 1.6), and the leader process's CPU per pod (its threads included, not the
+workers').
 
 The stub, the leader and the workers share the machine's cores: on two cores the processes cannot
 run side by side, so the ratio says more on a machine with a core for each of them.
@@ -36,12 +37,13 @@ from pathlib import Path
 from bench import Measurement, above, below, print_tables
 from controller.binder import binding_body
 from controller.bindprocs import BindJob, BindProcesses, KubeConnection, open_client
-from controller.workers import Workers
 from kubeio import pki
-from kubeio.client import ClientSettings
-from kubeio.errors import APIError
+from kubeio.client import ClientSettings, Response
+from kubeio.errors import APIError, error_for
+from kubeio.loop import RequestLoop
 from kubeio.paths import PODS
 from kubeio.pod import Pod
+from kubeio.requests import prepare
 from placement.annotations import BindingDecision, signed_binding
 from placement.binding import Placement
 from placement.devices import GpuId
@@ -199,26 +201,29 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / ticks
 
 
-def _threads(connection: KubeConnection, scale: Scale, signer: RingKey) -> Path_:
-    """`bind_processes` 0: the binder's `_bind` on `bind_workers` threads of this process."""
+def _loop(connection: KubeConnection, scale: Scale, signer: RingKey) -> Path_:
+    """`bind_processes` 0: the binder's `_send`, `bind_workers` Bindings in flight from one
+    request loop of this process (kubeio/loop.py)."""
     kube = open_client(connection, scale.in_flight)
-    workers = Workers(scale.in_flight, "bind")
+    loop = RequestLoop(kube, scale.in_flight, name="bind-loop")
 
-    def bind(pod: Pod, placement: Placement, count: _Count) -> None:
-        path = PODS.item(pod.name, pod.namespace, "binding")
-        try:
-            kube.create(path, binding_body(pod, placement, signer), guard=lambda: True)
-        except APIError as exc:
-            count.one(exc)
-            return
-        count.one(None)
+    def answered(count: _Count) -> Callable[[Response | APIError], None]:
+        def one(answer: Response | APIError) -> None:
+            if isinstance(answer, Response):
+                count.one(None if answer.status < 300 else error_for(answer.status, answer.data))
+            else:
+                count.one(answer)
+
+        return one
 
     def send(pods: list[tuple[Pod, Placement]], count: _Count) -> None:
         for pod, placement in pods:
-            workers.submit(bind, pod, placement, count)
+            body = binding_body(pod, placement, signer)
+            request = prepare("POST", PODS.item(pod.name, pod.namespace, "binding"), body=body)
+            loop.submit(request, answered(count), lambda: True)
 
     def close() -> None:
-        workers.shutdown()
+        loop.close()
         kube.close()
 
     return send, close, []
@@ -246,7 +251,7 @@ def measure(stub: Stub, scale: Scale, processes: int, run: int) -> tuple[float, 
     `scale.pods` Bindings, after a warm-up that opens the connections (and starts the processes)."""
     signer = RingKey(b"k" * 32, "2026-01-01T00:00:00Z")
     send, close, pids = (
-        _threads(stub.connection, scale, signer)
+        _loop(stub.connection, scale, signer)
         if processes == 0
         else _processes(stub.connection, scale, processes, signer)
     )
@@ -308,7 +313,7 @@ def bench(scale: Scale, repeats: int, log: Callable[[str], None]) -> list[Measur
 
 
 def _label(processes: int) -> str:
-    return "bind processes 0 (threads)" if processes == 0 else f"bind processes {processes}"
+    return "bind processes 0 (request loop)" if processes == 0 else f"bind processes {processes}"
 
 
 def _stderr(line: str) -> None:

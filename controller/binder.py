@@ -26,11 +26,13 @@ from controller.slotcache import Holding, SlotCache
 from controller.trustreport import TrustReport
 from controller.workers import Workers
 from kubeio import bodies
-from kubeio.client import Kube, Obj
-from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
+from kubeio.client import Kube, Obj, Response
+from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError, error_for
 from kubeio.events import WARNING, EventRecorder
+from kubeio.loop import RequestLoop
 from kubeio.paths import PODS
 from kubeio.pod import Pod
+from kubeio.requests import prepare
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
 from placement.keyring import RingKey, TrustView
@@ -73,8 +75,12 @@ class Binder:
         dra: DraTracker | None = None,  # `dra` enforcement: claims are allocated before binding
         fence: Callable[[], bool] = lambda: True,
         lease_deadline: Callable[[], float] | None = None,
+        request_loop: bool | None = None,
     ) -> None:
         self.kube = kube
+        #: Bindings from a request loop (kubeio/loop.py) when not from bind processes; None: when
+        #: `kube` is a `Kube` (a client standing in for one is called through `create`).
+        self._use_loop = isinstance(kube, Kube) if request_loop is None else request_loop
         #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
         #: before each Binding, so a leader that was paused past its lease sends none.
         self.fence = fence
@@ -83,6 +89,8 @@ class Binder:
         self.lease_deadline = lease_deadline or (lambda: math.inf if fence() else -math.inf)
         #: `bind_processes` >= 1: the Bindings go out from worker processes (from `start` on).
         self._procs: BindProcesses | None = None
+        #: Otherwise from one thread of this process, `bind_workers` in flight (kubeio/loop.py).
+        self._loop: RequestLoop | None = None
         self.settings = settings
         self.metrics = metrics
         self.events = events
@@ -257,6 +265,8 @@ class Binder:
                 processes,
                 max(1, -(-self.settings.bind_workers // processes)),
             )
+        elif self.settings.bind_processes == 0 and self._use_loop and self._loop is None:
+            self._loop = RequestLoop(self.kube, self.settings.bind_workers, name="bind-loop")
         self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
         self._thread.start()
 
@@ -280,6 +290,9 @@ class Binder:
         procs, self._procs = self._procs, None
         if procs is not None:
             procs.close()
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
 
     def _run(self) -> None:
         last_flush = time.monotonic()
@@ -346,7 +359,33 @@ class Binder:
                 self._finish(uid, requeue=False)
                 raise
             return
+        loop = self._loop
+        if loop is not None and claim is None:
+            try:
+                self._send(loop, uid, pod, outcome)
+            except Exception:
+                self.cache.forget(uid)
+                self._finish(uid, requeue=False)
+                raise
+            return
         self._workers.submit(self._bind, uid, pod, outcome, claim)
+
+    def _send(self, loop: RequestLoop, uid: str, pod: Pod, placement: Placement) -> None:
+        """The Binding from the request loop, which asks the fence right before writing it; its
+        outcome comes back on the loop's thread, to the same paths as `_bind`'s."""
+        body = binding_body(pod, placement, self._signer())
+        request = prepare("POST", PODS.item(pod.name, pod.namespace, "binding"), body=body)
+
+        def done(answer: Response | APIError) -> None:
+            if isinstance(answer, Response) and answer.status < 300:
+                self._bound(uid, placement)
+                return
+            error = (
+                answer if isinstance(answer, APIError) else error_for(answer.status, answer.data)
+            )
+            self._failed(uid, pod, None, error)
+
+        loop.submit(request, done, guard=self.fence)
 
     def _bind(
         self, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan | None = None

@@ -2,7 +2,7 @@
 
 The leader decides and signs (an HMAC of a few hundred bytes costs microseconds, and the key never
 leaves the leader); each worker process builds the Binding's body, encodes it and sends it over
-its own keep-alive TLS connections, on threads of its own. The leader sends each process a
+its own keep-alive TLS connections, from a request loop of its own (kubeio/loop.py). The leader sends each process a
 `BindJob` on that process's queue and reads every answer on one thread (`BindProcesses._collect`),
 which calls the job's `done` with None (bound) or the error the leader's own client would have
 raised, so that the binder's outcome paths are the same as with threads.
@@ -36,9 +36,11 @@ import orjson
 from kubernetes import client as k8s_client
 
 from kubeio import bodies
-from kubeio.client import ClientSettings, Kube
+from kubeio.client import ClientSettings, Kube, Response
 from kubeio.errors import APIError, APITransportError, FencedError, error_for
+from kubeio.loop import RequestLoop
 from kubeio.paths import PODS
+from kubeio.requests import Request, prepare
 
 log = logging.getLogger(__name__)
 
@@ -134,70 +136,98 @@ def error_of(result: BindResult) -> APIError | None:
     return error_for(status, orjson.dumps({"reason": reason, "message": message}))
 
 
-def send(kube: Kube, seq: int, job: BindJob) -> BindResult:
-    """Sends one job's Binding unless its deadline passed, before or as it is written."""
-
+def _guard(job: BindJob) -> Callable[[], bool]:
     def guard() -> bool:
         return time.monotonic() < job.deadline
 
+    return guard
+
+
+def request_of(job: BindJob) -> Request:
+    body = bodies.binding(job.name, job.namespace, job.uid, job.node, job.annotations)
+    return prepare("POST", PODS.item(job.name, job.namespace, "binding"), body=body)
+
+
+def result_of(seq: int, answer: Response | APIError) -> BindResult:
+    """A job's result from what the client answered (an error status, an error raised)."""
+    if isinstance(answer, Response):
+        if answer.status < 300:
+            return (seq, BOUND, "Created", "")
+        answer = error_for(answer.status, answer.data)
+    return (seq, answer.status, answer.reason, answer.message)
+
+
+def send(kube: Kube, seq: int, job: BindJob) -> BindResult:
+    """Sends one job's Binding unless its deadline passed, before or as it is written."""
+    guard = _guard(job)
     if not guard():
         return (seq, 0, FENCED, "lease deadline passed: not sent")
-    body = bodies.binding(job.name, job.namespace, job.uid, job.node, job.annotations)
     try:
-        kube.create(PODS.item(job.name, job.namespace, "binding"), body, guard=guard)
+        return result_of(seq, kube.send(request_of(job), guard=guard))
     except APIError as exc:
-        return (seq, exc.status, exc.reason, exc.message)
-    return (seq, BOUND, "Created", "")
+        return result_of(seq, exc)
 
 
 def _serve(
-    connection: KubeConnection, threads: int, jobs: Queue[_Job], results: Connection
+    connection: KubeConnection, in_flight: int, jobs: Queue[_Job], results: Connection
 ) -> None:
-    """A worker process: `threads` threads send the jobs; one sends their results back in
-    batches (one pipe write for many)."""
+    """A worker process: one thread takes the jobs and sends their Bindings from a request loop
+    (kubeio/loop.py), `in_flight` at most at a time; one sends the results back in batches (one
+    pipe write for many)."""
     parent = multiprocessing.parent_process()
     if parent is not None:
         # Ends with the leader, however it ended (killed included): no orphan keeps binding.
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
-    kube = open_client(connection, threads)
+    kube = open_client(connection, in_flight)
+    loop = RequestLoop(kube, in_flight, name="bind-loop")
     done: queue.SimpleQueue[BindResult | None] = queue.SimpleQueue()
 
-    def work() -> None:
-        # Each thread takes its own jobs: a hand-off through another thread would cost every
-        # job a wait for the interpreter lock among all the busy threads.
+    def take() -> None:
         while (item := _take(jobs)) is not None:
             seq, job = item
+            guard = _guard(job)
+            if not guard():
+                done.put((seq, 0, FENCED, "lease deadline passed: not sent"))
+                continue
             try:
-                done.put(send(kube, seq, job))
+                loop.submit(request_of(job), _answering(done, seq), guard)
             except Exception as exc:  # a job is always answered, or the leader waits on it
                 log.exception("bind job failed")
                 done.put((seq, 0, "Transport", f"bind worker: {exc}"))
-        jobs.put(None)  # for the next thread
+        loop.close()  # what is still in flight is answered, as a transport error
         done.put(None)
 
     def answer() -> None:
-        ended = 0
-        while ended < threads:
+        while True:
             batch: list[BindResult] = []
             item = done.get()
             while True:
                 if item is None:
-                    ended += 1
-                else:
-                    batch.append(item)
+                    if batch:
+                        results.send(batch)
+                    return
+                batch.append(item)
                 if done.empty():
                     break
                 item = done.get()
-            if batch:
-                results.send(batch)
+            results.send(batch)
 
-    workers = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    taker = threading.Thread(target=take, daemon=True)
     sender = threading.Thread(target=answer, daemon=True)
-    for thread in [*workers, sender]:
+    for thread in (taker, sender):
         thread.start()
     sender.join()
     results.close()
     kube.close()
+
+
+def _answering(
+    done: queue.SimpleQueue[BindResult | None], seq: int
+) -> Callable[[Response | APIError], None]:
+    def answered(answer: Response | APIError) -> None:
+        done.put(result_of(seq, answer))
+
+    return answered
 
 
 def _take(jobs: Queue[_Job]) -> tuple[int, BindJob] | None:
@@ -222,13 +252,13 @@ class _Worker:
 
 
 class BindProcesses:
-    """`processes` worker processes with `threads` Binding calls in flight each."""
+    """`processes` worker processes with `in_flight` Binding calls in flight each."""
 
-    def __init__(self, connection: KubeConnection, processes: int, threads: int) -> None:
-        if processes < 1 or threads < 1:
-            raise ValueError("bind processes and threads must be at least 1")
+    def __init__(self, connection: KubeConnection, processes: int, in_flight: int) -> None:
+        if processes < 1 or in_flight < 1:
+            raise ValueError("bind processes and their Bindings in flight must be at least 1")
         self._connection = connection
-        self._threads = threads
+        self._in_flight_each = in_flight
         self._seq = itertools.count()
         self._lock = threading.Lock()
         #: job number -> (worker index, what to call with its outcome)
@@ -252,7 +282,7 @@ class BindProcesses:
         reader, writer = _CONTEXT.Pipe(duplex=False)
         process = _CONTEXT.Process(
             target=_serve,
-            args=(self._connection, self._threads, jobs, writer),
+            args=(self._connection, self._in_flight_each, jobs, writer),
             name="gpuplace-bind",
             daemon=True,  # terminated too when the leader exits normally
         )

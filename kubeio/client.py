@@ -266,6 +266,16 @@ class Kube:
                 return
         connection.close()
 
+    def endpoint(self) -> tuple[str, str, int, ssl.SSLContext | None, str | None]:
+        """(scheme, host, port, TLS context, TLS server name) of the apiserver, for clients that
+        open connections of their own (`kubeio.loop`)."""
+        context = self._ssl if self._scheme == "https" else None
+        return self._scheme, self._address, self._port, context, self._sni
+
+    def headers(self, content_type: str | None) -> dict[str, str]:
+        """The headers every request carries now (the token as refreshed last)."""
+        return self._headers(content_type)
+
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": JSON, "User-Agent": self._settings.user_agent}
         if content_type:

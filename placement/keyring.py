@@ -68,10 +68,11 @@ def key_id(secret: bytes) -> str:
 class RingKey:
     secret: bytes = field(repr=False)
     created: str  # RFC 3339, UTC
+    #: `key_id(secret)`, derived once: every signature made and checked names it.
+    id: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def id(self) -> str:
-        return key_id(self.secret)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", key_id(self.secret))
 
 
 @dataclass(frozen=True, slots=True)

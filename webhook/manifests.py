@@ -108,11 +108,6 @@ def legacy_match_conditions(scheduler_names: Sequence[str]) -> list[dict[str, st
             "name": "legacy-scheduler",
             "expression": f"has(object.spec.schedulerName) && object.spec.schedulerName in [{names}]",
         },
-        {
-            "name": "not-labelled",
-            "expression": "!has(object.metadata.labels) || "
-            f"!({json.dumps(MAP_LABEL)} in object.metadata.labels)",
-        },
     ]
 
 
@@ -135,6 +130,11 @@ def mutating_configuration(
     if legacy_scheduler_names:
         legacy = _common(LEGACY_POD_WEBHOOK, endpoint, MUTATE_PATH, namespace_selector)
         legacy["rules"] = [_rule(["CREATE"], "pods")]
+        # A map's pod is the other entry's: the objectSelector, matched on labels before any
+        # condition, spares the apiserver converting each such pod for CEL (as the chart does).
+        legacy["objectSelector"] = {
+            "matchExpressions": [{"key": MAP_LABEL, "operator": "DoesNotExist"}]
+        }
         legacy["matchConditions"] = legacy_match_conditions(legacy_scheduler_names)
         legacy["reinvocationPolicy"] = "IfNeeded"
         webhooks.append(legacy)

@@ -120,7 +120,7 @@ def test_a_job_past_its_deadline_is_never_sent(server: Counting) -> None:
 
 
 def test_worker_processes_bind_live_jobs_and_fence_lapsed_ones(server: Counting) -> None:
-    pool = BindProcesses(_connection(server), processes=2, threads=2)
+    pool = BindProcesses(_connection(server), processes=2, in_flight=2)
     outcomes = Outcomes()
     try:
         pool.submit(_job("late-0", time.monotonic() - 1.0), outcomes.done)
@@ -137,7 +137,7 @@ def test_worker_processes_bind_live_jobs_and_fence_lapsed_ones(server: Counting)
 
 def test_a_worker_that_dies_fails_its_jobs_back_and_is_replaced(server: Counting) -> None:
     server.hold.clear()  # the Binding reaches the server and waits for its answer
-    pool = BindProcesses(_connection(server), processes=1, threads=1)
+    pool = BindProcesses(_connection(server), processes=1, in_flight=1)
     outcomes = Outcomes()
     try:
         pool.submit(_job("web-0", math.inf), outcomes.done)

@@ -1,0 +1,443 @@
+"""Many requests in flight from one thread: non-blocking keep-alive connections and a selector.
+
+`Kube.send` holds a thread for each request in flight. A binder with a hundred Bindings in flight
+then runs a hundred threads, and in one Python process most of what each request costs is those
+threads taking the interpreter lock in turn (a futex wait and a context switch each time), not the
+request. `RequestLoop` sends them all from one thread: each request is written whole on an idle
+connection (a new one is opened, TCP and TLS without blocking, while fewer than `connections` are
+open), and its answer is read when its socket is readable. The status line, Content-Length and
+chunked bodies are all it parses: what the apiserver's answers need.
+
+Contract: `submit` from any thread; `done` runs on the loop's thread, once per request, and must
+be quick (it is the loop); `close` once, by the owner: the requests not answered yet fail with a
+transport error. A request's `guard` is asked on the loop's thread immediately before its one
+write; when it says no, nothing is sent and `done` gets a `FencedError`. A kept-alive connection
+that the server closed before answering a request's first byte is replaced and the request sent
+once more (the guard asked again), as `Kube.send` does.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kubeio.client import Kube, Response
+from kubeio.errors import APIError, APITransportError, FencedError
+from kubeio.requests import Request
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[Response | APIError], None]
+#: The most a response may carry: a Binding's answer is a Status of a few hundred bytes.
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+_READ_SIZE = 64 * 1024
+#: How often the loop looks for requests past their timeout.
+_TICK_SECONDS = 0.5
+
+
+@dataclass(slots=True)
+class _Job:
+    request: Request
+    done: Done
+    guard: Callable[[], bool] | None
+    retried: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Connection:
+    sock: socket.socket
+    state: str = "connecting"  # connecting | handshaking | idle | writing | reading
+    job: _Job | None = None
+    out: bytes = b""
+    inbox: bytearray = field(default_factory=bytearray)
+    deadline: float = 0.0
+    answered_before: bool = False  # a request was answered on it (a kept-alive connection)
+
+
+class _Parsed:
+    """One complete HTTP response at the start of a buffer (or None while it is incomplete)."""
+
+    __slots__ = ("body", "close", "status")
+
+    def __init__(self, status: int, body: bytes, close: bool) -> None:
+        self.status, self.body, self.close = status, body, close
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def parse_response(buf: bytearray) -> tuple[_Parsed, int] | None:
+    """The first response in `buf` and how many bytes it took; None while incomplete."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buf) > 64 * 1024:
+            raise ProtocolError("response headers larger than 64 KiB")
+        return None
+    head = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    parts = head[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise ProtocolError(f"not an HTTP/1.x status line: {head[0][:80]!r}")
+    status = int(parts[1])
+    length, chunked, close = _framing(head[1:], close=parts[0] == "HTTP/1.0")
+    start = end + 4
+    if chunked:
+        return _chunked(buf, start, status, close)
+    if length is None:
+        if status in (204, 304) or 100 <= status < 200:
+            length = 0
+        else:
+            raise ProtocolError("a response without Content-Length or chunked encoding")
+    if length > MAX_RESPONSE_BYTES:
+        raise ProtocolError(f"a response of {length} bytes")
+    if len(buf) < start + length:
+        return None
+    return _Parsed(status, bytes(buf[start : start + length]), close), start + length
+
+
+def _framing(lines: list[str], close: bool) -> tuple[int | None, bool, bool]:
+    """(Content-Length, chunked, Connection: close) from the header lines."""
+    length: int | None = None
+    chunked = False
+    for line in lines:
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name == "content-length":
+            length = int(value.strip())
+        elif name == "transfer-encoding":
+            chunked = "chunked" in value.lower()
+        elif name == "connection":
+            close = "close" in value.lower()
+    return length, chunked, close
+
+
+def _chunked(buf: bytearray, at: int, status: int, close: bool) -> tuple[_Parsed, int] | None:
+    body = bytearray()
+    while True:
+        line_end = buf.find(b"\r\n", at)
+        if line_end < 0:
+            return None
+        size = int(bytes(buf[at:line_end]).split(b";", 1)[0].strip() or b"0", 16)
+        at = line_end + 2
+        if size == 0:
+            trailer_end = buf.find(b"\r\n\r\n", at - 2)
+            if trailer_end < 0:
+                return None
+            return _Parsed(status, bytes(body), close), trailer_end + 4
+        if len(buf) < at + size + 2:
+            return None
+        body += buf[at : at + size]
+        if len(body) > MAX_RESPONSE_BYTES:
+            raise ProtocolError(f"a response of more than {MAX_RESPONSE_BYTES} bytes")
+        at += size + 2
+
+
+class RequestLoop:
+    """Sends `Kube` requests from one thread over up to `connections` keep-alive connections."""
+
+    def __init__(self, kube: Kube, connections: int, name: str = "requests") -> None:
+        if connections < 1:
+            raise ValueError("a request loop needs at least one connection")
+        self._kube = kube
+        self._limit = connections
+        self._endpoint = kube.endpoint()
+        self._timeout = kube.settings.timeout_seconds
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- any thread ----------------------------------------------------------------------------
+    def submit(self, request: Request, done: Done, guard: Callable[[], bool] | None = None) -> None:
+        job = _Job(request, done, guard)
+        with self._lock:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._queue.append(job)
+        if closed:
+            done(APITransportError(0, "Transport", f"{request.describe()}: the loop is closed"))
+            return
+        self._wake()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._wake()
+        self._thread.join(10)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not answered yet (queued or sent)."""
+        with self._lock:
+            queued = len(self._queue)
+        return queued + sum(1 for c in list(self._open) if c.job is not None)
+
+    def _wake(self) -> None:
+        # BlockingIOError: a wake is already pending; OSError: the loop has ended.
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"x")
+
+    # -- the loop's thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        next_tick = time.monotonic() + _TICK_SECONDS
+        try:
+            while True:
+                with self._lock:
+                    closed = self._closed
+                if closed:
+                    break
+                self._start_queued()
+                timeout = max(0.0, next_tick - time.monotonic())
+                for key, mask in self._selector.select(timeout):
+                    conn = key.data
+                    if conn is None:
+                        self._drain_wake()
+                        continue
+                    self._step(conn, mask)
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._expire(now)
+                    next_tick = now + _TICK_SECONDS
+        except Exception:
+            log.exception("the request loop failed")
+        finally:
+            self._shutdown()
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _start_queued(self) -> None:
+        while True:
+            conn = self._idle.pop() if self._idle else None
+            if conn is None and len(self._open) >= self._limit:
+                return
+            with self._lock:
+                job = self._queue.popleft() if self._queue else None
+            if job is None:
+                if conn is not None:
+                    self._idle.append(conn)
+                return
+            if conn is None:
+                self._connect(job)
+            else:
+                self._send(conn, job)
+
+    def _connect(self, job: _Job) -> None:
+        _scheme, host, port, _context, _sni = self._endpoint
+        try:
+            sock = socket.socket(
+                socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
+            )
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            code = sock.connect_ex((host, port))
+        except OSError as exc:
+            self._fail(job, f"cannot connect: {exc}")
+            return
+        if code not in (0, errno.EINPROGRESS):
+            sock.close()
+            self._fail(job, f"cannot connect: {errno.errorcode.get(code, code)}")
+            return
+        conn = _Connection(sock, job=job, deadline=time.monotonic() + self._timeout)
+        self._open.add(conn)
+        self._selector.register(sock, selectors.EVENT_WRITE, conn)
+
+    def _step(self, conn: _Connection, mask: int) -> None:
+        try:
+            if conn.state == "connecting":
+                self._connected(conn)
+            elif conn.state == "handshaking":
+                self._handshake(conn)
+            elif conn.state == "writing":
+                self._write(conn)
+            elif conn.state == "reading":
+                self._read(conn)
+            elif conn.state == "idle":
+                self._discard(conn)  # readable while idle: the server closed it
+        except (OSError, ProtocolError, ValueError) as exc:
+            self._broken(conn, exc)
+
+    def _connected(self, conn: _Connection) -> None:
+        code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            raise ConnectionError(f"cannot connect: {errno.errorcode.get(code, code)}")
+        scheme, _host, _port, context, sni = self._endpoint
+        if scheme != "https" or context is None:
+            self._ready(conn)
+            return
+        self._selector.unregister(conn.sock)
+        conn.sock = context.wrap_socket(
+            conn.sock,
+            server_hostname=sni or self._endpoint[1],
+            do_handshake_on_connect=False,
+        )
+        conn.state = "handshaking"
+        self._selector.register(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        self._handshake(conn)
+
+    def _handshake(self, conn: _Connection) -> None:
+        assert isinstance(conn.sock, ssl.SSLSocket)
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+            return
+        except ssl.SSLWantWriteError:
+            self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+            return
+        self._ready(conn)
+
+    def _ready(self, conn: _Connection) -> None:
+        """Connected (and TLS set up): its first request goes out."""
+        job, conn.job = conn.job, None
+        conn.state = "idle"
+        self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+        if job is not None:
+            self._send(conn, job)
+        else:
+            self._idle.append(conn)
+
+    def _send(self, conn: _Connection, job: _Job) -> None:
+        request = job.request
+        if job.guard is not None and not job.guard():
+            self._idle.append(conn)
+            job.done(FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed"))
+            return
+        conn.job = job
+        conn.inbox.clear()
+        conn.deadline = time.monotonic() + self._timeout
+        conn.out = self._encode(request)
+        conn.state = "writing"
+        try:
+            self._write(conn)
+        except (OSError, ValueError) as exc:
+            self._broken(conn, exc)
+
+    def _encode(self, request: Request) -> bytes:
+        headers = self._kube.headers(request.content_type)
+        headers.update(request.headers)
+        lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {self._endpoint[1]}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        body = request.body or b""
+        if body or request.method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+    def _write(self, conn: _Connection) -> None:
+        while conn.out:
+            try:
+                sent = conn.sock.send(conn.out)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+                return
+            conn.out = conn.out[sent:]
+        conn.state = "reading"
+        self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+        self._read(conn)
+
+    def _read(self, conn: _Connection) -> None:
+        ended = False  # the server closed the connection (after its answer, or before it)
+        while True:
+            try:
+                data = conn.sock.recv(_READ_SIZE)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                break
+            except ssl.SSLWantWriteError:
+                return
+            if not data:
+                ended = True
+                break
+            conn.inbox += data
+        parsed = parse_response(conn.inbox)
+        if parsed is None:
+            if ended:
+                raise ConnectionResetError("closed by the server")
+            return
+        response, _used = parsed
+        job, conn.job = conn.job, None
+        conn.answered_before = True
+        if response.close or ended:
+            self._discard(conn)
+        else:
+            conn.state = "idle"
+            self._idle.append(conn)
+        if job is not None:
+            job.done(Response(response.status, response.body))
+
+    def _broken(self, conn: _Connection, exc: BaseException) -> None:
+        """The connection failed: its request is sent again on a new one when nothing of the
+        answer came and the connection had served before (closed while idle), else it fails."""
+        job, conn.job = conn.job, None
+        retry = (
+            job is not None
+            and not job.retried
+            and conn.answered_before
+            and not conn.inbox
+            and isinstance(exc, (ConnectionResetError, BrokenPipeError))
+        )
+        self._discard(conn)
+        if job is None:
+            return
+        if retry:
+            job.retried = True
+            with self._lock:
+                self._queue.appendleft(job)
+            return
+        self._fail(job, str(exc) or type(exc).__name__)
+
+    def _discard(self, conn: _Connection) -> None:
+        self._open.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn.sock)
+        conn.sock.close()
+
+    def _fail(self, job: _Job, message: str) -> None:
+        job.done(APITransportError(0, "Transport", f"{job.request.describe()}: {message}"))
+
+    def _expire(self, now: float) -> None:
+        for conn in [c for c in self._open if c.job is not None and c.deadline <= now]:
+            job, conn.job = conn.job, None
+            self._discard(conn)
+            if job is not None:
+                self._fail(job, f"no answer within {self._timeout:.0f} s")
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            queued = list(self._queue)
+            self._queue.clear()
+        for conn in list(self._open):
+            job, conn.job = conn.job, None
+            self._discard(conn)
+            if job is not None:
+                queued.append(job)
+        for job in queued:
+            self._fail(job, "the loop is closed")
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
