@@ -21,10 +21,11 @@ Each repeat runs, one contender at a time:
    as above. A FlowSchema puts its requests in API Priority and Fairness' exempt level, where the
    admin user of gpuplace and of the ceiling client already is. gpuplace's controller is stopped
    meanwhile and kube-scheduler runs only here.
-4. The ceiling: pods with a schedulerName nobody serves, then a minimal client (`bench._ceiling`:
-   P processes x T threads, one keep-alive connection each, the pods split between the processes)
-   that only POSTs their Bindings, carrying the same annotations as gpuplace's, with the same pod
-   watch running and the rate read from it as in the drains. The best shape is found once, before
+4. The ceiling: gpuplace's own pods, admitted by its webhook while its controller is stopped,
+   then a minimal client (`bench._ceiling`: P processes x T threads, one keep-alive connection
+   each, the pods split between the processes) that only POSTs their Bindings, carrying the same
+   annotations as gpuplace's (a signature included, by a key nobody verifies): the same objects
+   and the same writes as gpuplace's drain, with the same pod watch running and the rate read from it as in the drains. The best shape is found once, before
    the repeats: one process at 32, 64, 128 and 256 threads, then 2, 4, ... processes (up to the
    machine's CPUs, at most 8) around the best so far while more processes help, so that the
    ceiling is the apiserver's rather than one Python process's where the machine has the cores.
@@ -100,21 +101,19 @@ from kubeio.errors import APIError
 from kubeio.paths import CONFIGMAPS, FLOW_SCHEMAS, LEASES, MUTATING_WEBHOOKS, PODS
 from kubeio.times import now_micro
 from placement.annotations import (
-    CUDA_ANNOTATION,
-    DEVICES_ANNOTATION,
     ENV_CUDA_VISIBLE_DEVICES,
-    GENERATION_ANNOTATION,
-    INDEX_ANNOTATION,
     INDEX_LABEL,
     MAP_LABEL,
-    NODE_ANNOTATION,
     PLACEMENT_KEY,
     PLACEMENT_MAP_LABEL,
     STATUS_ANNOTATION,
+    BindingDecision,
+    signed_binding,
 )
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
+from placement.keyring import RingKey
 from placement.model import MODEL_NAMESPACE
-from placement.types import GpuUuid, NodeName
+from placement.types import GpuUuid, MapKey, NodeName
 from webhook.manifests import POD_WEBHOOK
 
 R = TypeVar("R")
@@ -315,23 +314,27 @@ def pinned_pod(scale: Scale, pod: int, run: int) -> Obj:
     return _pod(pod_name(scale, pod, run), {}, {"affinity": affinity}, gpu)
 
 
-def unserved_pod(scale: Scale, pod: int, run: int) -> Obj:
-    return _pod(pod_name(scale, pod, run), {}, {"schedulerName": UNSERVED_SCHEDULER})
+#: The key the reference clients (the ceiling, the DRA minimal client) sign their Bindings with:
+#: annotations of the size and shape of gpuplace's, which no controller verifies.
+REFERENCE_KEY = RingKey(b"bench-reference-binding-key-0000", "2026-01-01T00:00:00Z")
 
 
-def binding(scale: Scale, pod: int, run: int) -> Obj:
-    """What gpuplace's binder POSTs for this pod: target node plus the placement annotations."""
-    _, index = scale.map_index(pod)
+def binding(scale: Scale, pod: int, run: int, uid: str = "", cuda: str | None = None) -> Obj:
+    """What gpuplace's binder POSTs for this pod: the target node and its annotations, the
+    signature included (`cuda`: CUDA_VISIBLE_DEVICES when not the host index, as in dra)."""
+    map_name, index = scale.map_index(pod)
     node = scale.node(pod)
-    device = scale.device(pod)
-    annotations = {
-        NODE_ANNOTATION: node,
-        INDEX_ANNOTATION: str(index),
-        DEVICES_ANNOTATION: gpu_uuid(pod % scale.nodes, device),
-        CUDA_ANNOTATION: str(device),
-        GENERATION_ANNOTATION: "1",
-    }
-    return bodies.binding(pod_name(scale, pod, run), NAMESPACE, "", node, annotations)
+    uuid = gpu_uuid(pod % scale.nodes, scale.device(pod))
+    decision = BindingDecision(
+        MapKey(NAMESPACE, map_name),
+        index,
+        NodeName(node),
+        (GpuUuid(uuid),),
+        str(scale.device(pod)) if cuda is None else cuda,
+        1,
+    )
+    annotations = signed_binding(REFERENCE_KEY.secret, REFERENCE_KEY.id, uid, NAMESPACE, decision)
+    return bodies.binding(pod_name(scale, pod, run), NAMESPACE, uid, node, annotations)
 
 
 # --------------------------------------------------------------------------- one run's figures
@@ -959,10 +962,12 @@ class PlacementBench:
             self.cluster.stop_scheduler()
 
     def ceiling(self, shape: Shape) -> RunResult:
-        """Only Bindings, from the minimal client in `shape`, for pods created beforehand."""
+        """Only Bindings, from the minimal client in `shape`, for pods created beforehand: the
+        same pods as gpuplace's (admitted by its webhook while its controller is stopped), bound
+        with the same annotations, so that both bind the same objects."""
         self.stop_controller()
         self.cluster.stop_scheduler()
-        run, pods = self._pods(unserved_pod)
+        run, pods = self._pods(gpuplace_pod)
         create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
         bindings = [binding(self.scale, pod, run) for pod in self.scale.creation_order()]
         usage: list[Usage] = []

@@ -32,7 +32,7 @@ from kubeio.events import WARNING, EventRecorder
 from kubeio.loop import RequestLoop
 from kubeio.paths import PODS
 from kubeio.pod import Pod
-from kubeio.requests import prepare
+from kubeio.requests import Request, prepare
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, Status, plan
 from placement.keyring import RingKey, TrustView
@@ -350,29 +350,74 @@ class Binder:
         self.cache.assume(uid, pod.key, outcome)
         with self._lock:
             self._in_flight.add(uid)
-        procs = self._procs
-        if procs is not None and claim is None:
-            try:
-                self._hand_over(procs, uid, pod, outcome, None)
-            except Exception:
-                self.cache.forget(uid)
-                self._finish(uid, requeue=False)
-                raise
-            return
-        loop = self._loop
-        if loop is not None and claim is None:
-            try:
-                self._send(loop, uid, pod, outcome)
-            except Exception:
-                self.cache.forget(uid)
-                self._finish(uid, requeue=False)
-                raise
-            return
-        self._workers.submit(self._bind, uid, pod, outcome, claim)
+        try:
+            self._dispatch(uid, pod, outcome, claim)
+        except Exception:
+            self.cache.forget(uid)
+            self._finish(uid, requeue=False)
+            raise
 
-    def _send(self, loop: RequestLoop, uid: str, pod: Pod, placement: Placement) -> None:
+    def _dispatch(self, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan | None) -> None:
+        """Sends an assumed decision's writes: from the bind processes (a Binding alone), from
+        the request loop (a Binding, or a claim's one-write Reserve and then the Binding), else
+        on the bind workers (`_bind`: a Reserve that needs more than one write)."""
+        procs, loop = self._procs, self._loop
+        if procs is not None and claim is None:
+            self._hand_over(procs, uid, pod, placement, None)
+            return
+        if loop is not None and claim is None:
+            self._send(loop, uid, pod, placement)
+            return
+        reserve = None
+        if loop is not None and claim is not None and self.claims is not None:
+            reserve = self.claims.reserve_request(claim, pod)
+        if loop is not None and claim is not None and reserve is not None:
+            self._reserve_and_send(loop, uid, pod, placement, claim, reserve)
+            return
+        self._workers.submit(self._bind, uid, pod, placement, claim)
+
+    def _reserve_and_send(
+        self,
+        loop: RequestLoop,
+        uid: str,
+        pod: Pod,
+        placement: Placement,
+        claim: ClaimPlan,
+        reserve: Request,
+    ) -> None:
+        """dra: the claim's status (Reserve, as one write) and then the Binding, both from the
+        request loop; what a refused Reserve or Binding leads to is `_bind`'s."""
+
+        def reserved(answer: Response | APIError) -> None:
+            if isinstance(answer, Response) and answer.status < 300:
+                self._send(loop, uid, pod, placement, claim)
+                return
+            error = (
+                answer if isinstance(answer, APIError) else error_for(answer.status, answer.data)
+            )
+            if isinstance(error, FencedError):
+                self._failed(uid, pod, None, error)
+                return
+            # The claim changed since the decision (regenerated, deallocated): decide again
+            # from what the claims informer shows next.
+            self.metrics.binds.labels("claim-refused").inc()
+            log.info("claim not allocated: %s", error, extra={"pod": pod.key})
+            self.cache.forget(uid)
+            self._finish(uid, requeue=True)
+
+        loop.submit(reserve, reserved, guard=self.fence)
+
+    def _send(
+        self,
+        loop: RequestLoop,
+        uid: str,
+        pod: Pod,
+        placement: Placement,
+        claim: ClaimPlan | None = None,
+    ) -> None:
         """The Binding from the request loop, which asks the fence right before writing it; its
-        outcome comes back on the loop's thread, to the same paths as `_bind`'s."""
+        outcome comes back on the loop's thread, to the same paths as `_bind`'s. A failure that
+        may unreserve a claim (a write) is handled on the bind workers, not on the loop."""
         body = binding_body(pod, placement, self._signer())
         request = prepare("POST", PODS.item(pod.name, pod.namespace, "binding"), body=body)
 
@@ -383,7 +428,10 @@ class Binder:
             error = (
                 answer if isinstance(answer, APIError) else error_for(answer.status, answer.data)
             )
-            self._failed(uid, pod, None, error)
+            if claim is None:
+                self._failed(uid, pod, None, error)
+            else:
+                self._workers.submit(self._failed, uid, pod, claim, error)
 
         loop.submit(request, done, guard=self.fence)
 

@@ -26,6 +26,7 @@ from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.informer import DELETED
 from kubeio.paths import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource
 from kubeio.pod import Pod
+from kubeio.requests import Request, prepare
 from placement.binding import Code, Placement, SlotView, Status
 from placement.dra import (
     CLAIM_MAP_LABEL,
@@ -385,6 +386,19 @@ class ClaimWriter:
             self._path(plan.claim, "status"),
             {"metadata": {"resourceVersion": version}, "status": status},
         )
+
+    def reserve_request(self, plan: ClaimPlan, pod: Pod) -> Request | None:
+        """`reserve` as the one request it normally is (the claim unallocated and protected by its
+        finalizer already): the status write, with the resourceVersion it was planned from; None
+        when `reserve` has more to do (or nothing: `plan.done`), which the caller leaves to it."""
+        claim = plan.claim
+        if plan.done or claim.allocated or DELETE_PROTECTION not in claim.finalizers:
+            return None
+        status = allocation_status(
+            plan.devices, plan.node, pod.name, pod.uid, self.settings.driver, plan.tolerations
+        )
+        body = {"metadata": {"resourceVersion": claim.resource_version}, "status": status}
+        return prepare("PATCH", self._path(claim, "status"), body=body)
 
     def unreserve(self, plan: ClaimPlan) -> None:
         """Undoes `reserve` after a failed Binding; idempotent, a claim already gone is fine."""

@@ -11,7 +11,7 @@ def test_a_small_drain_reports_each_path_and_the_ratio() -> None:
     lines: list[str] = []
     scale = bindscale.Scale(pods=200, processes=(1, 2), latency_ms=1.0, servers=1, in_flight=8)
     figures = {m.metric: m for m in bindscale.bench(scale, 1, lines.append)}
-    for label in ("bind processes 0 (threads)", "bind processes 1", "bind processes 2"):
+    for label in ("bind processes 0 (request loop)", "bind processes 1", "bind processes 2"):
         assert figures[label].value > 0 and figures[label].unit == "pods/s"
     ratio = figures["bind processes 2 / 1"]
     assert ratio.target == ">= 1.6 x" and ratio.ok is not None

@@ -15,6 +15,8 @@ from bench.placement import (
     BINDING_CPU,
     CEILING_CONCURRENCY,
     CLIENT,
+    NAMESPACE,
+    REFERENCE_KEY,
     TARGET_VS_CEILING,
     Results,
     RunResult,
@@ -24,10 +26,14 @@ from bench.placement import (
     _throughput,
     binding,
     ceiling_rows,
+    gpu_uuid,
     vs,
 )
 from kubeio.client import Response
 from kubeio.requests import Request
+from placement.annotations import decode_binding, signed_binding, verify_binding
+from placement.keyring import RingKey
+from placement.types import MapKey
 
 SCALE = Scale(nodes=20, pods=100)
 
@@ -271,3 +277,19 @@ def test_vs_checks_a_target_only_when_given() -> None:
         "a / b: a",
         "a / b: b",
     ]
+
+
+def test_the_ceilings_binding_is_the_one_gpuplace_sends_for_that_slot() -> None:
+    # The same annotations (decision and signature) as the binder's Binding: both bind the same
+    # objects with the same bytes.
+    annotations = binding(SCALE, 3, 1, uid="u-3")["metadata"]["annotations"]
+    decision = decode_binding(NAMESPACE, annotations)
+    assert decision is not None
+    assert decision.map == MapKey(NAMESPACE, SCALE.map_index(3)[0])
+    assert decision.node == SCALE.node(3)
+    assert decision.devices == (gpu_uuid(3 % SCALE.nodes, SCALE.device(3)),)
+    assert verify_binding(REFERENCE_KEY.secret, "u-3", NAMESPACE, annotations)
+    signer = RingKey(b"another key, as the controller's", "2026-01-01T00:00:00Z")
+    assert set(annotations) == set(
+        signed_binding(signer.secret, signer.id, "u-3", NAMESPACE, decision)
+    )
