@@ -1,5 +1,6 @@
-"""`gpuplace webhook`: the admission webhook over HTTPS (cheroot), with its model cache and TLS,
-served from this process or, with `--processes N`, from N processes sharing the port."""
+"""`gpuplace webhook`: the admission webhook over HTTPS (one event-loop thread, or cheroot's
+threads with `--server-engine cheroot`), with its model cache and TLS, served from this process
+or, with `--processes N`, from N processes sharing the port."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
 
+from flask import Flask
+
 from gpuplace.commands._env import (
     EnvFlags,
     add_enforcement_flags,
@@ -30,6 +33,7 @@ from kubeio.errors import APIError
 from placement.dra import Enforcement
 from webhook.app import create_app
 from webhook.certs import KeyPair
+from webhook.loopserver import LoopServer
 from webhook.manifests import Endpoint, mutating_configuration, validating_configuration
 from webhook.modelcache import ModelCache
 from webhook.processes import (
@@ -48,6 +52,7 @@ from webhook.settings import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SERVICE_NAME,
+    SERVER_ENGINES,
     AdmissionSettings,
     RegistrationSettings,
     ServerSettings,
@@ -94,6 +99,14 @@ def _add_server_flags(flags: EnvFlags) -> None:
     flags.string("--host", "GPUPLACE_WEBHOOK_HOST", "0.0.0.0")  # noqa: S104
     flags.integer("--port", "GPUPLACE_WEBHOOK_PORT", 8443)
     flags.integer("--threads", "GPUPLACE_WEBHOOK_THREADS", 16)
+    flags.string(
+        "--server-engine",
+        "GPUPLACE_WEBHOOK_SERVER_ENGINE",
+        "loop",
+        choices=SERVER_ENGINES,
+        help="cheroot: a thread per request in flight (--threads); loop: one thread serves "
+        "every connection, map validation runs on a small pool (default %(default)s)",
+    )
     flags.integer(
         "--processes",
         "GPUPLACE_WEBHOOK_PROCESSES",
@@ -178,6 +191,7 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
             host=args.host,
             port=args.port,
             threads=args.threads,
+            engine=_engine(args.server_engine),
             processes=args.processes,
             max_body_bytes=args.max_body_bytes,
             shutdown_delay_seconds=args.shutdown_delay_seconds,
@@ -203,6 +217,22 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
         log_level=args.log_level,
         log_json=args.log_json,
     )
+
+
+def _engine(value: str) -> str:
+    """argparse checks the flag's choices, not a default taken from the environment."""
+    if value not in SERVER_ENGINES:
+        raise SystemExit(
+            f"gpuplace webhook: GPUPLACE_WEBHOOK_SERVER_ENGINE={value!r} is not a server engine; "
+            f"use one of {', '.join(SERVER_ENGINES)}"
+        )
+    return value
+
+
+def _server(app: Flask, tls: ServingTLS, settings: ServerSettings) -> WebhookServer | LoopServer:
+    if settings.engine == "loop":
+        return LoopServer(app, tls, settings).start()
+    return WebhookServer(app, tls, settings).start()
 
 
 def _bootstrap_pair(boot: TLSBootstrap, stop: threading.Event) -> KeyPair | None:
@@ -312,7 +342,7 @@ def _serve(
     if serving is None:
         return 0
     try:
-        server = WebhookServer(app, serving.tls, settings.server).start()
+        server = _server(app, serving.tls, settings.server)
     except OSError as exc:
         log.error("cannot start: %s", exc)
         serving.tls.close()
