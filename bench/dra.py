@@ -308,6 +308,16 @@ class DraBench(PlacementBench):
     def _count(self, path: str) -> int:
         return len(call(self.cluster, "GET", path)["items"])
 
+    def _create_generating_claims(self, pods: Sequence[Obj]) -> None:
+        """Creates the map's pods and waits for kube-controller-manager to generate each claim."""
+        create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+        self.cluster.wait_for(
+            "kube-controller-manager to generate every pod's claim",
+            lambda: self._claims_made() >= len(pods),
+            RUN_TIMEOUT,
+            interval=0.5,
+        )
+
     def _generated_claims(self) -> tuple[dict[str, str], dict[str, str]]:
         """Each pod's generated claim's name and each pod's uid, by pod name."""
         claims: dict[str, str] = {}
@@ -463,13 +473,7 @@ class DraBench(PlacementBench):
         before = self._finalizers_written()
         self._cordon(True)
         try:
-            create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
-            self.cluster.wait_for(
-                "kube-controller-manager to generate every pod's claim",
-                lambda: self._claims_made() >= len(pods),
-                RUN_TIMEOUT,
-                interval=0.5,
-            )
+            self._create_generating_claims(pods)
             if before:
                 self.cluster.wait_for(
                     "the controller to write every claim's finalizer as it appeared",
@@ -594,13 +598,7 @@ class DraBench(PlacementBench):
         self.stop_controller()
         self.cluster.stop_scheduler()
         run, pods = self._pods(gpuplace_pod)
-        create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
-        self.cluster.wait_for(
-            "kube-controller-manager to generate every pod's claim",
-            lambda: self._claims_made() >= len(pods),
-            RUN_TIMEOUT,
-            interval=0.5,
-        )
+        self._create_generating_claims(pods)
         claim_of, uids = self._generated_claims()
         self._quiesce()
         order = self.scale.creation_order()

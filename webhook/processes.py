@@ -9,7 +9,9 @@ and `prometheus_client` chooses its multiprocess value class at import, from the
 parent set before the start. The parent:
 - reserves the port (binding port 0 chooses it) with a bound, never listening socket, so a worker
   restarted later binds the same port;
-- restarts a worker that exits while the parent runs;
+- restarts a worker that exits while the parent runs, and gives up (`WorkerStartError`) on one
+  that exits `MAX_FAILED_STARTS` times in a row before it ever served: a setting or certificate
+  it cannot serve with fails the same way each time, and a crash-looping container shows it;
 - on stop sends SIGTERM to every worker (each drains and finishes its in-flight requests), waits,
   and kills what is still running after the deadline;
 - marks a stopped worker dead for the metrics, so its `live*` gauges leave the totals while its
@@ -44,6 +46,8 @@ METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: A worker that exits is restarted no sooner than this after its last start (no busy loop
 #: when every start fails, e.g. on a bad setting).
 RESTART_BACKOFF_SECONDS = 1.0
+#: Starts in a row that end before the worker serves, after which the parent gives up.
+MAX_FAILED_STARTS = 5
 #: How long `stop` waits after SIGKILL for a process to be reaped.
 KILL_WAIT_SECONDS = 5.0
 
@@ -80,11 +84,17 @@ def watch_parent(stop: threading.Event) -> None:
     threading.Thread(target=run, name="parent-watch", daemon=True).start()
 
 
+class WorkerStartError(RuntimeError):
+    """A worker exited `MAX_FAILED_STARTS` times in a row before it served."""
+
+
 @dataclass
 class _Slot:
     process: SpawnProcess
     ready: Event
     started: float = field(default_factory=time.monotonic)
+    #: Starts in a row, this one's predecessors, that ended before the worker served.
+    failed_starts: int = 0
 
 
 class ServerProcesses:
@@ -102,14 +112,14 @@ class ServerProcesses:
         self._slots = [self._spawn(index) for index in range(self._count)]
         return self
 
-    def _spawn(self, index: int) -> _Slot:
+    def _spawn(self, index: int, failed_starts: int = 0) -> _Slot:
         ready = self._context.Event()
         process = self._context.Process(
             target=self._target, args=(index, ready), name=f"webhook-{index}", daemon=False
         )
         process.start()
         log.info("started webhook process %d (pid %s)", index, process.pid)
-        return _Slot(process, ready)
+        return _Slot(process, ready, failed_starts=failed_starts)
 
     @property
     def pids(self) -> list[int]:
@@ -131,14 +141,21 @@ class ServerProcesses:
                 continue
             slot.process.join()
             self._forget(slot)
+            code = slot.process.exitcode
+            failed = 0 if slot.ready.is_set() else slot.failed_starts + 1
+            if failed >= MAX_FAILED_STARTS:
+                raise WorkerStartError(
+                    f"webhook process {index} exited {failed} times in a row before it served "
+                    f"(last exit code {code}); its log says why"
+                )
             log.warning(
                 "webhook process %d (pid %s) exited with %s: restarting",
                 index,
                 slot.process.pid,
-                slot.process.exitcode,
+                code,
             )
             time.sleep(max(0.0, slot.started + RESTART_BACKOFF_SECONDS - time.monotonic()))
-            self._slots[index] = self._spawn(index)
+            self._slots[index] = self._spawn(index, failed)
 
     def _forget(self, slot: _Slot) -> None:
         if slot.process.pid is not None:

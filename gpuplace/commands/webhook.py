@@ -39,6 +39,7 @@ from webhook.modelcache import ModelCache
 from webhook.processes import (
     METRICS_DIR_ENV,
     ServerProcesses,
+    WorkerStartError,
     reserve_port,
     watch_parent,
     write_pair_files,
@@ -269,6 +270,19 @@ class _Serving:
     watcher: MountedFilesWatcher | None = None
 
 
+def _serving_or_exit(
+    kube: Kube, settings: WebhookSettings, stop: threading.Event, served: Callable[[KeyPair], None]
+) -> _Serving | int:
+    """`_start_tls`, or the command's exit code: 2 when the certificate cannot be served, 0
+    when stopped before the first pair."""
+    try:
+        serving = _start_tls(kube, settings, stop, served)
+    except (CertificateError, OSError) as exc:
+        log.error("cannot serve TLS: %s", exc)
+        return 2
+    return 0 if serving is None else serving
+
+
 def _start_tls(
     kube: Kube, settings: WebhookSettings, stop: threading.Event, served: Callable[[KeyPair], None]
 ) -> _Serving | None:
@@ -334,13 +348,9 @@ def _serve(
     def served(pair: KeyPair) -> None:
         metrics.certificate_expiry.set(pair.not_after.timestamp())
 
-    try:
-        serving = _start_tls(kube, settings, stop, served)
-    except (CertificateError, OSError) as exc:
-        log.error("cannot serve TLS: %s", exc)
-        return 2
-    if serving is None:
-        return 0
+    serving = _serving_or_exit(kube, settings, stop, served)
+    if isinstance(serving, int):
+        return serving
     try:
         server = _server(app, serving.tls, settings.server)
     except OSError as exc:
@@ -402,13 +412,9 @@ def _parent(
         if not settings.tls.mounted:  # bootstrapped: the workers read what the parent issued
             write_pair_files(files, pair.cert_pem, pair.key_pem)
 
-    try:
-        serving = _start_tls(kube, settings, stop, served)
-    except (CertificateError, OSError) as exc:
-        log.error("cannot serve TLS: %s", exc)
-        return 2
-    if serving is None:
-        return 0
+    serving = _serving_or_exit(kube, settings, stop, served)
+    if isinstance(serving, int):
+        return serving
     tls = settings.tls
     cert, key = files / "tls.crt", files / "tls.key"
     if tls.cert_file and tls.key_file:  # workers watch the mounted files themselves
@@ -432,6 +438,9 @@ def _parent(
                 workers.supervise(0.5)
     except APIError as exc:
         log.error("cannot register: %s", exc)
+        code = 1
+    except WorkerStartError as exc:
+        log.error("%s", exc)
         code = 1
     finally:
         server = settings.server

@@ -102,16 +102,6 @@ def serve(close_after_each: bool) -> Iterator[tuple[Server, Kube]]:
         server.server_close()
 
 
-@pytest.fixture
-def keeps() -> Iterator[tuple[Server, Kube]]:
-    yield from serve(close_after_each=False)
-
-
-@pytest.fixture
-def closes() -> Iterator[tuple[Server, Kube]]:
-    yield from serve(close_after_each=True)
-
-
 def test_requests_one_after_another_share_one_connection(keeps: tuple[Server, Kube]) -> None:
     server, kube = keeps
     for _ in range(5):

@@ -4,6 +4,7 @@ and its response parser on the shapes the apiserver answers with."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import ssl
@@ -21,7 +22,7 @@ from kubeio.client import ClientSettings, Kube, Response
 from kubeio.errors import APIError, APITransportError, FencedError
 from kubeio.loop import ProtocolError, RequestLoop, parse_response
 from kubeio.requests import prepare
-from tests.unit.test_kubeio_client import Server, serve
+from tests.unit.test_kubeio_client import Server
 
 # -- the parser ------------------------------------------------------------------------------
 
@@ -74,16 +75,6 @@ def test_what_is_not_an_answer_it_can_read_is_a_protocol_error(raw: bytes) -> No
 
 
 # -- the loop ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def keeps() -> Iterator[tuple[Server, Kube]]:
-    yield from serve(close_after_each=False)
-
-
-@pytest.fixture
-def closes() -> Iterator[tuple[Server, Kube]]:
-    yield from serve(close_after_each=True)
 
 
 def run_all(loop: RequestLoop, paths: list[str], guard: object = None) -> list[Response | APIError]:
@@ -184,8 +175,12 @@ def test_an_unanswered_request_fails_after_the_timeout_and_close_fails_what_is_q
     assert isinstance(after.get(timeout=5), APITransportError)
 
 
-def test_over_tls_with_a_verified_server_certificate(tmp_path: Path) -> None:
-    ca = pki.self_signed_ca("test-ca", timedelta(days=1))
+@contextlib.contextmanager
+def tls_loop(
+    tmp_path: Path, trusted: bool, connections: int
+) -> Iterator[tuple[Server, RequestLoop]]:
+    """A local HTTPS server and a loop whose client trusts its certificate's CA (or another)."""
+    ca = pki.self_signed_ca("server-ca", timedelta(days=1))
     leaf = pki.issue(
         ca,
         "localhost",
@@ -194,7 +189,8 @@ def test_over_tls_with_a_verified_server_certificate(tmp_path: Path) -> None:
         ip_addresses=["127.0.0.1"],
     )
     leaf.write(tmp_path / "tls.crt", tmp_path / "tls.key")
-    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    known = ca if trusted else pki.self_signed_ca("another-ca", timedelta(days=1))
+    (tmp_path / "ca.crt").write_bytes(known.cert_pem)
     server = Server(close_after_each=False)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
@@ -203,43 +199,24 @@ def test_over_tls_with_a_verified_server_certificate(tmp_path: Path) -> None:
     configuration = k8s_client.Configuration()
     configuration.host = f"https://127.0.0.1:{server.server_address[1]}"
     configuration.ssl_ca_cert = str(tmp_path / "ca.crt")
-    loop = RequestLoop(Kube(configuration, ClientSettings()), connections=3)
+    loop = RequestLoop(Kube(configuration, ClientSettings()), connections=connections)
     try:
-        answers = run_all(loop, [f"/api/v1/t{i}" for i in range(20)])
+        yield server, loop
     finally:
         loop.close()
         server.shutdown()
         server.server_close()
+
+
+def test_over_tls_with_a_verified_server_certificate(tmp_path: Path) -> None:
+    with tls_loop(tmp_path, trusted=True, connections=3) as (server, loop):
+        answers = run_all(loop, [f"/api/v1/t{i}" for i in range(20)])
     assert all(isinstance(a, Response) and a.status == 200 for a in answers)
     assert len(server.requests) == 20
 
 
 def test_a_server_whose_certificate_is_not_trusted_is_a_transport_error(tmp_path: Path) -> None:
-    ca = pki.self_signed_ca("other-ca", timedelta(days=1))
-    leaf = pki.issue(
-        ca,
-        "localhost",
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
-        validity=timedelta(days=1),
-        ip_addresses=["127.0.0.1"],
-    )
-    leaf.write(tmp_path / "tls.crt", tmp_path / "tls.key")
-    trusted = pki.self_signed_ca("trusted-ca", timedelta(days=1))
-    (tmp_path / "ca.crt").write_bytes(trusted.cert_pem)
-    server = Server(close_after_each=False)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    configuration = k8s_client.Configuration()
-    configuration.host = f"https://127.0.0.1:{server.server_address[1]}"
-    configuration.ssl_ca_cert = str(tmp_path / "ca.crt")
-    loop = RequestLoop(Kube(configuration, ClientSettings()), connections=1)
-    try:
+    with tls_loop(tmp_path, trusted=False, connections=1) as (server, loop):
         answers = run_all(loop, ["/api/v1/t"])
-    finally:
-        loop.close()
-        server.shutdown()
-        server.server_close()
     assert isinstance(answers[0], APITransportError)
     assert server.requests == []
