@@ -333,7 +333,14 @@ def _children(pid: int) -> list[int]:
 
 
 def peak_rss_mib(pid: int) -> float:
-    return status_kib(Path(f"/proc/{pid}/status").read_text(), "VmHWM") / 1024
+    """The process's peak resident memory plus its live descendants' (a controller's bind
+    processes, a webhook's server processes), each process's own peak: an upper bound of what
+    they held together at any one time."""
+    total = status_kib(Path(f"/proc/{pid}/status").read_text(), "VmHWM") / 1024
+    for child in _children(pid):
+        with contextlib.suppress(OSError, ValueError):  # it ended meanwhile
+            total += peak_rss_mib(child)
+    return total
 
 
 def run_queue_wait(pid: int) -> float:

@@ -10,7 +10,7 @@ Each repeat runs, one contender at a time:
    and gpuplace.io/index) through the webhook, as a controller would. Rate: pods / (first create
    sent -> last pod seen bound); latency: create sent -> the watch sees spec.nodeName, per pod
    (client clocks: creationTimestamp has whole seconds only). The controller's CPU seconds over
-   that window and its peak RSS (VmHWM); the admission latency of the webhook as the apiserver
+   that window and its peak RSS (VmHWM, its bind processes' added); the admission latency of the webhook as the apiserver
    measured it (apiserver_admission_webhook_admission_duration_seconds, bucket deltas) and as the
    webhook measured it (gpuplace_webhook_admission_duration_seconds).
 2. gpuplace, backlog drain: the controller is stopped, the 5,000 pods are created, the controller

@@ -11,12 +11,19 @@ def test_a_small_drain_reports_each_path_and_the_ratio() -> None:
     lines: list[str] = []
     scale = bindscale.Scale(pods=200, processes=(1, 2), latency_ms=1.0, servers=1, in_flight=8)
     figures = {m.metric: m for m in bindscale.bench(scale, 1, lines.append)}
-    for label in ("bind processes 0 (request loop)", "bind processes 1", "bind processes 2"):
+    labels = (
+        "bind processes 0, threads (the former path)",
+        "bind processes 0 (request loop)",
+        "bind processes 1",
+        "bind processes 2",
+    )
+    for label in labels:
         assert figures[label].value > 0 and figures[label].unit == "pods/s"
-    ratio = figures["bind processes 2 / 1"]
+    ratio = figures["one process: request loop / threads"]
     assert ratio.target == ">= 1.6 x" and ratio.ok is not None
+    assert figures["bind processes 2 / 1"].ok is None  # reported, no target
     assert figures["worker processes' CPU per pod, bind processes 2"].detail
-    assert len(lines) == 3
+    assert len(lines) == 4
 
 
 def test_a_bad_process_list_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
