@@ -271,7 +271,12 @@ class Binder:
         self._thread.start()
 
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """The deciding thread runs, and so does the request loop when Bindings go out from it
+        (a loop that failed would fail every Binding: the health check restarts the process)."""
+        loop = self._loop
+        return (
+            self._thread is not None and self._thread.is_alive() and (loop is None or loop.alive())
+        )
 
     def _signer(self) -> RingKey:
         trust = self.trust

@@ -432,7 +432,7 @@ class Controller:
                 f"leader election made no attempt for {now - self.elector.last_attempt:.0f}s"
             )
         if self._leading.is_set() and not self.binder.alive():
-            problems.append("binder thread is not running")
+            problems.append("binder thread or its request loop is not running")
         return problems
 
     def _starting_to_lead(self) -> bool:

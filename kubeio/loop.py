@@ -184,12 +184,9 @@ class RequestLoop:
         self._wake()
         self._thread.join(10)
 
-    @property
-    def in_flight(self) -> int:
-        """Requests submitted and not answered yet (queued or sent)."""
-        with self._lock:
-            queued = len(self._queue)
-        return queued + sum(1 for c in list(self._open) if c.job is not None)
+    def alive(self) -> bool:
+        """Whether the loop's thread runs (it ends on `close`, or on a failure of its own)."""
+        return self._thread.is_alive()
 
     def _wake(self) -> None:
         # BlockingIOError: a wake is already pending; OSError: the loop has ended.

@@ -97,8 +97,10 @@ def test_every_request_is_answered_over_at_most_the_connections_it_may_open(
     try:
         paths = [f"/api/v1/namespaces/a/pods/p{i}/binding" for i in range(60)]
         answers = run_all(loop, paths)
+        assert loop.alive()
     finally:
         loop.close()
+    assert not loop.alive()  # the binder's health check reads this
     assert all(
         isinstance(a, Response) and a.status == 200 and a.json() == {"ok": True} for a in answers
     )
