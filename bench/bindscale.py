@@ -43,8 +43,8 @@ from controller.bindprocs import BindJob, BindProcesses, KubeConnection, open_cl
 from controller.workers import Workers
 from kubeio import pki
 from kubeio.client import ClientSettings, Response
-from kubeio.errors import APIError, error_for
-from kubeio.loop import RequestLoop
+from kubeio.errors import APIError
+from kubeio.loop import RequestLoop, answer_error
 from kubeio.paths import PODS
 from kubeio.pod import Pod
 from kubeio.requests import prepare
@@ -243,10 +243,7 @@ def _loop(connection: KubeConnection, scale: Scale, signer: RingKey) -> Path_:
 
     def answered(count: _Count) -> Callable[[Response | APIError], None]:
         def one(answer: Response | APIError) -> None:
-            if isinstance(answer, Response):
-                count.one(None if answer.status < 300 else error_for(answer.status, answer.data))
-            else:
-                count.one(answer)
+            count.one(answer_error(answer))
 
         return one
 

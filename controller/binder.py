@@ -27,9 +27,9 @@ from controller.trustreport import TrustReport
 from controller.workers import Workers
 from kubeio import bodies
 from kubeio.client import Kube, Obj, Response
-from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError, error_for
+from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import WARNING, EventRecorder
-from kubeio.loop import RequestLoop
+from kubeio.loop import RequestLoop, answer_error
 from kubeio.paths import PODS
 from kubeio.pod import Pod
 from kubeio.requests import Request, prepare
@@ -75,12 +75,11 @@ class Binder:
         dra: DraTracker | None = None,  # `dra` enforcement: claims are allocated before binding
         fence: Callable[[], bool] = lambda: True,
         lease_deadline: Callable[[], float] | None = None,
-        request_loop: bool | None = None,
     ) -> None:
         self.kube = kube
-        #: Bindings from a request loop (kubeio/loop.py) when not from bind processes; None: when
-        #: `kube` is a `Kube` (a client standing in for one is called through `create`).
-        self._use_loop = isinstance(kube, Kube) if request_loop is None else request_loop
+        #: Bindings from a request loop (kubeio/loop.py) when not from bind processes, given a
+        #: `Kube` (a client standing in for one, in tests, is called through `create`).
+        self._use_loop = isinstance(kube, Kube)
         #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
         #: before each Binding, so a leader that was paused past its lease sends none.
         self.fence = fence
@@ -394,12 +393,10 @@ class Binder:
         request loop; what a refused Reserve or Binding leads to is `_bind`'s."""
 
         def reserved(answer: Response | APIError) -> None:
-            if isinstance(answer, Response) and answer.status < 300:
+            error = answer_error(answer)
+            if error is None:
                 self._send(loop, uid, pod, placement, claim)
                 return
-            error = (
-                answer if isinstance(answer, APIError) else error_for(answer.status, answer.data)
-            )
             if isinstance(error, FencedError):
                 self._failed(uid, pod, None, error)
                 return
@@ -427,12 +424,10 @@ class Binder:
         request = prepare("POST", PODS.item(pod.name, pod.namespace, "binding"), body=body)
 
         def done(answer: Response | APIError) -> None:
-            if isinstance(answer, Response) and answer.status < 300:
+            error = answer_error(answer)
+            if error is None:
                 self._bound(uid, placement)
                 return
-            error = (
-                answer if isinstance(answer, APIError) else error_for(answer.status, answer.data)
-            )
             if claim is None:
                 self._failed(uid, pod, None, error)
             else:

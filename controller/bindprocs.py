@@ -38,7 +38,7 @@ from kubernetes import client as k8s_client
 from kubeio import bodies
 from kubeio.client import ClientSettings, Kube, Response
 from kubeio.errors import APIError, APITransportError, FencedError, error_for
-from kubeio.loop import RequestLoop
+from kubeio.loop import RequestLoop, answer_error
 from kubeio.paths import PODS
 from kubeio.requests import Request, prepare
 
@@ -150,11 +150,10 @@ def request_of(job: BindJob) -> Request:
 
 def result_of(seq: int, answer: Response | APIError) -> BindResult:
     """A job's result from what the client answered (an error status, an error raised)."""
-    if isinstance(answer, Response):
-        if answer.status < 300:
-            return (seq, BOUND, "Created", "")
-        answer = error_for(answer.status, answer.data)
-    return (seq, answer.status, answer.reason, answer.message)
+    error = answer_error(answer)
+    if error is None:
+        return (seq, BOUND, "Created", "")
+    return (seq, error.status, error.reason, error.message)
 
 
 def send(kube: Kube, seq: int, job: BindJob) -> BindResult:

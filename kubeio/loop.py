@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeio.client import Kube, Response
-from kubeio.errors import APIError, APITransportError, FencedError
+from kubeio.errors import APIError, APITransportError, FencedError, error_for
 from kubeio.requests import Request
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,14 @@ class _Parsed:
 
     def __init__(self, status: int, body: bytes, close: bool) -> None:
         self.status, self.body, self.close = status, body, close
+
+
+def answer_error(answer: Response | APIError) -> APIError | None:
+    """What a request's answer means to its caller: None when it succeeded, else the error
+    `Kube.request` would have raised for it."""
+    if isinstance(answer, APIError):
+        return answer
+    return None if answer.status < 300 else error_for(answer.status, answer.data)
 
 
 class ProtocolError(Exception):

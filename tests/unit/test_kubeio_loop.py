@@ -20,7 +20,7 @@ from kubernetes import client as k8s_client
 from kubeio import pki
 from kubeio.client import ClientSettings, Kube, Response
 from kubeio.errors import APIError, APITransportError, FencedError
-from kubeio.loop import ProtocolError, RequestLoop, parse_response
+from kubeio.loop import ProtocolError, RequestLoop, answer_error, parse_response
 from kubeio.requests import prepare
 from tests.unit.test_kubeio_client import Server
 
@@ -222,3 +222,12 @@ def test_a_server_whose_certificate_is_not_trusted_is_a_transport_error(tmp_path
         answers = run_all(loop, ["/api/v1/t"])
     assert isinstance(answers[0], APITransportError)
     assert server.requests == []
+
+
+def test_an_answer_is_an_error_only_when_it_failed() -> None:
+    refused = Response(409, b'{"kind":"Status","reason":"AlreadyExists","message":"bound"}')
+    transport = APITransportError(0, "Transport", "reset")
+    assert answer_error(Response(201, b"{}")) is None
+    error = answer_error(refused)
+    assert error is not None and (error.status, error.reason) == (409, "AlreadyExists")
+    assert answer_error(transport) is transport
