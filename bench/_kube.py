@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -313,13 +313,16 @@ class PodWatch:
 # --------------------------------------------------------------------------- processes
 
 
-def process_cpu(pid: int) -> float:
+def process_cpu(pid: int, apart: Collection[int] = ()) -> float:
     """CPU seconds (user + system) the process and its live descendants (a controller's bind
-    processes) have used so far."""
+    processes) have used so far; a descendant in `apart` (counted under a name of its own, as
+    the components this benchmark starts are) is left out, with its own descendants."""
     total = cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), _TICKS)
     for child in _children(pid):
+        if child in apart:
+            continue
         with contextlib.suppress(OSError, ValueError):  # it ended meanwhile
-            total += process_cpu(child)
+            total += process_cpu(child, apart)
     return total
 
 
@@ -373,13 +376,19 @@ class CpuMeter:
         self._before: dict[str, float] = {}
         self._machine = 0.0
 
+    def _read(self) -> dict[str, float]:
+        """Each named process's CPU, none counted twice: the others are not its descendants."""
+        named = set(self._pids.values())
+        return {name: process_cpu(pid, named - {pid}) for name, pid in self._pids.items()}
+
     def start(self) -> CpuMeter:
-        self._before = {name: process_cpu(pid) for name, pid in self._pids.items()}
+        self._before = self._read()
         self._machine = machine_busy()
         return self
 
     def stop(self) -> dict[str, float]:
-        used = {name: process_cpu(pid) - self._before[name] for name, pid in self._pids.items()}
+        now = self._read()
+        used = {name: now[name] - self._before[name] for name in self._pids}
         machine = machine_busy() - self._machine
         return used | {MACHINE: machine, OTHERS: machine - sum(used.values())}
 

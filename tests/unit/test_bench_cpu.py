@@ -1,0 +1,58 @@
+"""The benchmark's CPU accounting: a component this benchmark starts is its child, and its CPU
+is counted under its own name, not again under the benchmark's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from bench._kube import CpuMeter, process_cpu
+
+#: Burns a CPU for this many seconds, then waits to be killed.
+BURN = 0.4
+_BUSY = (
+    "import time\n"
+    f"end = time.process_time() + {BURN}\n"
+    "while time.process_time() < end: pass\n"
+    "print('done', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def burner() -> Iterator[subprocess.Popen[str]]:
+    child = subprocess.Popen([sys.executable, "-c", _BUSY], stdout=subprocess.PIPE, text=True)
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def test_a_child_counts_in_its_parent_unless_it_is_counted_apart(
+    burner: subprocess.Popen[str],
+) -> None:
+    assert burner.stdout is not None
+    assert burner.stdout.readline().strip() == "done"
+    me = os.getpid()
+    with_child = process_cpu(me)
+    without = process_cpu(me, apart={burner.pid})
+    assert with_child - without >= BURN * 0.9
+    assert process_cpu(burner.pid) >= BURN * 0.9
+
+
+def test_the_meter_counts_each_named_process_once(burner: subprocess.Popen[str]) -> None:
+    meter = CpuMeter({"bench": os.getpid(), "component": burner.pid}).start()
+    assert burner.stdout is not None
+    assert burner.stdout.readline().strip() == "done"
+    time.sleep(0.05)
+    used = meter.stop()
+    assert used["component"] >= BURN * 0.5
+    assert used["bench"] < used["component"]
