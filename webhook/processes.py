@@ -50,6 +50,8 @@ RESTART_BACKOFF_SECONDS = 1.0
 MAX_FAILED_STARTS = 5
 #: How long `stop` waits after SIGKILL for a process to be reaped.
 KILL_WAIT_SECONDS = 5.0
+#: How long an exiting worker (its sentinel readable) is given to be reaped.
+EXIT_WAIT_SECONDS = 5.0
 
 #: A worker's entry point: (its number, the event it sets once it serves and has its model).
 Target = Callable[[int, Event], None]
@@ -135,8 +137,12 @@ class ServerProcesses:
 
     def supervise(self, timeout: float) -> None:
         """Waits up to `timeout` for a worker to exit and restarts the ones that did."""
-        wait([slot.process.sentinel for slot in self._slots], timeout)
+        ready = set(wait([slot.process.sentinel for slot in self._slots], timeout))
         for index, slot in enumerate(self._slots):
+            if slot.process.sentinel in ready:
+                # Readable once the worker has closed its end, as it exits; the kernel reaps
+                # it a moment later, and is_alive() is true until then (long on a busy machine).
+                slot.process.join(EXIT_WAIT_SECONDS)
             if slot.process.is_alive():
                 continue
             slot.process.join()
