@@ -12,7 +12,13 @@ Each repeat runs, one contender at a time:
    (client clocks: creationTimestamp has whole seconds only). The controller's CPU seconds over
    that window and its peak RSS (VmHWM, its bind processes' added); the admission latency of the webhook as the apiserver
    measured it (apiserver_admission_webhook_admission_duration_seconds, bucket deltas) and as the
-   webhook measured it (gpuplace_webhook_admission_duration_seconds).
+   webhook measured it (gpuplace_webhook_admission_duration_seconds). The same burst then runs
+   twice more: with the pod webhook's configuration deleted ("without it"), and with its entry
+   pointed at the reference webhook (`bench/refwebhook`, Go's net/http over TLS, HTTP/1.1,
+   answering every review with gpuplace's own patch for these pods, asked of gpuplace's webhook
+   first): the apiserver does the same work as through gpuplace's, the server next to none, so
+   "through the reference / without it" is the floor a webhook leaves on this machine and
+   "gpuplace's / the reference" is the share that is gpuplace's server's.
 2. gpuplace, backlog drain: the controller is stopped, the 5,000 pods are created, the controller
    starts. Rate: (pods - 1) / (first bound -> last bound), which leaves out process start-up and
    the creates, so it compares with the ceiling (4), which also only binds.
@@ -38,20 +44,22 @@ machine), API requests per pod by verb and resource, and the idle background (kw
 heartbeats and leases).
 
 `python -m bench.placement --nodes 100 --pods 500 --repeats 1` runs a small version;
-`--only creates` runs only the webhook's part (the burst with and without the webhook, the steady
-50 creates/s) and the rows it feeds;
+`--only creates` runs only the webhook's part (the burst through the webhook, without it and
+through the reference webhook, the steady 50 creates/s) and the rows it feeds;
 `--profile DIR` samples the controller with py-spy (`python -m bench._stacks DIR/*.txt` sums it up).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -80,6 +88,7 @@ from bench._kube import (
     run_queue_wait,
 )
 from bench._proc import BenchError
+from bench._refwebhook import ReferenceWebhook
 from bench._stats import (
     Buckets,
     bucket_delta,
@@ -99,6 +108,7 @@ from kubeio import bodies
 from kubeio.client import Kube
 from kubeio.errors import APIError
 from kubeio.paths import CONFIGMAPS, FLOW_SCHEMAS, LEASES, MUTATING_WEBHOOKS, PODS
+from kubeio.requests import prepare
 from kubeio.times import now_micro
 from placement.annotations import (
     ENV_CUDA_VISIBLE_DEVICES,
@@ -163,6 +173,8 @@ TARGET_STEADY_RATE = 50
 
 #: The webhook's process in a run's CPU figures (with its server processes, if several).
 WEBHOOK = "gpuplace webhook"
+#: The reference webhook's CPU over its burst (seconds), in the burst's extra.
+REFERENCE_CPU = "reference webhook CPU"
 #: How many server processes the webhook runs (`gpuplace webhook --processes`).
 PROCESSES_ENV = "GPUPLACE_WEBHOOK_PROCESSES"
 
@@ -822,6 +834,86 @@ class PlacementBench:
             )
         return result
 
+    def gpuplace_patch(self) -> list[Obj]:
+        """The JSON patch gpuplace's webhook answers a map's pod with, asked directly as the
+        apiserver asks it (the probe pod's AdmissionReview)."""
+        self._webhook_metrics()  # connects
+        assert self._webhook_kube is not None
+        probe = gpuplace_pod(self.scale, 0, 0)
+        probe["metadata"] |= {"name": PROBE, "namespace": NAMESPACE}
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "00000000-0000-4000-8000-000000000001",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "namespace": NAMESPACE,
+                "name": PROBE,
+                "userInfo": {"username": "bench"},
+                "object": probe,
+            },
+        }
+        response = self._webhook_kube.send(prepare("POST", "/mutate", body=review))
+        if response.status != 200:
+            raise BenchError(f"gpuplace's webhook answered HTTP {response.status}")
+        answer = json.loads(response.data)["response"]
+        if not answer.get("allowed") or not answer.get("patch"):
+            raise BenchError(f"gpuplace's webhook did not patch the probe pod: {answer}")
+        patch: list[Obj] = json.loads(base64.b64decode(answer["patch"]))
+        return patch
+
+    def reference_burst(self) -> RunResult:
+        """The same burst with the pod webhook's entry pointed at the reference webhook (Go, one
+        fixed answer: gpuplace's patch for these pods): the apiserver does the same work as
+        with gpuplace's webhook, the server next to none. Its CPU is in the result's extra."""
+        assert self.components is not None
+        pair = self.cluster.ca.issue_server("gpuplace-bench-refwebhook")
+        cert, key = self.workdir / "refwebhook.crt", self.workdir / "refwebhook.key"
+        pair.write(cert, key)
+        with ReferenceWebhook(
+            self.workdir, self.gpuplace_patch(), cert, key, self.cluster.ca_file
+        ) as reference:
+            original = self._point_pod_webhook(reference.url)
+            try:
+                self.cluster.wait_for(
+                    "the apiserver to call the reference webhook",
+                    lambda: self._pod_webhook_called() and reference.reviews() > 0,
+                    60,
+                )
+                cpu = process_cpu(reference.pid)
+                result = self._burst(gpuplace_pod)
+                cpu = process_cpu(reference.pid) - cpu
+            finally:
+                self._point_pod_webhook(original)
+            before = histogram_count(self._webhook_buckets())
+            self.cluster.wait_for(
+                "the apiserver to call gpuplace's webhook again",
+                lambda: (
+                    self._pod_webhook_called() and histogram_count(self._webhook_buckets()) > before
+                ),
+                60,
+            )
+        return replace(result, extra=result.extra | {REFERENCE_CPU: cpu})
+
+    def _point_pod_webhook(self, server: str) -> str:
+        """Points the pod webhook's entry at `server` (scheme, host and port; the path stays);
+        returns where it pointed before."""
+        for configuration in call(self.cluster, "GET", MUTATING_WEBHOOKS.collection())["items"]:
+            for webhook in configuration.get("webhooks") or []:
+                if webhook.get("name") != POD_WEBHOOK:
+                    continue
+                before = urllib.parse.urlsplit(webhook["clientConfig"]["url"])
+                after = urllib.parse.urlsplit(server)
+                webhook["clientConfig"]["url"] = before._replace(
+                    scheme=after.scheme, netloc=after.netloc
+                ).geturl()
+                name = configuration["metadata"]["name"]
+                call(self.cluster, "PUT", MUTATING_WEBHOOKS.item(name), configuration)
+                return f"{before.scheme}://{before.netloc}"
+        raise BenchError(f"no mutating webhook configuration has the entry {POD_WEBHOOK}")
+
     def _pod_webhook_called(self) -> bool:
         """Whether a map's pod gets the webhook's wiring now (a server-side dry run)."""
         probe = gpuplace_pod(self.scale, 0, 0)
@@ -1028,6 +1120,8 @@ class Results:
     gpuplace_burst: list[RunResult] = field(default_factory=list)
     #: The same burst with the pod webhook unregistered (creates/s without it).
     gpuplace_burst_unhooked: list[RunResult] = field(default_factory=list)
+    #: The same burst through the reference webhook (Go, a fixed answer: gpuplace's patch).
+    reference_burst: list[RunResult] = field(default_factory=list)
     gpuplace_drain: list[RunResult] = field(default_factory=list)
     scheduler_burst: list[RunResult] = field(default_factory=list)
     scheduler_drain: list[RunResult] = field(default_factory=list)
@@ -1059,13 +1153,49 @@ def _p(runs: Sequence[RunResult], which: str) -> list[float]:
 
 
 def creates_rows(
-    label: str, through: Sequence[RunResult], without: Sequence[RunResult]
+    label: str,
+    through: Sequence[RunResult],
+    without: Sequence[RunResult],
+    reference: Sequence[RunResult] = (),
 ) -> list[Measurement]:
     """A burst's creates/s through the webhook and the same burst's without it, per repeat, and
     the webhook's CPU per create: on a machine whose cores the apiserver and the webhook share,
-    the ratio moves with that CPU."""
+    the ratio moves with that CPU. With `reference`, the same burst through the reference
+    webhook (the same patch from a server that costs next to nothing): the floor a webhook's
+    round trip leaves in the apiserver on this machine, and how far gpuplace's is from it."""
     hooked = [x.extra["creates_per_s"] for x in through]
     unhooked = [x.extra["creates_per_s"] for x in without]
+    floor = [x.extra["creates_per_s"] for x in reference]
+    rows = (
+        [
+            below(
+                label, "burst creates/s through the reference webhook (Go, same patch)", floor, "/s"
+            ),
+            below(
+                label,
+                "creates/s through the reference webhook / without it",
+                [a / b for a, b in zip(floor, unhooked, strict=True)],
+                "x",
+            ),
+            below(
+                label,
+                "creates/s through gpuplace's webhook / through the reference webhook",
+                [a / b for a, b in zip(hooked, floor, strict=True)],
+                "x",
+            ),
+            below(
+                label,
+                "burst: reference webhook CPU per create",
+                [
+                    1000 * x.extra[REFERENCE_CPU] / x.pods if x.pods else float("nan")
+                    for x in reference
+                ],
+                "ms",
+            ),
+        ]
+        if reference
+        else []
+    )
     return [
         below(label, "burst creates/s through the webhook", hooked, "/s"),
         below(label, "burst creates/s without it (webhook unregistered)", unhooked, "/s"),
@@ -1077,6 +1207,7 @@ def creates_rows(
             TARGET_CREATES_RATIO,
         ),
         below(label, "burst: webhook CPU per create", per_pod_ms(through, WEBHOOK), "ms"),
+        *rows,
     ]
 
 
@@ -1109,7 +1240,7 @@ def _throughput(label: str, r: Results) -> list[Measurement]:
         below(label, "gpuplace burst: create -> bound p50", _p(gp_b, "p50"), "s"),
         below(label, "gpuplace burst: create -> bound p99", _p(gp_b, "p99"), "s", TARGET_P99_S),
         below(label, "gpuplace burst: controller CPU", _cpu(gp_b, controller), "s"),
-        *creates_rows(label, gp_b, r.gpuplace_burst_unhooked),
+        *creates_rows(label, gp_b, r.gpuplace_burst_unhooked, r.reference_burst),
         below(label, "gpuplace controller peak RSS (all runs)", [r.controller_peak_mib], "MiB"),
         below(label, "gpuplace drain: pods/s (binds only)", rates(gp_d), "pods/s"),
         below(label, "gpuplace drain: controller CPU", _cpu(gp_d, controller), "s"),
@@ -1370,17 +1501,7 @@ def contend(
     )
     for repeat in range(1, repeats + 1):
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
-        burst, admission = b.gpuplace_burst()
-        results.admission.append(admission)
-        log(f"  gpuplace burst: {burst.line()}")
-        results.gpuplace_burst.append(burst)
-        unhooked = b.gpuplace_burst_unhooked()
-        results.gpuplace_burst_unhooked.append(unhooked)
-        log(
-            f"  the same burst, pod webhook unregistered: "
-            f"{unhooked.extra['creates_per_s']:,.0f} creates/s "
-            f"(through it: {burst.extra['creates_per_s']:,.0f})"
-        )
+        creates_bursts(b, results, log)
         results.admission_sequential.append(b.admission_one_at_a_time())
         for rate in STEADY_RATES:
             steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
@@ -1477,22 +1598,31 @@ def run(repeats: int, small: bool = False) -> list[Measurement]:
     return measurements(scale, bench(scale, repeats, _stderr))
 
 
+def creates_bursts(b: PlacementBench, results: Results, log: Callable[[str], None]) -> None:
+    """One repeat's bursts: through gpuplace's webhook, without it, through the reference."""
+    burst, admission = b.gpuplace_burst()
+    results.gpuplace_burst.append(burst)
+    results.admission.append(admission)
+    log(f"  gpuplace burst: {burst.line()}")
+    unhooked = b.gpuplace_burst_unhooked()
+    results.gpuplace_burst_unhooked.append(unhooked)
+    reference = b.reference_burst()
+    results.reference_burst.append(reference)
+    log(
+        f"  creates/s: {burst.extra['creates_per_s']:,.0f} through gpuplace's pod webhook, "
+        f"{unhooked.extra['creates_per_s']:,.0f} without it, "
+        f"{reference.extra['creates_per_s']:,.0f} through the reference webhook"
+    )
+
+
 def contend_creates(b: PlacementBench, repeats: int, log: Callable[[str], None]) -> Results:
     """Only the webhook's part: per repeat, the burst through the webhook, the same burst without
-    it, and the steady rate its p99 is held to."""
+    it and through the reference webhook, and the steady rate its p99 is held to."""
     results = Results()
     log(f"the webhook serves from {webhook_processes()} process(es) ({PROCESSES_ENV})")
     for repeat in range(1, repeats + 1):
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
-        burst, admission = b.gpuplace_burst()
-        results.gpuplace_burst.append(burst)
-        results.admission.append(admission)
-        unhooked = b.gpuplace_burst_unhooked()
-        results.gpuplace_burst_unhooked.append(unhooked)
-        log(
-            f"  {unhooked.extra['creates_per_s']:,.0f} creates/s without the pod webhook, "
-            f"{burst.extra['creates_per_s']:,.0f} through it"
-        )
+        creates_bursts(b, results, log)
         rate = TARGET_STEADY_RATE
         steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
         results.admission_steady.setdefault(rate, []).append(steady)
@@ -1503,7 +1633,7 @@ def creates_measurements(scale: Scale, r: Results) -> list[Measurement]:
     label = f"{NAME} {scale.label}"
     rate = TARGET_STEADY_RATE
     return [
-        *creates_rows(label, r.gpuplace_burst, r.gpuplace_burst_unhooked),
+        *creates_rows(label, r.gpuplace_burst, r.gpuplace_burst_unhooked, r.reference_burst),
         *_traced(
             label, f"at {rate} creates/s", r.admission_steady[rate], TARGET_WEBHOOK_VS_ETCD_P99
         ),

@@ -1,0 +1,3 @@
+module gpuplace.io/bench/refwebhook
+
+go 1.22
