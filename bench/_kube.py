@@ -371,14 +371,17 @@ OTHERS = "outside the named processes"
 class CpuMeter:
     """CPU seconds used by named processes, and by the machine, between `start()` and `stop()`."""
 
-    def __init__(self, pids: Mapping[str, int]) -> None:
+    def __init__(self, pids: Mapping[str, int], apart: Collection[int] = ()) -> None:
+        """`apart`: processes counted elsewhere (the ceiling client's, which report their own
+        CPU), left out of whichever named process started them."""
         self._pids = dict(pids)
+        self._apart = frozenset(apart)
         self._before: dict[str, float] = {}
         self._machine = 0.0
 
-    def _read(self) -> dict[str, float]:
+    def _read(self, apart: Collection[int] = ()) -> dict[str, float]:
         """Each named process's CPU, none counted twice: the others are not its descendants."""
-        named = set(self._pids.values())
+        named = set(self._pids.values()) | self._apart | set(apart)
         return {name: process_cpu(pid, named - {pid}) for name, pid in self._pids.items()}
 
     def start(self) -> CpuMeter:
@@ -386,8 +389,10 @@ class CpuMeter:
         self._machine = machine_busy()
         return self
 
-    def stop(self) -> dict[str, float]:
-        now = self._read()
+    def stop(self, started: Collection[int] = ()) -> dict[str, float]:
+        """`started`: processes that started meanwhile and are counted by their own names (a
+        binder started inside the block), so not under the process that started them."""
+        now = self._read(started)
         used = {name: now[name] - self._before[name] for name in self._pids}
         machine = machine_busy() - self._machine
         return used | {MACHINE: machine, OTHERS: machine - sum(used.values())}

@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -694,14 +694,16 @@ class PlacementBench:
         return self.profile_dir / f"controller-{what}-run{self._runs}.txt"
 
     @contextlib.contextmanager
-    def _measuring(self, usage: list[Usage], metrics: list[str]) -> Iterator[None]:
+    def _measuring(
+        self, usage: list[Usage], metrics: list[str], apart: Collection[int] = ()
+    ) -> Iterator[None]:
         """Appends to `usage` what the block cost and to `metrics` the apiserver's /metrics
-        before and after it."""
+        before and after it; processes `apart` are not counted (see `CpuMeter`)."""
         metrics.append(self._apiserver_metrics())
-        meter = CpuMeter(self.pids()).start()
+        meter = CpuMeter(self.pids(), apart).start()
         began = time.monotonic()
         yield
-        cpu = meter.stop()
+        cpu = meter.stop(started=self.pids().values())
         seconds = time.monotonic() - began
         metrics.append(self._apiserver_metrics())
         by = ("verb", "resource", "subresource")
@@ -1068,7 +1070,7 @@ class PlacementBench:
         watch = self._watch()
         try:
             client = BindingClient(self.cluster, bindings, shape, self.workdir / "ceiling")
-            with client, self._measuring(usage, []):
+            with client, self._measuring(usage, [], apart=client.pids):
                 started = time.monotonic()
                 client.go()
                 posted = client.wait(RUN_TIMEOUT)

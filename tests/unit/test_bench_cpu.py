@@ -56,3 +56,28 @@ def test_the_meter_counts_each_named_process_once(burner: subprocess.Popen[str])
     used = meter.stop()
     assert used["component"] >= BURN * 0.5
     assert used["bench"] < used["component"]
+
+
+def test_a_process_counted_apart_is_in_no_named_process(burner: subprocess.Popen[str]) -> None:
+    """The ceiling client's processes report their own CPU: a child that ends before the meter
+    stops must not take its earlier CPU out of its parent's figure either."""
+    assert burner.stdout is not None
+    assert burner.stdout.readline().strip() == "done"
+    meter = CpuMeter({"bench": os.getpid()}, apart={burner.pid}).start()
+    burner.kill()
+    burner.wait()
+    used = meter.stop()
+    assert 0 <= used["bench"] < BURN / 2
+
+
+def test_a_process_started_meanwhile_is_left_out_of_its_parent(
+    burner: subprocess.Popen[str],
+) -> None:
+    """A binder the bench starts inside the measured block is counted by its own name (after
+    the block), not in the benchmark's figure too."""
+    meter = CpuMeter({"bench": os.getpid()}).start()
+    assert burner.stdout is not None
+    assert burner.stdout.readline().strip() == "done"
+    used = meter.stop(started={burner.pid})
+    assert used["bench"] < BURN / 2
+    assert process_cpu(burner.pid) >= BURN * 0.9

@@ -13,6 +13,7 @@ import jsonpatch
 from placement.annotations import MAP_LABEL, PLACEMENT_KEY, PLACEMENT_MAP_LABEL
 from placement.devices import DeclaredDevices
 from placement.model import CompiledMap, CompiledSlot, Model
+from placement.reasons import Reason
 from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName
 
 NS = "inference"
@@ -202,7 +203,7 @@ class ModelBuilder:
                 devices=(GpuUuid(f"GPU-00000000-0000-0000-0000-{i:012d}"),),
                 device_indices=(i % 8,),
                 declared=DeclaredDevices((i % 8,)),
-                blocked=reason,
+                blocked=Reason(reason) if reason else "",
                 message=message,
             )
         self._maps[key] = CompiledMap(
