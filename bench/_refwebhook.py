@@ -18,7 +18,6 @@ from bench._proc import BenchError
 from gpuplace_dev.localcluster.binaries import cache_root
 
 SOURCE = Path(__file__).with_name("refwebhook")
-START_TIMEOUT = 30.0
 
 
 def binary() -> Path:

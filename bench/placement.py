@@ -870,7 +870,6 @@ class PlacementBench:
         """The same burst with the pod webhook's entry pointed at the reference webhook (Go, one
         fixed answer: gpuplace's patch for these pods): the apiserver does the same work as
         with gpuplace's webhook, the server next to none. Its CPU is in the result's extra."""
-        assert self.components is not None
         pair = self.cluster.ca.issue_server("gpuplace-bench-refwebhook")
         cert, key = self.workdir / "refwebhook.crt", self.workdir / "refwebhook.key"
         pair.write(cert, key)
@@ -885,7 +884,7 @@ class PlacementBench:
                     60,
                 )
                 cpu = process_cpu(reference.pid)
-                result = self._burst(gpuplace_pod)
+                result = self._burst(gpuplace_pod, apart=[reference.pid])
                 cpu = process_cpu(reference.pid) - cpu
             finally:
                 self._point_pod_webhook(original)
@@ -1032,14 +1031,16 @@ class PlacementBench:
         self.ready("kube-scheduler", pinned_pod)
         return self._burst(pinned_pod)
 
-    def _burst(self, build: Callable[[Scale, int, int], Obj]) -> RunResult:
+    def _burst(
+        self, build: Callable[[Scale, int, int], Obj], apart: Collection[int] = ()
+    ) -> RunResult:
         """A run's pods created by `CREATE_THREADS` threads as fast as they go, timed until the
-        watch has seen every one bound; then cleared."""
+        watch has seen every one bound; then cleared. `apart`: as in `_measuring`."""
         _, pods = self._pods(build)
         usage: list[Usage] = []
         watch = self._watch()
         try:
-            with self._measuring(usage, []):
+            with self._measuring(usage, [], apart):
                 sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
                 seen = watch.wait()
         finally:
