@@ -252,6 +252,15 @@ class Binder:
         self.queue.wake(keys)
 
     # -- running ------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Opens the Bindings' connections ahead of the first bind (from the leader's start-up,
+        while the informers sync): a backlog's first Bindings then do not each wait for TCP and
+        TLS on the thread that sends the rest."""
+        if self.settings.bind_processes == 0 and self._use_loop and self._loop is None:
+            self._loop = RequestLoop(self.kube, self.settings.bind_workers, name="bind-loop")
+        if self._loop is not None:
+            self._loop.warm(self.settings.bind_workers)
+
     def start(self) -> None:
         self.active.set()
         if self.finalizers is not None and self.dra is not None:

@@ -179,6 +179,7 @@ def _serve(
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
     kube = open_client(connection, in_flight)
     loop = RequestLoop(kube, in_flight, name="bind-loop")
+    loop.warm(in_flight)
     done: queue.SimpleQueue[BindResult | None] = queue.SimpleQueue()
 
     def take() -> None:

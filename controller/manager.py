@@ -329,6 +329,9 @@ class Controller:
         """Runs on its own thread while the elector keeps renewing; gives up at any step once
         the lease is no longer held (the elector then calls _stop_leading)."""
         self.metrics.leader.set(1)
+        with self._term:
+            if not self._term_over:
+                self.binder.prepare()
         self._wait_for_sync()
         if not self._holds_lease():
             log.warning("lease lost during start-up: not leading")

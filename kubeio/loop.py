@@ -8,12 +8,16 @@ connection (a new one is opened, TCP and TLS without blocking, while fewer than 
 open), and its answer is read when its socket is readable. The status line, Content-Length and
 chunked bodies are all it parses: what the apiserver's answers need.
 
-Contract: `submit` from any thread; `done` runs on the loop's thread, once per request, and must
-be quick (it is the loop); `close` once, by the owner: the requests not answered yet fail with a
-transport error. A request's `guard` is asked on the loop's thread immediately before its one
-write; when it says no, nothing is sent and `done` gets a `FencedError`. A kept-alive connection
-that the server closed before answering a request's first byte is replaced and the request sent
-once more (the guard asked again), as `Kube.send` does.
+`warm(count)` opens connections ahead of any request (a binder that is about to start binding a
+backlog): otherwise the first `connections` requests each wait for TCP and TLS, on the same
+thread that sends the rest.
+
+Contract: `submit` and `warm` from any thread; `done` runs on the loop's thread, once per
+request, and must be quick (it is the loop); `close` once, by the owner: the requests not answered
+yet fail with a transport error. A request's `guard` is asked on the loop's thread immediately
+before its one write; when it says no, nothing is sent and `done` gets a `FencedError`. A
+kept-alive connection that the server closed before answering a request's first byte is replaced
+and the request sent once more (the guard asked again), as `Kube.send` does.
 """
 
 from __future__ import annotations
@@ -167,6 +171,7 @@ class RequestLoop:
         self._queue: collections.deque[_Job] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
+        self._warm = 0  # connections still to open ahead of requests (under _lock)
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -184,6 +189,13 @@ class RequestLoop:
         if closed:
             done(APITransportError(0, "Transport", f"{request.describe()}: the loop is closed"))
             return
+        self._wake()
+
+    def warm(self, count: int) -> None:
+        """Opens up to `count` connections (no more than the loop may hold) with no request yet.
+        One that fails is dropped: a request opens its own when it finds none idle."""
+        with self._lock:
+            self._warm = max(self._warm, min(count, self._limit))
         self._wake()
 
     def close(self) -> None:
@@ -244,13 +256,22 @@ class RequestLoop:
             if job is None:
                 if conn is not None:
                     self._idle.append(conn)
+                self._open_warm()
                 return
             if conn is None:
                 self._connect(job)
             else:
                 self._send(conn, job)
 
-    def _connect(self, job: _Job) -> None:
+    def _open_warm(self) -> None:
+        while len(self._open) < self._limit:
+            with self._lock:
+                if self._warm <= 0:
+                    return
+                self._warm -= 1
+            self._connect(None)
+
+    def _connect(self, job: _Job | None) -> None:
         _scheme, host, port, _context, _sni = self._endpoint
         try:
             sock = socket.socket(
@@ -281,7 +302,7 @@ class RequestLoop:
             elif conn.state == "reading":
                 self._read(conn)
             elif conn.state == "idle":
-                self._discard(conn)  # readable while idle: the server closed it
+                self._idle_readable(conn)
         except (OSError, ProtocolError, ValueError) as exc:
             self._broken(conn, exc)
 
@@ -392,6 +413,17 @@ class RequestLoop:
         if job is not None:
             job.done(Response(response.status, response.body))
 
+    def _idle_readable(self, conn: _Connection) -> None:
+        """Readable with no request on it: the server closed it, or (TLS 1.3) sent the session
+        tickets that follow a handshake, which a connection opened ahead of requests reads here."""
+        try:
+            data = conn.sock.recv(_READ_SIZE)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return  # TLS records only: still usable
+        if data:
+            log.debug("%d bytes from the server on an idle connection: closed", len(data))
+        self._discard(conn)
+
     def _broken(self, conn: _Connection, exc: BaseException) -> None:
         """The connection failed: its request is sent again on a new one when nothing of the
         answer came and the connection had served before (closed while idle), else it fails."""
@@ -421,11 +453,15 @@ class RequestLoop:
             self._selector.unregister(conn.sock)
         conn.sock.close()
 
-    def _fail(self, job: _Job, message: str) -> None:
+    def _fail(self, job: _Job | None, message: str) -> None:
+        if job is None:
+            log.debug("a connection opened ahead of requests failed: %s", message)
+            return
         job.done(APITransportError(0, "Transport", f"{job.request.describe()}: {message}"))
 
     def _expire(self, now: float) -> None:
-        for conn in [c for c in self._open if c.job is not None and c.deadline <= now]:
+        waiting = [c for c in self._open if c.job is not None or c.state != "idle"]
+        for conn in [c for c in waiting if c.deadline <= now]:
             job, conn.job = conn.job, None
             self._discard(conn)
             if job is not None:

@@ -4,6 +4,8 @@ without it, and the webhook's p99 at a steady rate against the same creates' etc
 from __future__ import annotations
 
 from bench.placement import (
+    APISERVER,
+    REFERENCE_CPU,
     TARGET_CREATES_RATIO,
     TARGET_WEBHOOK_VS_ETCD_P99,
     WEBHOOK,
@@ -34,6 +36,17 @@ def test_the_webhooks_cpu_is_counted_per_create_of_the_burst() -> None:
     rows = creates_rows("b", [through], [burst(1000)])
     cpu = {m.metric: m for m in rows}["burst: webhook CPU per create"]
     assert cpu.value == 0.5 and cpu.unit == "ms"
+
+
+def test_the_apiservers_cpu_is_counted_per_create_in_each_burst() -> None:
+    def run(apiserver: float) -> RunResult:
+        extra = {"creates_per_s": 1.0, REFERENCE_CPU: 0.1}
+        return RunResult(1.0, 1.0, pods=500, cpu={APISERVER: apiserver}, extra=extra)
+
+    rows = {m.metric: m for m in creates_rows("b", [run(2.0)], [run(1.5)], [run(1.75)])}
+    assert rows["burst: kube-apiserver CPU per create through the webhook"].value == 4.0
+    assert rows["burst: kube-apiserver CPU per create without it"].value == 3.0
+    assert rows["burst: kube-apiserver CPU per create through the reference webhook"].value == 3.5
 
 
 def steady(webhook_ms: float, etcd_ms: float) -> Admission:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from controller.binder import Binder
 from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
+from kubeio.client import Kube
 from kubeio.events import EventRecorder
 from kubeio.pod import Pod
 from placement.annotations import (
@@ -31,6 +33,7 @@ from placement.maps import DeclaredSlot
 from placement.types import MapKey, NodeName, SlotKey
 from placement.wake import WakeKey
 from tests.unit.test_binding_plan import TWO_SLOTS, build, uuid_of
+from tests.unit.test_kubeio_client import Server
 
 KEY = b"k" * 32
 SLOT0 = SlotKey(MapKey("ml", "llm"), 0)
@@ -310,3 +313,28 @@ def test_re_adoption_and_key_loss_change_the_report_never_the_holding() -> None:
         ("gpuplace.io/BindingUnverifiable", "True", "BindingUnverifiable"),
         ("gpuplace.io/BindingUnverifiable", "False", "BindingAdopted"),
     ]
+
+
+def test_prepare_opens_the_binding_connections_before_the_first_bind(
+    keeps: tuple[Server, Kube],
+) -> None:
+    """A new leader opens its Binding connections while its informers sync: the backlog's first
+    Bindings find them open instead of each waiting for TCP and TLS."""
+    server, kube = keeps
+    binder = Binder(
+        kube,
+        BinderSettings(bind_workers=3),
+        ControllerMetrics(),
+        EventRecorder(kube, "gpuplace"),
+        lambda: build(TWO_SLOTS),
+        fence=lambda: True,
+    )
+    try:
+        binder.prepare()
+        deadline = time.monotonic() + 10
+        while server.connections < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.connections == 3
+        assert server.requests == []
+    finally:
+        binder.stop()

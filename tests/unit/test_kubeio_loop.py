@@ -9,7 +9,8 @@ import queue
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -215,6 +216,36 @@ def test_over_tls_with_a_verified_server_certificate(tmp_path: Path) -> None:
         answers = run_all(loop, [f"/api/v1/t{i}" for i in range(20)])
     assert all(isinstance(a, Response) and a.status == 200 for a in answers)
     assert len(server.requests) == 20
+
+
+def wait_for(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_warmed_connections_are_opened_before_any_request_and_then_used(tmp_path: Path) -> None:
+    with tls_loop(tmp_path, trusted=True, connections=3) as (server, loop):
+        loop.warm(5)  # no more than the loop may hold
+        assert wait_for(lambda: server.connections == 3)
+        assert server.requests == []
+        answers = run_all(loop, [f"/api/v1/w{i}" for i in range(20)])
+        assert server.connections == 3
+    assert all(isinstance(a, Response) and a.status == 200 for a in answers)
+
+
+def test_a_warmed_connection_that_fails_is_dropped_and_a_request_still_gets_its_error(
+    tmp_path: Path,
+) -> None:
+    with tls_loop(tmp_path, trusted=False, connections=2) as (server, loop):
+        loop.warm(2)
+        answers = run_all(loop, ["/api/v1/t"])
+        assert loop.alive()
+    assert isinstance(answers[0], APITransportError)
+    assert server.requests == []
 
 
 def test_a_server_whose_certificate_is_not_trusted_is_a_transport_error(tmp_path: Path) -> None:
