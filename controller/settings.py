@@ -18,8 +18,11 @@ class BinderSettings:
     require_inventory: bool = True
     #: Bindings in flight. The apiserver (and etcd, which batches concurrent writes) takes more
     #: binds a second the more arrive at once: on one two-core local control plane (200 kwok
-    #: nodes, a backlog of 1,000 pods) 32, 64 and 128 bound about 350, 420 and 460 pods/s.
-    bind_workers: int = 128
+    #: nodes, a backlog of 1,000 pods) 32, 64 and 128 bound about 350, 420 and 460 pods/s; at
+    #: 1,000 nodes and 5,000 pods, 128 bound 821, 822 and 732 pods/s and 256 bound 956, 907 and
+    #: 891 (alternating on one cluster). They go out from one thread (`kubeio/loop.py`), one
+    #: connection each; a connection idle for 90 s is closed.
+    bind_workers: int = 256
     #: 0: the Bindings are sent by `bind_workers` threads of the controller's process. N >= 1:
     #: by N worker processes (`bind_workers` in flight in all), for a leader that one
     #: interpreter lock caps at about one core; decisions stay on the leader's one thread.

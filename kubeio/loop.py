@@ -46,6 +46,9 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _READ_SIZE = 64 * 1024
 #: How often the loop looks for requests past their timeout.
 _TICK_SECONDS = 0.5
+#: A connection with no request for this long is closed (as Go's http.Transport does): a leader
+#: that bound a backlog, or warmed its connections for one, does not hold them all forever.
+IDLE_SECONDS = 90.0
 
 
 @dataclass(slots=True)
@@ -63,7 +66,7 @@ class _Connection:
     job: _Job | None = None
     out: bytes = b""
     inbox: bytearray = field(default_factory=bytearray)
-    deadline: float = 0.0
+    deadline: float = 0.0  # of its request, or (idle) when it is closed
     answered_before: bool = False  # a request was answered on it (a kept-alive connection)
 
 
@@ -344,6 +347,7 @@ class RequestLoop:
         if job is not None:
             self._send(conn, job)
         else:
+            conn.deadline = time.monotonic() + IDLE_SECONDS
             self._idle.append(conn)
 
     def _send(self, conn: _Connection, job: _Job) -> None:
@@ -409,6 +413,7 @@ class RequestLoop:
             self._discard(conn)
         else:
             conn.state = "idle"
+            conn.deadline = time.monotonic() + IDLE_SECONDS
             self._idle.append(conn)
         if job is not None:
             job.done(Response(response.status, response.body))
@@ -460,8 +465,7 @@ class RequestLoop:
         job.done(APITransportError(0, "Transport", f"{job.request.describe()}: {message}"))
 
     def _expire(self, now: float) -> None:
-        waiting = [c for c in self._open if c.job is not None or c.state != "idle"]
-        for conn in [c for c in waiting if c.deadline <= now]:
+        for conn in [c for c in self._open if c.deadline <= now]:
             job, conn.job = conn.job, None
             self._discard(conn)
             if job is not None:

@@ -14,8 +14,8 @@ from controller import podfacts
 from controller.binder import Binder
 from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
-from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.client import Kube
+from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import EventRecorder
 from kubeio.pod import Pod
 from placement.annotations import (

@@ -18,6 +18,7 @@ import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from kubernetes import client as k8s_client
 
+from kubeio import loop as loop_module
 from kubeio import pki
 from kubeio.client import ClientSettings, Kube, Response
 from kubeio.errors import APIError, APITransportError, FencedError
@@ -235,6 +236,19 @@ def test_warmed_connections_are_opened_before_any_request_and_then_used(tmp_path
         answers = run_all(loop, [f"/api/v1/w{i}" for i in range(20)])
         assert server.connections == 3
     assert all(isinstance(a, Response) and a.status == 200 for a in answers)
+
+
+def test_a_connection_idle_past_its_time_is_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop_module, "IDLE_SECONDS", 0.2)
+    with tls_loop(tmp_path, trusted=True, connections=2) as (server, loop):
+        loop.warm(2)
+        assert wait_for(lambda: server.connections == 2)
+        assert wait_for(lambda: not loop._open)  # both closed once idle for 0.2 s
+        answers = run_all(loop, ["/api/v1/after"])
+        assert server.connections == 3  # a new one: none was left to reuse
+    assert isinstance(answers[0], Response) and answers[0].status == 200
 
 
 def test_a_warmed_connection_that_fails_is_dropped_and_a_request_still_gets_its_error(
