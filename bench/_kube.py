@@ -483,3 +483,22 @@ def profiling(pid: int, output: Path | None) -> Iterator[None]:
         yield
     finally:
         profiler.stop()
+
+
+def admission_review(
+    kind: str, resource: str, obj: Obj, uid: str = "0", user: str | None = None
+) -> Obj:
+    """The AdmissionReview (v1) the apiserver sends a webhook for the CREATE of `obj`, a core
+    object (`kind`, plural `resource`) named in its own metadata."""
+    request: Obj = {
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": kind},
+        "resource": {"group": "", "version": "v1", "resource": resource},
+        "operation": "CREATE",
+        "namespace": obj["metadata"]["namespace"],
+        "name": obj["metadata"]["name"],
+        "object": obj,
+    }
+    if user is not None:
+        request["userInfo"] = {"username": user}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from bench import Measurement, below, run_worker
+from bench._kube import admission_review
 from placement.annotations import PLACEMENT_MAP_LABEL
 from webhook.mapcheck import check_configmap
 from webhook.review import parse_review
@@ -57,19 +58,7 @@ def review(name: str, text: str) -> bytes:
         "metadata": {"name": name, "namespace": "bench", "labels": {PLACEMENT_MAP_LABEL: "true"}},
         "data": {"placement.yaml": text},
     }
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "0",
-            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
-            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
-            "operation": "CREATE",
-            "namespace": "bench",
-            "name": name,
-            "object": configmap,
-        },
-    }
+    body = admission_review("ConfigMap", "configmaps", configmap)
     return json.dumps(body).encode()
 
 

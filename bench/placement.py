@@ -76,6 +76,7 @@ from bench._kube import (
     Obj,
     Observed,
     PodWatch,
+    admission_review,
     call,
     concurrently,
     create_pods,
@@ -133,6 +134,8 @@ NAMESPACE = "bench"
 SCHEDULER_NAME = "gpuplace"
 UNSERVED_SCHEDULER = "bench-unserved"
 PROBE = "bench-probe"
+#: The AdmissionReview uid of the probe pod's review, asked of the webhook directly.
+PROBE_UID = "00000000-0000-4000-8000-000000000001"
 PRODUCT = "NVIDIA H100 80GB HBM3"
 CREATE_THREADS = 16
 #: Threads that keep a steady create rate (each create takes a few ms to tens of ms).
@@ -845,20 +848,7 @@ class PlacementBench:
         assert self._webhook_kube is not None
         probe = gpuplace_pod(self.scale, 0, 0)
         probe["metadata"] |= {"name": PROBE, "namespace": NAMESPACE}
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "00000000-0000-4000-8000-000000000001",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "operation": "CREATE",
-                "namespace": NAMESPACE,
-                "name": PROBE,
-                "userInfo": {"username": "bench"},
-                "object": probe,
-            },
-        }
+        review = admission_review("Pod", "pods", probe, PROBE_UID, user="bench")
         response = self._webhook_kube.send(prepare("POST", "/mutate", body=review))
         if response.status != 200:
             raise BenchError(f"gpuplace's webhook answered HTTP {response.status}")
