@@ -42,6 +42,10 @@ from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
 
+#: Worker threads when the Bindings go out from the request loop: what stays off the loop is rare
+#: (with `bind_processes` or without a loop, the workers carry Bindings: `bind_workers` of them).
+OFF_LOOP_WORKERS = 16
+
 
 def binding_body(pod: Pod, placement: Placement, signer: RingKey) -> Obj:
     annotations = signed_binding(
@@ -119,7 +123,11 @@ class Binder:
         self._pods: dict[str, Pod] = {}
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
-        self._workers = Workers(settings.bind_workers, "bind")
+        # With the Bindings on a request loop, the workers only take what stays off it (events,
+        # deferred reports, a Reserve of more than one write, a failure's undoing).
+        loop_binds = self._use_loop and settings.bind_processes == 0
+        workers = min(settings.bind_workers, OFF_LOOP_WORKERS) if loop_binds else None
+        self._workers = Workers(workers or settings.bind_workers, "bind")
         self.pending = PendingReports(
             kube,
             events,

@@ -31,6 +31,11 @@ class Workers:
         self._start_lock = threading.Lock()
         self._closed = False
 
+    @property
+    def count(self) -> int:
+        """The threads that run the calls (started on the first submit)."""
+        return self._count
+
     def submit(self, fn: Callable[..., object], *args: Any) -> None:
         if self._closed:
             return  # stopping: the call would find its owner stopped too

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from controller import podfacts
-from controller.binder import Binder
+from controller.binder import OFF_LOOP_WORKERS, Binder
 from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
 from kubeio.client import Kube
@@ -338,3 +338,18 @@ def test_prepare_opens_the_binding_connections_before_the_first_bind(
         assert server.requests == []
     finally:
         binder.stop()
+
+
+@pytest.mark.parametrize(
+    ("processes", "threads"), [(0, OFF_LOOP_WORKERS), (2, 256)], ids=["loop", "bind processes"]
+)
+def test_with_the_bindings_on_the_loop_few_threads_take_what_stays_off_it(
+    keeps: tuple[Server, Kube], processes: int, threads: int
+) -> None:
+    _server, kube = keeps
+    settings = BinderSettings(bind_workers=256, bind_processes=processes)
+    events = EventRecorder(kube, "gpuplace")
+    binder = Binder(kube, settings, ControllerMetrics(), events, lambda: build(TWO_SLOTS))
+    assert binder._workers.count == threads
+    fake = binder_for(Apiserver(), build(TWO_SLOTS))  # no loop: the workers send the Bindings
+    assert fake._workers.count == 2
