@@ -83,7 +83,7 @@ class Binder:
         self.kube = kube
         #: Bindings from a request loop (kubeio/loop.py) when not from bind processes, given a
         #: `Kube` (a client standing in for one, in tests, is called through `create`).
-        self._use_loop = isinstance(kube, Kube)
+        self._use_loop = isinstance(kube, Kube) and settings.bind_processes == 0
         #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
         #: before each Binding, so a leader that was paused past its lease sends none.
         self.fence = fence
@@ -125,9 +125,10 @@ class Binder:
         self._lock = threading.Lock()
         # With the Bindings on a request loop, the workers only take what stays off it (events,
         # deferred reports, a Reserve of more than one write, a failure's undoing).
-        loop_binds = self._use_loop and settings.bind_processes == 0
-        workers = min(settings.bind_workers, OFF_LOOP_WORKERS) if loop_binds else None
-        self._workers = Workers(workers or settings.bind_workers, "bind")
+        workers = settings.bind_workers
+        self._workers = Workers(
+            min(workers, OFF_LOOP_WORKERS) if self._use_loop else workers, "bind"
+        )
         self.pending = PendingReports(
             kube,
             events,
@@ -264,10 +265,15 @@ class Binder:
         """Opens the Bindings' connections ahead of the first bind (from the leader's start-up,
         while the informers sync): a backlog's first Bindings then do not each wait for TCP and
         TLS on the thread that sends the rest."""
-        if self.settings.bind_processes == 0 and self._use_loop and self._loop is None:
+        loop = self._open_loop()
+        if loop is not None:
+            loop.warm(self.settings.bind_workers)
+
+    def _open_loop(self) -> RequestLoop | None:
+        """The request loop the Bindings go out from (opened on first use), if they do."""
+        if self._use_loop and self._loop is None:
             self._loop = RequestLoop(self.kube, self.settings.bind_workers, name="bind-loop")
-        if self._loop is not None:
-            self._loop.warm(self.settings.bind_workers)
+        return self._loop
 
     def start(self) -> None:
         self.active.set()
@@ -281,8 +287,8 @@ class Binder:
                 processes,
                 max(1, -(-self.settings.bind_workers // processes)),
             )
-        elif self.settings.bind_processes == 0 and self._use_loop and self._loop is None:
-            self._loop = RequestLoop(self.kube, self.settings.bind_workers, name="bind-loop")
+        else:
+            self._open_loop()
         self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
         self._thread.start()
 

@@ -23,7 +23,7 @@ class BinderSettings:
     #: 891 (alternating on one cluster). They go out from one thread (`kubeio/loop.py`), one
     #: connection each; a connection idle for 90 s is closed.
     bind_workers: int = 256
-    #: 0: the Bindings are sent by `bind_workers` threads of the controller's process. N >= 1:
+    #: 0: the Bindings are sent from the leader's request loop (one thread). N >= 1:
     #: by N worker processes (`bind_workers` in flight in all), for a leader that one
     #: interpreter lock caps at about one core; decisions stay on the leader's one thread.
     bind_processes: int = 0
