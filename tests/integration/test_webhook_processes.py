@@ -178,10 +178,17 @@ def test_a_burst_is_answered_by_both_processes_and_counted_once(
 def test_a_killed_process_is_replaced_and_sigterm_stops_them_all(command: Command) -> None:
     victim = command.workers[0]
     os.kill(victim, signal.SIGKILL)
-    wait_for("the parent to restart the process", lambda: "restarting" in command.text())
-    restarted = re.findall(r"started webhook process 0 \(pid (\d+)\)", command.text())
-    replacement = int(restarted[-1])
-    assert replacement != victim
+
+    def started() -> list[int]:
+        return [
+            int(pid)
+            for pid in re.findall(r"started webhook process 0 \(pid (\d+)\)", command.text())
+        ]
+
+    # The parent logs "restarting" and then, after its back-off, the new process's pid.
+    wait_for("the parent to restart the process", lambda: started()[-1] != victim)
+    assert f"webhook process 0 (pid {victim}) exited" in command.text()
+    replacement = started()[-1]
     wait_for("the replacement to serve", lambda: alive(replacement) and command.ready())
 
     command.proc.send_signal(signal.SIGTERM)
