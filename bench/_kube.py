@@ -262,6 +262,10 @@ class PodWatch:
         ]
         self._proc = start_ready(argv, "pod watcher")
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def wait(self, *, partial: bool = False) -> Observed:
         """Waits until `count` pods are bound; raises BenchError (saying why pods are pending)
         when that takes longer than the timeout or a cluster component dies. With `partial`,

@@ -362,10 +362,12 @@ class DraBench(PlacementBench):
         self._quiesce()
 
     def _watch(self, timeout: float = RUN_TIMEOUT) -> PodWatch:
-        return PodWatch(self.cluster, NAMESPACE, self.scale.pods, timeout)
+        return self._watching(PodWatch(self.cluster, NAMESPACE, self.scale.pods, timeout))
 
     def _claim_watch(self, timeout: float = RUN_TIMEOUT) -> PodWatch:
-        return PodWatch(self.cluster, NAMESPACE, self.scale.pods, timeout, claims=True)
+        return self._watching(
+            PodWatch(self.cluster, NAMESPACE, self.scale.pods, timeout, claims=True)
+        )
 
     @contextlib.contextmanager
     def _watching_claims(self, timeout: float = RUN_TIMEOUT) -> Iterator[tuple[PodWatch, PodWatch]]:

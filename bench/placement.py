@@ -505,6 +505,9 @@ class PlacementBench:
         self.lease_seconds = 24 * 3600
         self._webhook_kube: Kube | None = None
         self._runs = 0
+        #: The pod watchers started so far: their CPU is reported apart ("bench pod watch"),
+        #: never under the benchmark process that started them.
+        self._watchers: set[int] = set()
         #: Writes per second with nothing to place, as `idle` measured them (None before).
         self._idle_writes: float | None = None
         self._phases: dict[str, int] = {}
@@ -685,7 +688,13 @@ class PlacementBench:
         return pids
 
     def _watch(self) -> PodWatch:
-        return PodWatch(self.cluster, NAMESPACE, self.scale.pods, RUN_TIMEOUT)
+        return self._watching(PodWatch(self.cluster, NAMESPACE, self.scale.pods, RUN_TIMEOUT))
+
+    def _watching(self, watch: PodWatch) -> PodWatch:
+        """`watch`, its process left out of the CPU of the benchmark process, which started it:
+        counted there, the CPU it used before it exited would vanish from the run's figures."""
+        self._watchers.add(watch.pid)
+        return watch
 
     def _controller_pid(self) -> int:
         if self.controller is None or self.controller.proc is None:
@@ -705,7 +714,7 @@ class PlacementBench:
         """Appends to `usage` what the block cost and to `metrics` the apiserver's /metrics
         before and after it; processes `apart` are not counted (see `CpuMeter`)."""
         metrics.append(self._apiserver_metrics())
-        meter = CpuMeter(self.pids(), apart).start()
+        meter = CpuMeter(self.pids(), set(apart) | self._watchers).start()
         began = time.monotonic()
         yield
         cpu = meter.stop(started=self.pids().values())

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from bench._kube import CpuMeter, process_cpu
+from bench.placement import CLIENT, PlacementBench, Scale, Usage
 
 #: Burns a CPU for this many seconds, then waits to be killed.
 BURN = 0.4
@@ -81,3 +82,41 @@ def test_a_process_started_meanwhile_is_left_out_of_its_parent(
     used = meter.stop(started={burner.pid})
     assert used["bench"] < BURN / 2
     assert process_cpu(burner.pid) >= BURN * 0.9
+
+
+class _Watch:
+    """Stands for a `PodWatch`: only its process is needed."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+class _Bench(PlacementBench):
+    """A `PlacementBench` whose processes are this test's and whose apiserver says nothing."""
+
+    def __init__(self) -> None:  # the cluster is not needed for the accounting
+        self.scale = Scale(nodes=1, pods=1, gpus=1, slots_per_map=1)
+        self._watchers: set[int] = set()
+
+    def pids(self) -> dict[str, int]:
+        return {CLIENT: os.getpid()}
+
+    def _apiserver_metrics(self) -> str:
+        return ""
+
+
+def test_a_pod_watcher_that_ends_inside_a_run_takes_nothing_from_the_bench_client(
+    burner: subprocess.Popen[str],
+) -> None:
+    """The pod watcher is the benchmark process's child and exits before the run's meter stops:
+    its CPU is reported apart ("bench pod watch"), so the client's figure neither holds it nor
+    loses it (which read as negative CPU for the client)."""
+    bench = _Bench()
+    bench._watching(_Watch(burner.pid))  # type: ignore[arg-type]
+    assert burner.stdout is not None
+    assert burner.stdout.readline().strip() == "done"
+    usage: list[Usage] = []
+    with bench._measuring(usage, []):
+        burner.kill()
+        burner.wait()
+    assert 0 <= usage[0].cpu[CLIENT] < BURN / 2
