@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from controller import changes
+from controller import changes, heap
 from controller.binder import Binder
 from controller.bindingkey import KeySecret
 from controller.changes import Change
@@ -355,6 +355,9 @@ class Controller:
             if self._term_over or not self._holds_lease():
                 log.warning("lease lost during start-up: not leading")
                 return
+            # What was just listed and rebuilt lives as long as the leadership: out of the
+            # collector's generations, never scanned again (controller/heap.py).
+            heap.freeze()
             self.binder.start()
             self._leading.set()
 

@@ -11,6 +11,7 @@ import threading
 import uuid
 from types import FrameType
 
+from controller import heap
 from controller.gpumetrics import GpuCollector, MapSlotsCollector
 from controller.informers import snapshot
 from controller.manager import Controller
@@ -173,6 +174,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
 
 
 def run(args: argparse.Namespace) -> int:
+    heap.tune()
     settings = settings_from(args)
     logs.configure(settings.log_level, settings.log_json)
     if not 0 <= settings.binder.bind_processes <= 64:
