@@ -8,7 +8,8 @@ Protocol: prints ``ready`` once the watch stream is open (everything created aft
 then exits when ``--count`` pods are bound (or on SIGTERM / ``--timeout``) after printing one JSON
 object: {"added": {name: t}, "bound": {name: t}, "listed": n, "events": n, "restarts": n,
 "cpu": seconds} ("cpu": what the process used after it printed ``ready``, which is what a run
-that starts measuring once the watcher is ready saw it use). A watch the apiserver ends is resumed from the last event, as informers do.
+that starts measuring once the watcher is ready saw it use). A watch the apiserver ends is resumed
+from the last event, as informers do.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ and a full collection walks the whole cache, once more each time the heap has gr
 
 So the controller collects the youngest generation every `THRESHOLDS[0]` allocations, and a new
 leader moves what it has just listed and rebuilt out of the collector's sight (`gc.freeze`):
-reference counting still frees those objects when the cache lets them go; only a reference cycle
-among them would never be collected, and the caches hold decoded JSON and plain records, which
-form none.
+reference counting still frees those objects when the cache lets them go (decoded JSON, the bulk
+of it, holds no reference cycles). What a cycle among the frozen objects keeps is never collected:
+at most what was alive at the freeze, once per leadership, since objects made later are collected
+as before.
 """
 
 from __future__ import annotations
