@@ -139,6 +139,7 @@ def test_bind_processes_of_a_leader_paused_past_its_lease_send_nothing_after_it(
         a.kill()
         b.stop()
         print(a.log()[-3000:])
+        print(b.log()[-6000:])
     sent = bindings_by(cluster, a_id, namespace)
     taken_over = datetime.fromisoformat(lease(cluster, name)["acquireTime"])
     assert stopped < taken_over < resumed
