@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -23,13 +25,32 @@ def data_hash(text: str) -> str:
     controller has not seen yet reads Progressing, not the verdict on its previous content.
     Not cryptographic: it only has to tell versions of one map apart."""
     data = text.encode()
-    parts = []
-    for modulus, multiplier in _HASHES:
-        h = 0
-        for byte in data:
-            h = (h * multiplier + byte + 1) % modulus
-        parts.append(f"{h}")
+    parts = [f"{_polynomial(data, modulus, multiplier)}" for modulus, multiplier in _HASHES]
     return f"{len(data)}-{parts[0]}-{parts[1]}"
+
+
+#: Bytes of the text `_polynomial` takes at a time.
+_BLOCK = 4096
+
+
+@functools.cache
+def _powers(modulus: int, multiplier: int) -> tuple[int, ...]:
+    """multiplier**(_BLOCK - 1 - i) % modulus for each i of a block."""
+    return tuple(pow(multiplier, _BLOCK - 1 - i, modulus) for i in range(_BLOCK))
+
+
+def _polynomial(data: bytes, modulus: int, multiplier: int) -> int:
+    """The script's loop, `h = (h * multiplier + byte + 1) % modulus` over every byte: the sum
+    of (byte + 1) * multiplier**(bytes after it), modulo `modulus`. Each block's share is summed
+    by `sum(map(...))` in C; the loop a byte at a time in Python took about 0.9 s a MiB."""
+    powers = _powers(modulus, multiplier)
+    h = 0
+    for start in range(0, len(data), _BLOCK):
+        block = data[start : start + _BLOCK]
+        weights = powers[_BLOCK - len(block) :]  # the last ones: the block's end has power 0
+        value = sum(map(operator.mul, block, weights)) + sum(weights)
+        h = (h * pow(multiplier, len(block), modulus) + value) % modulus
+    return h
 
 
 #: The message of a valid map the controller has read but not compiled yet.

@@ -5,6 +5,7 @@ runs a health check: the object as the global `obj`, the script's return value a
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,15 @@ def _lua_data_hash(text: str) -> str:
 
 @given(st.text(max_size=300))
 def test_the_script_fingerprints_text_exactly_like_the_controller(text: str) -> None:
+    assert _lua_data_hash(text) == data_hash(text)
+
+
+@pytest.mark.parametrize("size", [4095, 4096, 4097, 8192, 12_289, 100_000])
+def test_a_text_of_several_blocks_is_fingerprinted_like_the_script_does(size: int) -> None:
+    """The controller sums its fingerprint a block of 4,096 bytes at a time: texts around and
+    across that size (multi-byte characters, control bytes) give the script's digits."""
+    rng = random.Random(size)
+    text = "".join(rng.choice("ab\n é€\U0001f600\x00\x7f") for _ in range(size))
     assert _lua_data_hash(text) == data_hash(text)
 
 
