@@ -178,6 +178,9 @@ TARGET_STEADY_RATE = 50
 WEBHOOK = "gpuplace webhook"
 #: The apiserver's process in a run's CPU figures.
 APISERVER = "kube-apiserver"
+#: The processes whose CPU a drain also reports from its first bind to its last: the binder's
+#: is set against what its Bindings and watches cost the control plane in the same stretch.
+WINDOWED = (APISERVER, "etcd", "kwok")
 #: The reference webhook's CPU over its burst (seconds), in the burst's extra.
 REFERENCE_CPU = "reference webhook CPU"
 #: How many server processes the webhook runs (`gpuplace webhook --processes`).
@@ -386,6 +389,9 @@ class Usage:
     cpu: dict[str, float]
     requests: dict[str, float]
     seconds: float
+    #: The control plane's processes sampled through the run (`WINDOWED`), so that a drain can
+    #: say what each spent between its first bind and its last, as it does of the binder.
+    samplers: dict[str, CpuSampler] = field(default_factory=dict)
 
     def add(self, process: str, seconds: float) -> None:
         """Names the CPU of a process that started during the run (the machine total has it)."""
@@ -434,6 +440,10 @@ def burst_result(sent: dict[str, float], seen: Observed, usage: Usage) -> RunRes
 def drain_result(seen: Observed, started: float, usage: Usage) -> RunResult:
     times = sorted(seen.bound.values())
     seconds = times[-1] - times[0]
+    windowed = {
+        window_cpu(name): sampler.between(times[0], times[-1]) / max(1, len(times) - 1)
+        for name, sampler in usage.samplers.items()
+    }
     return RunResult(
         rate=(len(times) - 1) / seconds if seconds > 0 else float("inf"),
         seconds=seconds,
@@ -445,8 +455,14 @@ def drain_result(seen: Observed, started: float, usage: Usage) -> RunResult:
             "pod watch restarts": float(seen.restarts),
             "start_to_first_bound_s": times[0] - started,
             "start_to_all_bound_s": times[-1] - started,
+            **windowed,
         },
     )
+
+
+def window_cpu(process: str) -> str:
+    """The name of a drain's extra figure: `process`'s CPU seconds per pod, first to last bind."""
+    return f"{process} CPU per pod, first -> last bind"
 
 
 @dataclass(frozen=True)
@@ -714,9 +730,15 @@ class PlacementBench:
         """Appends to `usage` what the block cost and to `metrics` the apiserver's /metrics
         before and after it; processes `apart` are not counted (see `CpuMeter`)."""
         metrics.append(self._apiserver_metrics())
-        meter = CpuMeter(self.pids(), set(apart) | self._watchers).start()
+        pids = self.pids()
+        samplers = {name: CpuSampler(pids[name]) for name in WINDOWED if name in pids}
+        meter = CpuMeter(pids, set(apart) | self._watchers).start()
         began = time.monotonic()
-        yield
+        try:
+            yield
+        finally:
+            for sampler in samplers.values():
+                sampler.stop()
         cpu = meter.stop(started=self.pids().values())
         seconds = time.monotonic() - began
         metrics.append(self._apiserver_metrics())
@@ -737,7 +759,7 @@ class PlacementBench:
             for (name,), seconds in waited.items()
             if seconds > 0.001
         }
-        usage.append(Usage(cpu, requests, seconds))
+        usage.append(Usage(cpu, requests, seconds, samplers))
 
     def _pods(self, build: Callable[[Scale, int, int], Obj]) -> tuple[int, list[Obj]]:
         """A new run's number and its pods, in creation order."""

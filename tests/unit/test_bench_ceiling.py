@@ -3,13 +3,14 @@ search over processes x threads, one client process's POSTs, and the rows the be
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
 import pytest
 
 from bench._ceiling import Posted, Shape, around, post_all, process_counts, search, split
-from bench._kube import MACHINE, OTHERS, concurrently
+from bench._kube import MACHINE, OTHERS, CpuSampler, Observed, concurrently
 from bench._proc import BenchError
 from bench.placement import (
     BINDING_CPU,
@@ -26,8 +27,10 @@ from bench.placement import (
     _throughput,
     binding,
     ceiling_rows,
+    drain_result,
     gpu_uuid,
     vs,
+    window_cpu,
 )
 from kubeio.client import Response
 from kubeio.requests import Request
@@ -196,6 +199,21 @@ def test_the_client_processes_cpu_is_the_bench_clients() -> None:
     usage = Usage({CLIENT: 0.1, MACHINE: 5.0, OTHERS: 2.0}, {}, 10.0)
     usage.charge(CLIENT, 1.5)
     assert usage.cpu == {CLIENT: 1.6, MACHINE: 5.0, OTHERS: 0.5}
+
+
+def test_a_drain_reports_the_control_planes_cpu_per_pod_between_its_first_and_last_bind() -> None:
+    """The samplers ran through the whole block (start-up included); the figure is the stretch
+    from the first bind to the last, per pod after the first, like the binder's own."""
+    sampler = CpuSampler(os.getpid()).stop()
+    # 1 CPU second a second until t=10, then 3 a second: 4 s of CPU between t=9 and t=11
+    sampler.samples = [(0.0, 0.0), (10.0, 10.0), (20.0, 40.0)]
+    usage = Usage({MACHINE: 50.0, OTHERS: 50.0}, {}, 20.0, {"kube-apiserver": sampler})
+    seen = Observed(
+        added={}, bound={"a": 9.0, "b": 10.0, "c": 11.0}, listed=0, events=0, restarts=0, cpu=0.0
+    )
+    result = drain_result(seen, started=5.0, usage=usage)
+    assert result.extra[window_cpu("kube-apiserver")] == pytest.approx(4.0 / 2)
+    assert result.rate == pytest.approx(2 / 2.0)
 
 
 def ceiling_run(rate: float, shape: Shape, client_cpu: float = 0.05) -> RunResult:
