@@ -14,7 +14,7 @@ from typing import Any
 
 from kubeio.client import Obj
 from kubeio.events import ObjectRef
-from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, binding_annotations
+from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, has_binding_annotations
 from placement.errors import PlacementError
 from placement.indexing import PodIdentity
 from placement.legacy import PodLine, pod_line
@@ -142,7 +142,7 @@ class Pod:
 
     def has_binding(self) -> bool:
         """Whether any gpuplace.io/* binding annotation is on the pod."""
-        return bool(binding_annotations(self.annotations))
+        return has_binding_annotations(self.annotations)
 
     def condition(self, kind: str, status: str = "True") -> Condition | None:
         """The pod's condition `kind` while its status is `status` (PodScheduled False: why the

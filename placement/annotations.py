@@ -215,8 +215,15 @@ def verify_binding(secret: bytes, uid: str, namespace: str, annotations: Mapping
     """Whether a pod's gpuplace.io/* annotations are exactly what the binder signed for it with
     the key whose bytes are `secret` (a v2 signature's key id is covered by its MAC)."""
     signature = signature_of(annotations)
-    if signature is None:
-        return False
+    return signature is not None and verify_signature(
+        secret, signature, uid, namespace, annotations
+    )
+
+
+def verify_signature(
+    secret: bytes, signature: Signature, uid: str, namespace: str, annotations: Mapping[str, str]
+) -> bool:
+    """`verify_binding` for a signature already read from those annotations."""
     version = signature.version
     if version == SIGNATURE_VERSION:
         version = f"{SIGNATURE_VERSION}:{signature.key_id}"
@@ -232,9 +239,9 @@ def binding_digest(annotations: Mapping[str, str]) -> str:
     return hashlib.sha256(text).hexdigest()
 
 
-def binding_annotations(annotations: Mapping[str, str]) -> list[str]:
-    """The gpuplace.io/* annotations present on a pod (a binding, whole or forged)."""
-    return sorted(k for k in annotations if k.startswith(PREFIX))
+def has_binding_annotations(annotations: Mapping[str, str]) -> bool:
+    """Whether the pod carries any gpuplace.io/* annotation (a binding, whole or forged)."""
+    return any(k.startswith(PREFIX) for k in annotations)
 
 
 def name_ordinal(name: str) -> int | None:

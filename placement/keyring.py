@@ -40,10 +40,10 @@ from typing import Any
 from placement.annotations import (
     SIGNATURE_ANNOTATION,
     SIGNATURE_V1,
-    binding_annotations,
     binding_digest,
+    has_binding_annotations,
     signature_of,
-    verify_binding,
+    verify_signature,
 )
 
 KEYRING_FIELD = "keyring.json"
@@ -329,7 +329,7 @@ class TrustView:
     def judge(
         self, uid: str, namespace: str, created: str, annotations: Mapping[str, str]
     ) -> Verdict:
-        if not binding_annotations(annotations):
+        if not has_binding_annotations(annotations):
             return Verdict(Trust.NONE)
         signature = signature_of(annotations)
         if signature is None:
@@ -342,12 +342,12 @@ class TrustView:
             return Verdict(Trust.FORGED)
         if signature.version == SIGNATURE_V1:
             for key in self.ring.keys:
-                if verify_binding(key.secret, uid, namespace, annotations):
+                if verify_signature(key.secret, signature, uid, namespace, annotations):
                     return Verdict(Trust.VERIFIED, key.id, SIGNATURE_V1)
         else:
             named = self.ring.get(signature.key_id)
             if named is not None:
-                ok = verify_binding(named.secret, uid, namespace, annotations)
+                ok = verify_signature(named.secret, signature, uid, namespace, annotations)
                 return Verdict(Trust.VERIFIED if ok else Trust.FORGED, named.id, signature.version)
         record = self.adoptions.get(uid)
         if (
