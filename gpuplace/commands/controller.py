@@ -201,7 +201,15 @@ def run(args: argparse.Namespace) -> int:
         healthy=controller.healthy,
     )
     ops.start()
-    log.info("controller %s starting; metrics on port %d", settings.identity, ops.port)
+    log.info(
+        "controller %s starting; metrics on port %d; %d Bindings in flight from %s",
+        settings.identity,
+        ops.port,
+        settings.binder.bind_workers,
+        f"{settings.binder.bind_processes} bind processes"
+        if settings.binder.bind_processes
+        else "its request loop",
+    )
     web = start_web_view(kube, settings, controller)
 
     def shutdown(signum: int, _frame: FrameType | None) -> None:

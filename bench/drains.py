@@ -1,0 +1,227 @@
+"""`python -m bench.drains [--nodes N] [--pods N] [--settings P/W,...] [--ceilings PxT,...]
+[--rounds R] [--budget S] [--workdir DIR]`: gpuplace's backlog drain at several binder settings
+against the Binding ceiling at fixed shapes, taking turns on one cluster.
+
+`make bench` runs gpuplace's drain once a repeat, at the controller's defaults, against the best
+ceiling its search finds. To compare settings where each run counts (a larger machine lent for
+minutes), this bench runs each contender once a round, in the same order every round, on one
+cluster: a setting `P/W` is a drain by a new leader with P bind processes (0: from its own request
+loop) and W Bindings in flight; a shape `PxT` is the minimal client in P processes x T threads. It
+logs a line per run, stops starting runs once `--budget` seconds have passed, and prints each
+contender's medians: pods/s, the drain's ratio to the best ceiling, the binder's and the control
+plane's CPU per pod from the first bind to the last, and start to first bind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bench import Measurement, below, describe, machine, print_tables
+from bench._ceiling import Shape
+from bench.placement import (
+    APISERVER,
+    BINDING_CPU,
+    Benchmark,
+    PlacementBench,
+    RunResult,
+    Scale,
+    window_cpu,
+)
+
+NAME = "drains"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A leader's binder: `processes` bind processes (0: its request loop), `in_flight`
+    Bindings in flight (--bind-processes, --bind-workers)."""
+
+    processes: int
+    in_flight: int
+
+    @classmethod
+    def parse(cls, text: str) -> Setting:
+        processes, _, in_flight = text.partition("/")
+        try:
+            setting = cls(int(processes), int(in_flight))
+        except ValueError:
+            raise ValueError(f"{text!r}: a setting is P/W, e.g. 0/256") from None
+        if setting.processes < 0 or setting.in_flight < 1:
+            raise ValueError(f"{text!r}: P is 0 or more, W 1 or more")
+        return setting
+
+    def describe(self) -> str:
+        return f"drain {self.processes}/{self.in_flight}"
+
+    def environment(self) -> dict[str, str]:
+        """What the controller the bench starts reads them from."""
+        return {
+            "GPUPLACE_BIND_PROCESSES": str(self.processes),
+            "GPUPLACE_BIND_WORKERS": str(self.in_flight),
+        }
+
+
+def parse_shape(text: str) -> Shape:
+    processes, _, threads = text.partition("x")
+    try:
+        shape = Shape(int(processes), int(threads))
+    except ValueError:
+        raise ValueError(f"{text!r}: a ceiling shape is PxT, e.g. 8x128") from None
+    if shape.processes < 1 or shape.threads < 1:
+        raise ValueError(f"{text!r}: P and T are 1 or more")
+    return shape
+
+
+def ceiling_name(shape: Shape) -> str:
+    return f"ceiling {shape.processes}x{shape.threads}"
+
+
+@dataclass
+class Rounds:
+    """Every contender's runs, in the order they were given."""
+
+    settings: Sequence[Setting]
+    shapes: Sequence[Shape]
+    runs: dict[str, list[RunResult]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in [s.describe() for s in self.settings] + [ceiling_name(s) for s in self.shapes]:
+            self.runs.setdefault(name, [])
+
+
+def contend(
+    b: PlacementBench,
+    rounds: Rounds,
+    count: int,
+    budget: float,
+    log: Callable[[str], None],
+) -> Rounds:
+    """`count` rounds of every contender in turn, until `budget` seconds have passed."""
+    began = time.monotonic()
+    saved = {key: os.environ.get(key) for key in Setting(0, 1).environment()}
+    try:
+        for number in range(count):
+            contenders: list[Setting | Shape] = [*rounds.settings, *rounds.shapes]
+            for contender in contenders:
+                if time.monotonic() - began > budget:
+                    log(f"budget of {budget:.0f} s spent: no more runs")
+                    return rounds
+                if isinstance(contender, Setting):
+                    os.environ.update(contender.environment())  # the controller inherits it
+                    name, result = contender.describe(), b.gpuplace_drain()
+                else:
+                    name, result = ceiling_name(contender), b.ceiling(contender)
+                rounds.runs[name].append(result)
+                log(f"round {number} {name}: {line(result)}")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return rounds
+
+
+def line(result: RunResult) -> str:
+    extra = result.extra
+    parts = [f"{result.rate:,.0f} pods/s"]
+    if BINDING_CPU in extra:
+        parts.append(f"binder CPU/pod {1000 * extra[BINDING_CPU]:.3f} ms")
+    if window_cpu(APISERVER) in extra:
+        parts.append(f"apiserver CPU/pod {1000 * extra[window_cpu(APISERVER)]:.3f} ms")
+    parts.append(f"start->first {extra.get('start_to_first_bound_s', float('nan')):.2f} s")
+    parts.append(f"machine busy {extra.get('machine_busy_share', float('nan')):.2f}")
+    return ", ".join(parts)
+
+
+def measurements(scale: Scale, rounds: Rounds) -> list[Measurement]:
+    label = f"{NAME} {scale.label}"
+    ceilings = {
+        name: statistics.median(r.rate for r in runs)
+        for shape in rounds.shapes
+        if (runs := rounds.runs[name := ceiling_name(shape)])
+    }
+    best = max(ceilings, key=lambda name: ceilings[name], default=None)
+    rows: list[Measurement] = []
+    for name, runs in rounds.runs.items():
+        if not runs:
+            continue
+        rows.append(below(label, f"{name}: pods/s", [r.rate for r in runs], "pods/s"))
+        if best is not None and not name.startswith("ceiling"):
+            rows.append(
+                below(
+                    label,
+                    f"{name} / {best}",
+                    [r.rate / ceilings[best] for r in runs],
+                    "x",
+                )
+            )
+        for key, what in ((BINDING_CPU, "binder"), (window_cpu(APISERVER), APISERVER)):
+            values = [1000 * r.extra[key] for r in runs if key in r.extra]
+            if values:
+                rows.append(
+                    below(label, f"{name}: {what} CPU per pod, first -> last bind", values, "ms")
+                )
+        if not name.startswith("ceiling"):
+            rows.append(
+                below(
+                    label,
+                    f"{name}: start -> first bind",
+                    [r.extra["start_to_first_bound_s"] for r in runs],
+                    "s",
+                    detail=True,
+                )
+            )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.drains", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=Scale().nodes)
+    parser.add_argument("--pods", type=int, default=Scale().pods)
+    parser.add_argument(
+        "--settings",
+        default="0/256",
+        help="gpuplace's drains, comma-separated: P/W for P bind processes, W in flight",
+    )
+    parser.add_argument(
+        "--ceilings", default="1x256", help="the ceiling's shapes, comma-separated: PxT"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--budget", type=float, default=float("inf"), help="start no run after this many seconds"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the cluster's files and logs here (default: temporary)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        settings = [Setting.parse(s) for s in args.settings.split(",") if s]
+        shapes = [parse_shape(s) for s in args.ceilings.split(",") if s]
+    except ValueError as exc:
+        parser.error(str(exc))
+    scale = replace(Scale(), nodes=args.nodes, pods=args.pods)
+    _log(f"machine: {describe(machine())}")
+    benchmark = Benchmark(
+        PlacementBench,
+        "gpuplace-drains",
+        lambda b, count, log: contend(b, Rounds(settings, shapes), count, args.budget, log),
+    )
+    rounds = benchmark(scale, args.rounds, _log, args.workdir)
+    print_tables(measurements(scale, rounds))
+    return 0
+
+
+def _log(message: str) -> None:
+    print(f"[{NAME}] {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

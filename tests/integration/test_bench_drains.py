@@ -1,0 +1,37 @@
+"""`python -m bench.drains`, small: a drain at two binder settings and a ceiling, taking turns on a
+cluster of its own, each contender's figures in the table it prints."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.drains import main
+
+
+def test_each_setting_drains_on_its_own_leader_and_is_held_against_the_ceiling(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    before = {k: os.environ.get(k) for k in ("GPUPLACE_BIND_PROCESSES", "GPUPLACE_BIND_WORKERS")}
+    argv = ["--nodes", "13", "--pods", "100", "--rounds", "1", "--workdir", str(tmp_path)]
+    assert main([*argv, "--settings", "0/16,1/8", "--ceilings", "1x8"]) == 0
+    captured = capsys.readouterr()
+    rows = {
+        cells[2].strip(): cells[3].strip()
+        for line in captured.out.splitlines()
+        if len(cells := line.split("|")) > 4
+    }
+    for name in ("drain 0/16", "drain 1/8", "ceiling 1x8"):
+        assert float(rows[f"{name}: pods/s"].split()[0].replace(",", "")) > 0
+        assert f"round 0 {name}: " in captured.err
+    assert "drain 1/8 / ceiling 1x8" in rows
+    assert rows["drain 0/16: binder CPU per pod, first -> last bind"].endswith(" ms")
+    # each drain's leader was started with its setting, in that order
+    logs = "".join(p.read_text() for p in tmp_path.rglob("controller.log"))
+    started = re.findall(r"starting; .*; (\d+) Bindings in flight from (.*)", logs)
+    assert started[-2:] == [("16", "its request loop"), ("8", "1 bind processes")]
+    after = {k: os.environ.get(k) for k in before}
+    assert after == before  # the settings do not outlive the bench

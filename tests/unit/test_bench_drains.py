@@ -1,0 +1,71 @@
+"""`python -m bench.drains`: its settings, and the medians and ratios it prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench._ceiling import Shape
+from bench.drains import Rounds, Setting, main, measurements, parse_shape
+from bench.placement import APISERVER, BINDING_CPU, RunResult, Scale, window_cpu
+
+
+def test_settings_and_shapes_are_read_as_written_and_refused_with_the_text() -> None:
+    assert Setting.parse("2/512") == Setting(2, 512)
+    assert Setting.parse("0/256").environment() == {
+        "GPUPLACE_BIND_PROCESSES": "0",
+        "GPUPLACE_BIND_WORKERS": "256",
+    }
+    assert parse_shape("8x128") == Shape(8, 128)
+    for bad in ("256", "a/1", "0/0", "-1/8"):
+        with pytest.raises(ValueError, match=bad):
+            Setting.parse(bad)
+    for bad in ("8", "8x", "0x128"):
+        with pytest.raises(ValueError, match=bad):
+            parse_shape(bad)
+
+
+def test_a_wrong_setting_on_the_command_line_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["--settings", "0/256,4"])
+    assert ended.value.code == 2
+    assert "'4': a setting is P/W" in capsys.readouterr().err
+
+
+def drain(rate: float, binder_ms: float) -> RunResult:
+    extra = {
+        BINDING_CPU: binder_ms / 1000,
+        window_cpu(APISERVER): 0.003,
+        "start_to_first_bound_s": 2.0,
+    }
+    return RunResult(rate=rate, seconds=1.0, pods=100, extra=extra)
+
+
+def ceiling(rate: float) -> RunResult:
+    return RunResult(rate=rate, seconds=1.0, pods=100, extra={window_cpu(APISERVER): 0.004})
+
+
+def test_each_drain_is_held_against_the_best_ceilings_median() -> None:
+    rounds = Rounds([Setting(0, 256), Setting(2, 256)], [Shape(8, 128), Shape(1, 256)])
+    rounds.runs["drain 0/256"] += [drain(900, 0.2), drain(1000, 0.3), drain(1100, 0.25)]
+    rounds.runs["drain 2/256"] += [drain(800, 0.4)]
+    rounds.runs["ceiling 8x128"] += [ceiling(1000), ceiling(1200), ceiling(5000)]  # median 1200
+    rounds.runs["ceiling 1x256"] += [ceiling(1100)]
+    rows = {m.metric: m for m in measurements(Scale(nodes=100, pods=500), rounds)}
+    assert rows["drain 0/256: pods/s"].value == 1000
+    assert rows["drain 0/256 / ceiling 8x128"].value == pytest.approx(1000 / 1200)
+    assert rows["drain 2/256 / ceiling 8x128"].value == pytest.approx(800 / 1200)
+    assert rows["drain 0/256: binder CPU per pod, first -> last bind"].value == pytest.approx(0.25)
+    assert rows["ceiling 8x128: kube-apiserver CPU per pod, first -> last bind"].value == 4.0
+    assert "ceiling 1x256 / ceiling 8x128" not in rows
+    assert rows["drain 0/256: start -> first bind"].detail
+
+
+def test_contenders_that_never_ran_are_left_out() -> None:
+    rounds = Rounds([Setting(0, 256)], [Shape(1, 256)])
+    rounds.runs["drain 0/256"].append(drain(900, 0.2))
+    metrics = {m.metric for m in measurements(Scale(nodes=100, pods=500), rounds)}
+    assert "drain 0/256: pods/s" in metrics
+    assert not any(m.startswith("ceiling") for m in metrics)
+    assert not any(" / ceiling" in m for m in metrics)
