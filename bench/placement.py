@@ -893,6 +893,22 @@ class PlacementBench:
         """The same burst with the pod webhook's entry pointed at the reference webhook (Go, one
         fixed answer: gpuplace's patch for these pods): the apiserver does the same work as
         with gpuplace's webhook, the server next to none. Its CPU is in the result's extra."""
+        with self._through_reference() as reference:
+            cpu = process_cpu(reference.pid)
+            result = self._burst(gpuplace_pod, apart=[reference.pid])
+            cpu = process_cpu(reference.pid) - cpu
+        return replace(result, extra=result.extra | {REFERENCE_CPU: cpu})
+
+    def reference_admission_at(self, rate: float, count: int) -> Admission:
+        """`admission_at` with the pod webhook's entry pointed at the reference webhook: what a
+        webhook call costs on this machine when the server does next to nothing (its traces'
+        p99 against gpuplace's at the same rate)."""
+        with self._through_reference():
+            return self.admission_at(rate, count)
+
+    @contextlib.contextmanager
+    def _through_reference(self) -> Iterator[ReferenceWebhook]:
+        """The apiserver calls the reference webhook for the block (gpuplace's again after)."""
         pair = self.cluster.ca.issue_server("gpuplace-bench-refwebhook")
         cert, key = self.workdir / "refwebhook.crt", self.workdir / "refwebhook.key"
         pair.write(cert, key)
@@ -906,9 +922,7 @@ class PlacementBench:
                     lambda: self._pod_webhook_called() and reference.reviews() > 0,
                     60,
                 )
-                cpu = process_cpu(reference.pid)
-                result = self._burst(gpuplace_pod, apart=[reference.pid])
-                cpu = process_cpu(reference.pid) - cpu
+                yield reference
             finally:
                 self._point_pod_webhook(original)
             before = histogram_count(self._webhook_buckets())
@@ -919,7 +933,6 @@ class PlacementBench:
                 ),
                 60,
             )
-        return replace(result, extra=result.extra | {REFERENCE_CPU: cpu})
 
     def _point_pod_webhook(self, server: str) -> str:
         """Points the pod webhook's entry at `server` (scheme, host and port; the path stays);
@@ -1158,6 +1171,8 @@ class Results:
     admission: list[Admission] = field(default_factory=list)
     admission_sequential: list[Admission] = field(default_factory=list)
     admission_steady: dict[int, list[Admission]] = field(default_factory=dict)
+    #: The steady rate of the target (`TARGET_STEADY_RATE`) through the reference webhook.
+    reference_steady: list[Admission] = field(default_factory=list)
     controller_peak_mib: float = 0.0
     webhook_peak_mib: float = 0.0
 
@@ -1413,6 +1428,37 @@ def _traced(
     ]
 
 
+def reference_rows(label: str, r: Results) -> list[Measurement]:
+    """The target's steady rate through the reference webhook: its traced p99 against the same
+    creates' etcd write, and gpuplace's p99 over it (each repeat against its own)."""
+    if not r.reference_steady:
+        return []
+    rate = TARGET_STEADY_RATE
+    when = f"at {rate} creates/s through the reference webhook"
+
+    def p99(admissions: Sequence[Admission], etcd: bool = False) -> list[float]:
+        timed = [a.etcd if etcd else a.traced for a in admissions]
+        return [1000 * percentile(t, 0.99) if t else float("nan") for t in timed]
+
+    reference, etcd = p99(r.reference_steady), p99(r.reference_steady, etcd=True)
+    ours = p99(r.admission_steady.get(rate, []))
+    return [
+        *_traced(label, when, r.reference_steady),
+        below(
+            label,
+            f"webhook p99 / the same creates' etcd write p99 (apiserver's traces) {when}",
+            [w / e for w, e in zip(reference, etcd, strict=True)],
+            "x",
+        ),
+        below(
+            label,
+            f"webhook p99 at {rate} creates/s (apiserver's traces), gpuplace's / the reference's",
+            [g / w for g, w in zip(ours, reference, strict=False)],
+            "x",
+        ),
+    ]
+
+
 def _waits(label: str, when: str, admissions: Sequence[Admission]) -> list[Measurement]:
     """What the machine left the webhook: its threads' wait for a CPU per call, and how busy
     the machine was (two cores shared by the control plane, kwok and every gpuplace part)."""
@@ -1481,7 +1527,7 @@ def _admission(label: str, r: Results) -> list[Measurement]:
         sent = [a.rate for a in steady]
         result.append(below(label, f"creates/s sent, aiming at {rate}", sent, "/s", detail=True))
         result += _waits(label, f"at {rate} creates/s", steady)
-    return result
+    return result + reference_rows(label, r)
 
 
 def _details(label: str, r: Results) -> list[Measurement]:
@@ -1554,6 +1600,7 @@ def contend(
             results.admission_steady.setdefault(rate, []).append(steady)
             p99 = _ms(histogram_quantile(0.99, steady.apiserver))
             log(f"  webhook at {rate} creates/s ({steady.rate:.1f} sent): p99 {p99:.1f} ms")
+        reference_steady(b, results, log)
         contenders: list[Contender[RunResult]] = [
             ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
             ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
@@ -1672,7 +1719,17 @@ def contend_creates(b: PlacementBench, repeats: int, log: Callable[[str], None])
         rate = TARGET_STEADY_RATE
         steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
         results.admission_steady.setdefault(rate, []).append(steady)
+        reference_steady(b, results, log)
     return results
+
+
+def reference_steady(b: PlacementBench, results: Results, log: Callable[[str], None]) -> None:
+    """The target's steady rate through the reference webhook, after gpuplace's."""
+    rate = TARGET_STEADY_RATE
+    steady = b.reference_admission_at(rate, int(rate * STEADY_SECONDS))
+    results.reference_steady.append(steady)
+    p99 = 1000 * percentile(steady.traced, 0.99) if steady.traced else float("nan")
+    log(f"  the reference webhook at {rate} creates/s: p99 {p99:.1f} ms (traces)")
 
 
 def creates_measurements(scale: Scale, r: Results) -> list[Measurement]:
@@ -1683,6 +1740,7 @@ def creates_measurements(scale: Scale, r: Results) -> list[Measurement]:
         *_traced(
             label, f"at {rate} creates/s", r.admission_steady[rate], TARGET_WEBHOOK_VS_ETCD_P99
         ),
+        *reference_rows(label, r),
         *_waits(label, f"at {rate} creates/s", r.admission_steady[rate]),
         below(label, f"webhook server processes ({PROCESSES_ENV})", [webhook_processes()], ""),
     ]

@@ -8,11 +8,12 @@ refuse gets a `Verdict` with `allowed: false`, which the apiserver shows to the 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 from placement.errors import MAX_MESSAGE, cap
 from webhook.jsonpatch import Operation
@@ -160,7 +161,7 @@ def render_response(uid: str, verdict: Verdict) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
     if verdict.allowed and verdict.patch:
         response["patchType"] = "JSONPatch"
-        patch = json.dumps(list(verdict.patch), separators=(",", ":")).encode()
+        patch = orjson.dumps(list(verdict.patch))  # compact, as the apiserver reads it
         response["patch"] = base64.b64encode(patch).decode()
     if not verdict.allowed:
         response["status"] = {

@@ -73,3 +73,17 @@ def test_the_apiserver_traces_time_every_webhook_call_of_the_bench_creates(
     # status updates, which went on meanwhile, are not traced (the apiserver exports every 5 s).
     time.sleep(6)
     assert not [n for n in bench.spans.names() if n.endswith(("/binding", "/status"))]
+
+
+def test_the_same_steady_creates_go_through_the_reference_webhook_and_back(
+    bench: ScaleBench,
+) -> None:
+    """The reference webhook answers every create of the block (traced like gpuplace's calls,
+    which the webhook's own histogram does not count), then gpuplace's webhook serves again."""
+    served = histogram_count(bench._webhook_buckets())
+    admission = bench.reference_admission_at(20, 30)
+    assert admission.creates == 30 and len(admission.traced) == 30
+    assert histogram_count(admission.apiserver) == 30
+    assert histogram_count(admission.webhook) == 0  # gpuplace's webhook saw none of them
+    assert bench._pod_webhook_called()
+    assert histogram_count(bench._webhook_buckets()) > served  # gpuplace's, once more

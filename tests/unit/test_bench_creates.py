@@ -7,12 +7,15 @@ from bench.placement import (
     APISERVER,
     REFERENCE_CPU,
     TARGET_CREATES_RATIO,
+    TARGET_STEADY_RATE,
     TARGET_WEBHOOK_VS_ETCD_P99,
     WEBHOOK,
     Admission,
+    Results,
     RunResult,
     _traced,
     creates_rows,
+    reference_rows,
 )
 
 
@@ -65,3 +68,20 @@ def test_the_webhooks_p99_is_held_to_a_multiple_of_the_etcd_write_p99() -> None:
     ok = _traced("b", "at 50 creates/s", [steady(3.0, 2.0)], TARGET_WEBHOOK_VS_ETCD_P99)[0]
     assert ok.ok is True
     assert len(_traced("b", "one at a time", [steady(3.0, 2.0)])) == len(rows) - 1
+
+
+def test_the_reference_webhooks_p99_at_the_target_rate_is_set_beside_gpuplaces() -> None:
+    """What any webhook call costs on the machine: the same steady creates through the reference
+    webhook, its p99 against its etcd writes' (no target) and gpuplace's over it, per repeat."""
+    results = Results(
+        admission_steady={TARGET_STEADY_RATE: [steady(6.0, 2.0), steady(3.0, 1.0)]},
+        reference_steady=[steady(4.0, 2.0), steady(2.0, 1.0)],
+    )
+    by = {m.metric: m for m in reference_rows("b", results)}
+    when = f"at {TARGET_STEADY_RATE} creates/s through the reference webhook"
+    assert by[f"webhook p99 (apiserver's traces) {when}"].value == 3.0  # median of 4 and 2
+    over_etcd = by[f"webhook p99 / the same creates' etcd write p99 (apiserver's traces) {when}"]
+    assert over_etcd.value == 2.0 and over_etcd.target == ""
+    ours = f"webhook p99 at {TARGET_STEADY_RATE} creates/s (apiserver's traces), gpuplace's / the reference's"
+    assert by[ours].value == 1.5  # 6/4 and 3/2
+    assert reference_rows("b", Results()) == []
