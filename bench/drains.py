@@ -48,14 +48,7 @@ class Setting:
 
     @classmethod
     def parse(cls, text: str) -> Setting:
-        processes, _, in_flight = text.partition("/")
-        try:
-            setting = cls(int(processes), int(in_flight))
-        except ValueError:
-            raise ValueError(f"{text!r}: a setting is P/W, e.g. 0/256") from None
-        if setting.processes < 0 or setting.in_flight < 1:
-            raise ValueError(f"{text!r}: P is 0 or more, W 1 or more")
-        return setting
+        return cls(*_pair(text, "/", "a setting is P/W, e.g. 0/256", (0, 1)))
 
     def describe(self) -> str:
         return f"drain {self.processes}/{self.in_flight}"
@@ -69,14 +62,19 @@ class Setting:
 
 
 def parse_shape(text: str) -> Shape:
-    processes, _, threads = text.partition("x")
+    return Shape(*_pair(text, "x", "a ceiling shape is PxT, e.g. 8x128", (1, 1)))
+
+
+def _pair(text: str, separator: str, form: str, least: tuple[int, int]) -> tuple[int, int]:
+    """Two integers written `A<separator>B`, each at least its `least`."""
+    first, _, second = text.partition(separator)
     try:
-        shape = Shape(int(processes), int(threads))
+        pair = int(first), int(second)
     except ValueError:
-        raise ValueError(f"{text!r}: a ceiling shape is PxT, e.g. 8x128") from None
-    if shape.processes < 1 or shape.threads < 1:
-        raise ValueError(f"{text!r}: P and T are 1 or more")
-    return shape
+        raise ValueError(f"{text!r}: {form}") from None
+    if pair[0] < least[0] or pair[1] < least[1]:
+        raise ValueError(f"{text!r}: {form}, with at least {least[0]}{separator}{least[1]}")
+    return pair
 
 
 def ceiling_name(shape: Shape) -> str:
