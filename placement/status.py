@@ -42,7 +42,8 @@ def _powers(modulus: int, multiplier: int) -> tuple[int, ...]:
 def _polynomial(data: bytes, modulus: int, multiplier: int) -> int:
     """The script's loop, `h = (h * multiplier + byte + 1) % modulus` over every byte: the sum
     of (byte + 1) * multiplier**(bytes after it), modulo `modulus`. Each block's share is summed
-    by `sum(map(...))` in C; the loop a byte at a time in Python took about 0.9 s a MiB."""
+    by `sum(map(...))` in C: 0.21 s a MiB of map text for both moduli on two cores, where the
+    loop a byte at a time took 0.34 s."""
     powers = _powers(modulus, multiplier)
     h = 0
     for start in range(0, len(data), _BLOCK):
