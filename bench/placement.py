@@ -1408,8 +1408,7 @@ def _traced(
     with `vs_etcd`, their p99 over the same creates' etcd write p99 is held below it."""
 
     def ms(q: float, etcd: bool = False) -> list[float]:
-        timed = [a.etcd if etcd else a.traced for a in admissions]
-        return [1000 * percentile(t, q) if t else float("nan") for t in timed]
+        return traced_ms(admissions, q, etcd)
 
     share = [100 * len(a.traced) / a.creates if a.creates else 0.0 for a in admissions]
     etcd = f"the same creates' etcd write p99 (apiserver's traces) {when}"
@@ -1428,6 +1427,12 @@ def _traced(
     ]
 
 
+def traced_ms(admissions: Sequence[Admission], q: float, etcd: bool = False) -> list[float]:
+    """Each admission's quantile `q` of its traced webhook calls (or of its etcd writes), ms."""
+    timed = [a.etcd if etcd else a.traced for a in admissions]
+    return [1000 * percentile(t, q) if t else float("nan") for t in timed]
+
+
 def reference_rows(label: str, r: Results) -> list[Measurement]:
     """The target's steady rate through the reference webhook: its traced p99 against the same
     creates' etcd write, and gpuplace's p99 over it (each repeat against its own)."""
@@ -1435,13 +1440,9 @@ def reference_rows(label: str, r: Results) -> list[Measurement]:
         return []
     rate = TARGET_STEADY_RATE
     when = f"at {rate} creates/s through the reference webhook"
-
-    def p99(admissions: Sequence[Admission], etcd: bool = False) -> list[float]:
-        timed = [a.etcd if etcd else a.traced for a in admissions]
-        return [1000 * percentile(t, 0.99) if t else float("nan") for t in timed]
-
-    reference, etcd = p99(r.reference_steady), p99(r.reference_steady, etcd=True)
-    ours = p99(r.admission_steady.get(rate, []))
+    reference = traced_ms(r.reference_steady, 0.99)
+    etcd = traced_ms(r.reference_steady, 0.99, etcd=True)
+    ours = traced_ms(r.admission_steady.get(rate, []), 0.99)
     return [
         *_traced(label, when, r.reference_steady),
         below(
@@ -1728,7 +1729,7 @@ def reference_steady(b: PlacementBench, results: Results, log: Callable[[str], N
     rate = TARGET_STEADY_RATE
     steady = b.reference_admission_at(rate, int(rate * STEADY_SECONDS))
     results.reference_steady.append(steady)
-    p99 = 1000 * percentile(steady.traced, 0.99) if steady.traced else float("nan")
+    (p99,) = traced_ms([steady], 0.99)
     log(f"  the reference webhook at {rate} creates/s: p99 {p99:.1f} ms (traces)")
 
 
