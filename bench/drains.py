@@ -1,5 +1,5 @@
 """`python -m bench.drains [--nodes N] [--pods N] [--settings P/W,...] [--ceilings PxT,...]
-[--rounds R] [--budget S] [--workdir DIR]`: gpuplace's backlog drain at several binder settings
+[--rounds R] [--budget S] [--workdir DIR] [--profile DIR]`: gpuplace's backlog drain at several binder settings
 against the Binding ceiling at fixed shapes, taking turns on one cluster.
 
 `make bench` runs gpuplace's drain once a repeat, at the controller's defaults, against the best
@@ -9,7 +9,8 @@ cluster: a setting `P/W` is a drain by a new leader with P bind processes (0: fr
 loop) and W Bindings in flight; a shape `PxT` is the minimal client in P processes x T threads. It
 logs a line per run, stops starting runs once `--budget` seconds have passed, and prints each
 contender's medians: pods/s, the drain's ratio to the best ceiling, the binder's and the control
-plane's CPU per pod from the first bind to the last, and start to first bind.
+plane's CPU per pod from the first bind to the last, and start to first bind. `--profile DIR`
+samples each drain's leader with py-spy (`python -m bench._stacks DIR/*.txt` sums it up).
 """
 
 from __future__ import annotations
@@ -199,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--workdir", type=Path, help="keep the cluster's files and logs here (default: temporary)"
     )
+    parser.add_argument("--profile", type=Path, help="sample each drain's leader with py-spy here")
     args = parser.parse_args(argv)
     try:
         settings = [Setting.parse(s) for s in args.settings.split(",") if s]
@@ -212,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gpuplace-drains",
         lambda b, count, log: contend(b, Rounds(settings, shapes), count, args.budget, log),
     )
-    rounds = benchmark(scale, args.rounds, _log, args.workdir)
+    rounds = benchmark(scale, args.rounds, _log, args.workdir, args.profile)
     print_tables(measurements(scale, rounds))
     return 0
 

@@ -27,7 +27,12 @@ Handler = Callable[[argparse.Namespace], int]
 ENTRY_POINT_GROUP = "gpuplace.commands"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line. `command`: the subcommand about to run; when it names one, only its
+    module is imported (a controller, webhook or agent process, or a `gpuplace validate` in a
+    pipeline, does not load every other command's libraries: the Kubernetes client's
+    configuration, Flask, GitPython, the development environment), unless that module reads the
+    whole command line (`WHOLE_COMMAND_LINE`, as `completion` does)."""
     parser = argparse.ArgumentParser(
         prog="gpuplace", description="GitOps-driven, declarative GPU placement for Kubernetes."
     )
@@ -40,11 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for point in entry_points(group=ENTRY_POINT_GROUP):
         modules.setdefault(point.name, point.load)
-    for name in sorted(modules):
+    names = sorted(modules)
+    if command in modules and not getattr(modules[command](), "WHOLE_COMMAND_LINE", False):
+        names = [command]
+    for name in names:
         cast(CommandModule, modules[name]()).register(subparsers)
     # The whole command line, for the commands that describe it (`gpuplace completion`).
     parser.set_defaults(root_parser=parser)
     return parser
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` runs: its first word that is not a flag (the root's flags, --help
+    and --version, take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def version() -> str:
@@ -56,7 +70,8 @@ def version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(command_of(words)).parse_args(words)
     handler = cast(Handler, args.handler)
     try:
         return handler(args)

@@ -16,6 +16,8 @@ import shlex
 from gpuplace.commands._args import documented_command
 
 SHELLS = ("bash", "zsh")
+#: Its script is written from every subcommand's parser (gpuplace/cli.py).
+WHOLE_COMMAND_LINE = True
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

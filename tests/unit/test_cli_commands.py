@@ -4,6 +4,8 @@ installed into the checkout's .venv) adds through the `gpuplace.commands` entry 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from importlib.metadata import EntryPoint
 
 import pytest
@@ -56,3 +58,40 @@ def test_an_entry_point_never_replaces_a_product_command(monkeypatch: pytest.Mon
     monkeypatch.setattr(cli, "entry_points", lambda group: [shadow])
     assert "status" in commands(cli.build_parser())
     assert loaded == []
+
+
+@pytest.mark.parametrize("name", [*PRODUCT, "cluster", "demo", "validate", "webhook"])
+def test_a_subcommand_about_to_run_is_registered_alone_under_its_modules_name(name: str) -> None:
+    parser = cli.build_parser(name)
+    expected = sorted(commands(cli.build_parser())) if name == "completion" else [name]
+    assert commands(parser) == expected
+
+
+def test_the_subcommand_about_to_run_is_the_first_word_that_is_not_a_flag() -> None:
+    assert cli.command_of(["validate", "--strict", "maps/"]) == "validate"
+    assert cli.command_of(["--help"]) is None
+    assert cli.command_of([]) is None
+    # An unknown word: every subcommand is registered, so argparse names the choices.
+    parser = cli.build_parser(cli.command_of(["nosuch", "--flag"]))
+    assert set(PRODUCT) <= set(commands(parser))
+
+
+def _imported_by(argv: list[str]) -> set[str]:
+    """The heavy libraries a fresh interpreter holds after parsing `gpuplace <argv>`."""
+    script = (
+        "import sys; from gpuplace.cli import build_parser, command_of\n"
+        f"build_parser(command_of({argv!r})).parse_args({argv!r})\n"
+        "heavy = ('flask', 'kubernetes', 'git', 'pynvml', 'gpuplace_dev')\n"
+        "print(' '.join(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(done.stdout.split())
+
+
+def test_each_process_imports_only_what_its_own_subcommand_needs() -> None:
+    assert _imported_by(["validate", "maps/"]) == set()
+    assert _imported_by(["webhook"]) == {"flask", "kubernetes"}
+    assert _imported_by(["agent", "--once"]) == {"kubernetes", "pynvml"}
+    assert "flask" not in _imported_by(["controller"])
