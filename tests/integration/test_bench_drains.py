@@ -1,5 +1,5 @@
 """`python -m bench.drains`, small: a drain at two binder settings and a ceiling, taking turns on a
-cluster of its own, each contender's figures in the table it prints."""
+cluster of its own, each contender's figures in the table it prints, each drain's leader sampled."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def test_each_setting_drains_on_its_own_leader_and_is_held_against_the_ceiling(
 ) -> None:
     before = {k: os.environ.get(k) for k in ("GPUPLACE_BIND_PROCESSES", "GPUPLACE_BIND_WORKERS")}
     argv = ["--nodes", "13", "--pods", "100", "--rounds", "1", "--workdir", str(tmp_path)]
+    profiles = tmp_path / "profiles"
+    argv += ["--profile", str(profiles)]
     assert main([*argv, "--settings", "0/16,1/8", "--ceilings", "1x8"]) == 0
     captured = capsys.readouterr()
     rows = {
@@ -33,5 +35,10 @@ def test_each_setting_drains_on_its_own_leader_and_is_held_against_the_ceiling(
     logs = "".join(p.read_text() for p in tmp_path.rglob("controller.log"))
     started = re.findall(r"starting; .*; (\d+) Bindings in flight from (.*)", logs)
     assert started[-2:] == [("16", "its request loop"), ("8", "1 bind processes")]
+    # each drain's leader was sampled: a profile of collapsed stacks for each drain
+    sampled = sorted(profiles.glob("controller-drain-*.txt"))
+    assert len(sampled) == 2
+    for profile in sampled:
+        assert any(line.rpartition(" ")[2].isdigit() for line in profile.read_text().splitlines())
     after = {k: os.environ.get(k) for k in before}
     assert after == before  # the settings do not outlive the bench
