@@ -321,13 +321,18 @@ def process_cpu(pid: int, apart: Collection[int] = ()) -> float:
     """CPU seconds (user + system) the process and its live descendants (a controller's bind
     processes) have used so far; a descendant in `apart` (counted under a name of its own, as
     the components this benchmark starts are) is left out, with its own descendants."""
-    total = cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), _TICKS)
+    total = own_cpu(pid)
     for child in _children(pid):
         if child in apart:
             continue
         with contextlib.suppress(OSError, ValueError):  # it ended meanwhile
             total += process_cpu(child, apart)
     return total
+
+
+def own_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process alone has used so far."""
+    return cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), _TICKS)
 
 
 def _children(pid: int) -> list[int]:
@@ -414,9 +419,12 @@ class CpuSampler:
     """A process's CPU seconds sampled every `period` while it runs (a thread of this process),
     so the CPU of a stretch of the run (first to last bind, leaving out start-up) can be read."""
 
-    def __init__(self, pid: int, period: float = 0.05) -> None:
+    def __init__(self, pid: int, period: float = 0.05, descendants: bool = True) -> None:
+        """`descendants`: count the process's descendants too (a controller's bind processes),
+        as `process_cpu` does; False: the process alone."""
         self.samples: list[tuple[float, float]] = []
         self._pid, self._period = pid, period
+        self._read: Callable[[int], float] = process_cpu if descendants else own_cpu
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
@@ -424,7 +432,7 @@ class CpuSampler:
     def _run(self) -> None:
         while True:
             try:
-                self.samples.append((time.monotonic(), process_cpu(self._pid)))
+                self.samples.append((time.monotonic(), self._read(self._pid)))
             except OSError:
                 return  # the process is gone
             if self._stop.wait(self._period):

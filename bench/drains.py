@@ -29,6 +29,7 @@ from bench._ceiling import Shape
 from bench.placement import (
     APISERVER,
     BINDING_CPU,
+    LEADER_CPU,
     Benchmark,
     PlacementBench,
     RunResult,
@@ -133,6 +134,8 @@ def line(result: RunResult) -> str:
     parts = [f"{result.rate:,.0f} pods/s"]
     if BINDING_CPU in extra:
         parts.append(f"binder CPU/pod {1000 * extra[BINDING_CPU]:.3f} ms")
+    if LEADER_CPU in extra:
+        parts.append(f"its own process {1000 * extra[LEADER_CPU]:.3f} ms")
     if window_cpu(APISERVER) in extra:
         parts.append(f"apiserver CPU/pod {1000 * extra[window_cpu(APISERVER)]:.3f} ms")
     parts.append(f"start->first {extra.get('start_to_first_bound_s', float('nan')):.2f} s")
@@ -162,7 +165,11 @@ def measurements(scale: Scale, rounds: Rounds) -> list[Measurement]:
                     "x",
                 )
             )
-        for key, what in ((BINDING_CPU, "binder"), (window_cpu(APISERVER), APISERVER)):
+        for key, what in (
+            (BINDING_CPU, "binder"),
+            (LEADER_CPU, "binder's own process"),
+            (window_cpu(APISERVER), APISERVER),
+        ):
             values = [1000 * r.extra[key] for r in runs if key in r.extra]
             if values:
                 rows.append(

@@ -31,6 +31,15 @@ def test_each_setting_drains_on_its_own_leader_and_is_held_against_the_ceiling(
         assert f"round 0 {name}: " in captured.err
     assert "drain 1/8 / ceiling 1x8" in rows
     assert rows["drain 0/16: binder CPU per pod, first -> last bind"].endswith(" ms")
+
+    def ms(row: str) -> float:
+        return float(rows[row].removesuffix(" ms"))
+
+    # the leader's own process alone, beside the binder with its bind process
+    binder, own = "binder CPU per pod", "binder's own process CPU per pod"
+    window = "first -> last bind"
+    assert ms(f"drain 0/16: {own}, {window}") > 0
+    assert 0 < ms(f"drain 1/8: {own}, {window}") < ms(f"drain 1/8: {binder}, {window}")
     # each drain's leader was started with its setting, in that order
     logs = "".join(p.read_text() for p in tmp_path.rglob("controller.log"))
     started = re.findall(r"starting; .*; (\d+) Bindings in flight from (.*)", logs)

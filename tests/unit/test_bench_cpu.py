@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench._kube import CpuMeter, process_cpu
+from bench._kube import CpuMeter, CpuSampler, process_cpu
 from bench.placement import CLIENT, PlacementBench, Scale, Usage
 
 #: Burns a CPU for this many seconds, then waits to be killed.
@@ -97,6 +97,20 @@ def test_a_child_counts_in_its_parent_unless_it_is_counted_apart(family: Family)
     without = process_cpu(family.parent.pid, apart={family.burner})
     assert with_child - without >= BURN * 0.9
     assert process_cpu(family.burner) >= BURN * 0.9
+
+
+def test_a_sampler_of_the_process_alone_leaves_its_children_out(family: Family) -> None:
+    """A drain's leader with bind processes: its own CPU beside its and its workers'."""
+    whole = CpuSampler(family.parent.pid, period=0.01)
+    own = CpuSampler(family.parent.pid, period=0.01, descendants=False)
+    started = time.monotonic()
+    family.start().burnt()
+    time.sleep(0.05)
+    ended = time.monotonic()
+    whole.stop()
+    own.stop()
+    assert whole.between(started, ended) >= BURN * 0.9
+    assert own.between(started, ended) < BURN / 2
 
 
 def test_the_meter_counts_each_named_process_once(family: Family) -> None:

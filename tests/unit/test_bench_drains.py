@@ -6,7 +6,7 @@ import pytest
 
 from bench._ceiling import Shape
 from bench.drains import Rounds, Setting, main, measurements, parse_shape
-from bench.placement import APISERVER, BINDING_CPU, RunResult, Scale, window_cpu
+from bench.placement import APISERVER, BINDING_CPU, LEADER_CPU, RunResult, Scale, window_cpu
 
 
 def test_settings_and_shapes_are_read_as_written_and_refused_with_the_text() -> None:
@@ -33,9 +33,10 @@ def test_a_wrong_setting_on_the_command_line_is_a_usage_error(
     assert "'4': a setting is P/W" in capsys.readouterr().err
 
 
-def drain(rate: float, binder_ms: float) -> RunResult:
+def drain(rate: float, binder_ms: float, own_ms: float | None = None) -> RunResult:
     extra = {
         BINDING_CPU: binder_ms / 1000,
+        LEADER_CPU: (binder_ms if own_ms is None else own_ms) / 1000,
         window_cpu(APISERVER): 0.003,
         "start_to_first_bound_s": 2.0,
     }
@@ -49,7 +50,7 @@ def ceiling(rate: float) -> RunResult:
 def test_each_drain_is_held_against_the_best_ceilings_median() -> None:
     rounds = Rounds([Setting(0, 256), Setting(2, 256)], [Shape(8, 128), Shape(1, 256)])
     rounds.runs["drain 0/256"] += [drain(900, 0.2), drain(1000, 0.3), drain(1100, 0.25)]
-    rounds.runs["drain 2/256"] += [drain(800, 0.4)]
+    rounds.runs["drain 2/256"] += [drain(800, 0.4, own_ms=0.15)]
     rounds.runs["ceiling 8x128"] += [ceiling(1000), ceiling(1200), ceiling(5000)]  # median 1200
     rounds.runs["ceiling 1x256"] += [ceiling(1100)]
     rows = {m.metric: m for m in measurements(Scale(nodes=100, pods=500), rounds)}
@@ -57,6 +58,10 @@ def test_each_drain_is_held_against_the_best_ceilings_median() -> None:
     assert rows["drain 0/256 / ceiling 8x128"].value == pytest.approx(1000 / 1200)
     assert rows["drain 2/256 / ceiling 8x128"].value == pytest.approx(800 / 1200)
     assert rows["drain 0/256: binder CPU per pod, first -> last bind"].value == pytest.approx(0.25)
+    # with bind processes, the leader's own share beside the whole binder's
+    assert rows["drain 2/256: binder CPU per pod, first -> last bind"].value == pytest.approx(0.4)
+    own = "drain 2/256: binder's own process CPU per pod, first -> last bind"
+    assert rows[own].value == pytest.approx(0.15)
     assert rows["ceiling 8x128: kube-apiserver CPU per pod, first -> last bind"].value == 4.0
     assert "ceiling 1x256 / ceiling 8x128" not in rows
     assert rows["drain 0/256: start -> first bind"].detail
