@@ -326,7 +326,7 @@ class Binder:
         while not self._stop.is_set():
             # Woken in time for the next deferred report (a pod still waiting for its claim).
             wait = min(1.0, max(0.0, self.pending.next_due() - time.monotonic()))
-            uid = self.queue.pop(timeout=wait)
+            uid = self.queue.pop(timeout=wait) if self._room_for_one(wait) else None
             self.pending.flush_due()
             if time.monotonic() - last_flush > self.settings.flush_seconds:
                 self.queue.wake_all()
@@ -343,6 +343,13 @@ class Binder:
             except Exception:
                 log.exception("decision failed", extra={"pod": pod.key})
                 self.queue.backoff(uid)
+
+    def _room_for_one(self, timeout: float) -> bool:
+        """Whether the next decision's Binding can go out now: with bind processes, whether they
+        have room for its job (waiting up to `timeout`), so that no job's lease deadline is
+        spent in a queue; the request loop checks the Lease as it writes, and queues freely."""
+        procs = self._procs
+        return procs is None or procs.wait_for_room(timeout)
 
     def _decide(self, uid: str, pod: Pod) -> None:
         if not self.fence():

@@ -13,8 +13,15 @@ reads alike; a worker sends nothing past it, checked before the request and agai
 process sentinel); a worker that dies is started again and its jobs are failed back as transport
 errors, so that each is decided again.
 
-Contract: `submit` from any thread; `done` runs on the collecting thread (or on the caller's, when
-the pool is closed); `close` once, by the owner.
+Backpressure: the leader decides a pod only when the processes have room for its job
+(`wait_for_room`: every process has started and opened its connections, and fewer than
+`QUEUED_PER_SLOT` jobs a Binding in flight are unanswered). Its deadline is stamped as it is
+decided, so it is spent on the Binding, not in a queue behind thousands of others or behind a
+process still starting: without it, a backlog larger than what the processes send within the
+renew deadline had its later jobs dropped as fenced and decided again.
+
+Contract: `submit` and `wait_for_room` from any thread; `done` runs on the collecting thread (or
+on the caller's, when the pool is closed); `close` once, by the owner.
 """
 
 from __future__ import annotations
@@ -120,6 +127,10 @@ BindResult = tuple[int, int, str, str]
 _Job = tuple[int, BindJob] | None  # None: the process ends
 
 BOUND = 201
+#: Unanswered jobs a Binding in flight before `wait_for_room` holds the leader's next decision:
+#: enough that each process's loop has its next job at hand as an answer comes back, few enough
+#: that a job waits for about one Binding's answer before it is sent.
+QUEUED_PER_SLOT = 2
 _CRASH_LOOP_SECONDS = 1.0
 FENCED = "Fenced"
 
@@ -180,6 +191,7 @@ def _serve(
     kube = open_client(connection, in_flight)
     loop = RequestLoop(kube, in_flight, name="bind-loop")
     loop.warm(in_flight)
+    results.send([])  # ready: an empty batch (the sender thread below writes the rest)
     done: queue.SimpleQueue[BindResult | None] = queue.SimpleQueue()
 
     def take() -> None:
@@ -249,6 +261,7 @@ class _Worker:
     jobs: Queue[_Job]
     results: Connection
     started: float  # time.monotonic()
+    ready: bool = False  # started and connected: its first (empty) batch came back
 
 
 class BindProcesses:
@@ -263,6 +276,9 @@ class BindProcesses:
         self._lock = threading.Lock()
         #: job number -> (worker index, what to call with its outcome)
         self._in_flight: dict[int, tuple[int, Callable[[APIError | None], None]]] = {}
+        #: `_in_flight` shrank, or the pool closed (`wait_for_room`)
+        self._room = threading.Condition(self._lock)
+        self._capacity = processes * in_flight * QUEUED_PER_SLOT
         self._closed = False
         self._wake_reader, self._wake_writer = _CONTEXT.Pipe(duplex=False)
         self._workers = [self._spawn() for _ in range(processes)]
@@ -289,6 +305,19 @@ class BindProcesses:
         process.start()
         writer.close()  # the worker holds the only writer: EOF when it exits
         return _Worker(process, jobs, reader, time.monotonic())
+
+    def wait_for_room(self, timeout: float) -> bool:
+        """Whether the processes have room for one more job: all of them ready, and fewer jobs
+        unanswered than they take (or the pool is closed: `submit` then fails it back), waiting up
+        to `timeout` seconds for it."""
+        with self._room:
+            return self._room.wait_for(self._has_room, timeout)
+
+    def _has_room(self) -> bool:
+        """Under `_lock`."""
+        if self._closed:
+            return True
+        return len(self._in_flight) < self._capacity and all(w.ready for w in self._workers)
 
     def submit(self, job: BindJob, done: Callable[[APIError | None], None]) -> None:
         seq = next(self._seq)
@@ -321,9 +350,15 @@ class BindProcesses:
         except (EOFError, OSError):
             self._died(index, worker)
             return
+        if not batch:
+            with self._lock:
+                worker.ready = True
+                self._room.notify_all()
+            return
         for result in batch:
             with self._lock:
                 entry = self._in_flight.pop(result[0], None)
+                self._room.notify()
             if entry is not None:
                 self._call(entry[1], error_of(result))
 
@@ -338,6 +373,7 @@ class BindProcesses:
         with self._lock:
             lost = [seq for seq, (at, _) in self._in_flight.items() if at == index]
             calls = [self._in_flight.pop(seq)[1] for seq in lost]
+            self._room.notify_all()
             if not self._closed and self._workers[index] is worker:
                 log.error(
                     "bind process %s exited (code %s): %d Bindings failed back, restarting it",
@@ -367,6 +403,7 @@ class BindProcesses:
         nothing); what is still unanswered after `timeout` is failed back as fenced."""
         with self._lock:
             self._closed = True
+            self._room.notify_all()
             workers = list(self._workers)
         for worker in workers:
             worker.jobs.put(None)

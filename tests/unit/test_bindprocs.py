@@ -1,5 +1,6 @@
 """Bindings sent by worker processes: the lease deadline each job carries, the answers the leader
-reads back (and what the binder does with each), and a worker that dies."""
+reads back (and what the binder does with each), the room that paces its decisions, and a worker
+that dies."""
 
 from __future__ import annotations
 
@@ -155,6 +156,29 @@ def test_a_worker_that_dies_fails_its_jobs_back_and_is_replaced(server: Counting
         pool.close()
 
 
+def test_the_processes_have_room_once_started_and_again_as_answers_come_back(
+    server: Counting,
+) -> None:
+    """One process with one Binding in flight takes two jobs unanswered, once it has started; a
+    third waits for an answer, so that no job's deadline is spent in a queue."""
+    server.hold.clear()
+    pool = BindProcesses(_connection(server), processes=1, in_flight=1)
+    outcomes = Outcomes()
+    try:
+        assert not pool.wait_for_room(0)  # the process is still starting (a fresh interpreter)
+        assert pool.wait_for_room(60)
+        for i in range(2):
+            pool.submit(_job(f"web-{i}", math.inf), outcomes.done)
+        assert server.arrived.wait(60)
+        assert not pool.wait_for_room(0.2)
+        server.hold.set()
+        assert pool.wait_for_room(60)
+        assert outcomes.wait_for(2) == [None, None]
+    finally:
+        pool.close()
+    assert pool.wait_for_room(0)  # closed: a job submitted now is failed back at once
+
+
 @pytest.mark.parametrize(
     ("result", "kind"),
     [
@@ -184,6 +208,42 @@ class Pool:
 
     def submit(self, job: BindJob, done: Any) -> None:
         self.jobs.append((job, done))
+
+
+class Full(Pool):
+    """A pool whose processes have no room until `room` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.room = threading.Event()
+        self.asked = threading.Event()
+
+    def wait_for_room(self, timeout: float) -> bool:
+        self.asked.set()
+        return self.room.wait(timeout)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_leader_decides_no_pod_while_the_processes_have_no_room() -> None:
+    binder = binder_for(Apiserver(), build(TWO_SLOTS))
+    pool = Full()
+    binder._procs = pool  # type: ignore[assignment]
+    binder.on_pod("ADDED", Pod.of(WEB0()))
+    binder.start()
+    try:
+        assert pool.asked.wait(10)
+        time.sleep(0.3)
+        assert pool.jobs == [] and binder.cache.holding("uid-web-0") is None
+        pool.room.set()
+        deadline = time.monotonic() + 10
+        while not pool.jobs and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [(job, _done)] = pool.jobs
+        assert job.name == "web-0" and binder.cache.holding("uid-web-0") is not None
+    finally:
+        binder.stop()
 
 
 def _handed_over(deadline: float) -> tuple[Binder, BindJob, Any]:
