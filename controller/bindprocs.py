@@ -13,6 +13,10 @@ reads alike; a worker sends nothing past it, checked before the request and agai
 process sentinel); a worker that dies is started again and its jobs are failed back as transport
 errors, so that each is decided again.
 
+Jobs travel in batches, as answers do: `submit` puts a job in its process's outbox and one thread
+(`BindProcesses._send`) writes each outbox as one message, so the leader pays a pickle and a write
+a batch, not a queue's lock, wake-up, pickle and write a job.
+
 Backpressure: the leader decides a pod only when the processes have room for its job
 (`wait_for_room`: every process has started and opened its connections, and fewer than
 `QUEUED_PER_SLOT` jobs a Binding in flight are unanswered). Its deadline is stamped as it is
@@ -26,6 +30,7 @@ on the caller's, when the pool is closed); `close` once, by the owner.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -37,7 +42,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnProcess
-from multiprocessing.queues import Queue
 
 import orjson
 from kubernetes import client as k8s_client
@@ -124,7 +128,8 @@ class BindJob:
 #: (job number, status, reason, message): status 201 when bound; 0 when not answered (reason
 #: "Fenced": not sent, the deadline passed).
 BindResult = tuple[int, int, str, str]
-_Job = tuple[int, BindJob] | None  # None: the process ends
+#: What the leader writes to a process: a batch of (job number, job); None: the process ends.
+_Jobs = list[tuple[int, BindJob]] | None
 
 BOUND = 201
 #: Unanswered jobs a Binding in flight before `wait_for_room` holds the leader's next decision:
@@ -179,7 +184,7 @@ def send(kube: Kube, seq: int, job: BindJob) -> BindResult:
 
 
 def _serve(
-    connection: KubeConnection, in_flight: int, jobs: Queue[_Job], results: Connection
+    connection: KubeConnection, in_flight: int, jobs: Connection, results: Connection
 ) -> None:
     """A worker process: one thread takes the jobs and sends their Bindings from a request loop
     (kubeio/loop.py), `in_flight` at most at a time; one sends the results back in batches (one
@@ -195,17 +200,17 @@ def _serve(
     done: queue.SimpleQueue[BindResult | None] = queue.SimpleQueue()
 
     def take() -> None:
-        while (item := _take(jobs)) is not None:
-            seq, job = item
-            guard = _guard(job)
-            if not guard():
-                done.put((seq, 0, FENCED, "lease deadline passed: not sent"))
-                continue
-            try:
-                loop.submit(request_of(job), _answering(done, seq), guard)
-            except Exception as exc:  # a job is always answered, or the leader waits on it
-                log.exception("bind job failed")
-                done.put((seq, 0, "Transport", f"bind worker: {exc}"))
+        while (batch := _take(jobs)) is not None:
+            for seq, job in batch:
+                guard = _guard(job)
+                if not guard():
+                    done.put((seq, 0, FENCED, "lease deadline passed: not sent"))
+                    continue
+                try:
+                    loop.submit(request_of(job), _answering(done, seq), guard)
+                except Exception as exc:  # a job is always answered, or the leader waits on it
+                    log.exception("bind job failed")
+                    done.put((seq, 0, "Transport", f"bind worker: {exc}"))
         loop.close()  # what is still in flight is answered, as a transport error
         done.put(None)
 
@@ -242,12 +247,20 @@ def _answering(
     return answered
 
 
-def _take(jobs: Queue[_Job]) -> tuple[int, BindJob] | None:
-    """The next job; None when the leader is gone (its end of the queue closed)."""
+def _take(jobs: Connection) -> list[tuple[int, BindJob]] | None:
+    """The next batch of jobs; None at the end (or when the leader is gone: its end closed)."""
     try:
-        return jobs.get()
+        batch: _Jobs = jobs.recv()
     except (EOFError, OSError):
         return None
+    return batch
+
+
+def _write(worker: _Worker, jobs: _Jobs) -> None:
+    """Writes a batch (or the end) to a process; one that exited takes nothing, and its jobs are
+    failed back when its results reach their end (`BindProcesses._died`)."""
+    with contextlib.suppress(OSError, ValueError):
+        worker.jobs.send(jobs)
 
 
 def _exit_with(sentinel: int) -> None:
@@ -258,7 +271,7 @@ def _exit_with(sentinel: int) -> None:
 @dataclass(slots=True)
 class _Worker:
     process: SpawnProcess
-    jobs: Queue[_Job]
+    jobs: Connection  # the leader's end: it writes the batches
     results: Connection
     started: float  # time.monotonic()
     ready: bool = False  # started and connected: its first (empty) batch came back
@@ -282,8 +295,15 @@ class BindProcesses:
         self._closed = False
         self._wake_reader, self._wake_writer = _CONTEXT.Pipe(duplex=False)
         self._workers = [self._spawn() for _ in range(processes)]
+        #: worker index -> the jobs not written to it yet (`_send` takes them all at once)
+        self._outboxes: list[list[tuple[int, BindJob]]] = [[] for _ in self._workers]
+        #: an outbox was filled since `_send` last took them, or the pool closed
+        self._jobs_waiting = threading.Condition(self._lock)
+        self._due = False
         self._restarts = 0
+        self._sender = threading.Thread(target=self._send, name="bind-jobs", daemon=True)
         self._collector = threading.Thread(target=self._collect, name="bind-results", daemon=True)
+        self._sender.start()
         self._collector.start()
 
     @property
@@ -294,16 +314,19 @@ class BindProcesses:
         return [worker.process.pid for worker in self._workers]
 
     def _spawn(self) -> _Worker:
-        jobs: Queue[_Job] = _CONTEXT.Queue()
+        jobs_reader, jobs = _CONTEXT.Pipe(duplex=False)
         reader, writer = _CONTEXT.Pipe(duplex=False)
         process = _CONTEXT.Process(
             target=_serve,
-            args=(self._connection, self._in_flight_each, jobs, writer),
+            args=(self._connection, self._in_flight_each, jobs_reader, writer),
             name="gpuplace-bind",
             daemon=True,  # terminated too when the leader exits normally
         )
         process.start()
-        writer.close()  # the worker holds the only writer: EOF when it exits
+        # The worker holds the only reader of its jobs (a write to a dead one fails) and the only
+        # writer of its results (EOF when it exits).
+        jobs_reader.close()
+        writer.close()
         return _Worker(process, jobs, reader, time.monotonic())
 
     def wait_for_room(self, timeout: float) -> bool:
@@ -325,9 +348,31 @@ class BindProcesses:
             if not self._closed:
                 index = seq % len(self._workers)
                 self._in_flight[seq] = (index, done)
-                self._workers[index].jobs.put((seq, job))
+                self._outboxes[index].append((seq, job))
+                if not self._due:
+                    self._due = True
+                    self._jobs_waiting.notify()
                 return
         done(FencedError(0, FENCED, "bind processes stopped: not sent"))
+
+    def _send(self) -> None:
+        """The one thread that writes jobs: every outbox as one message to its process; once
+        closed, what was queued before and then the end, to each process."""
+        while True:
+            with self._lock:
+                self._jobs_waiting.wait_for(lambda: self._due or self._closed)
+                self._due = False
+                batches = [
+                    (w, box) for w, box in zip(self._workers, self._outboxes, strict=True) if box
+                ]
+                self._outboxes = [[] for _ in self._workers]
+                closing, workers = self._closed, list(self._workers)
+            for worker, batch in batches:
+                _write(worker, batch)
+            if closing:
+                for worker in workers:
+                    _write(worker, None)
+                return
 
     def _collect(self) -> None:
         """The one thread that reads answers; a worker's pipe at EOF means it exited (it holds
@@ -373,6 +418,7 @@ class BindProcesses:
         with self._lock:
             lost = [seq for seq, (at, _) in self._in_flight.items() if at == index]
             calls = [self._in_flight.pop(seq)[1] for seq in lost]
+            self._outboxes[index] = []  # failed back: never written to the next process
             self._room.notify_all()
             if not self._closed and self._workers[index] is worker:
                 log.error(
@@ -404,10 +450,10 @@ class BindProcesses:
         with self._lock:
             self._closed = True
             self._room.notify_all()
+            self._jobs_waiting.notify()
             workers = list(self._workers)
-        for worker in workers:
-            worker.jobs.put(None)
         ends = time.monotonic() + timeout
+        self._sender.join(timeout)  # the jobs queued, then the end, written to each process
         for worker in workers:
             worker.process.join(max(0.0, ends - time.monotonic()))
             if worker.process.is_alive():
@@ -422,4 +468,3 @@ class BindProcesses:
             self._call(call, FencedError(0, FENCED, "bind processes stopped"))
         for worker in workers:
             worker.jobs.close()
-            worker.jobs.join_thread()
