@@ -107,13 +107,16 @@ def test_bind_processes_of_a_leader_paused_past_its_lease_send_nothing_after_it(
     cluster: LocalCluster, namespace: str
 ) -> None:
     """The whole process group is paused mid-burst, workers with their queued jobs included; on
-    resuming, the jobs' deadlines have passed: not one Binding after the standby took over."""
+    resuming, the jobs' deadlines have passed: not one Binding after the standby took over.
+
+    a has one Binding in flight a process: with 256, its processes had every Binding of the 200
+    on the wire before the pause could land, and b found nothing left to bind."""
     nodes = gpu_nodes(cluster, unique("bpp"), 25, gpus=8)
     entries = [(i, nodes[i // 8], [i % 8]) for i in range(200)]
     apply_map(cluster, namespace, "big", map_yaml(namespace, "big", entries))
     name = unique("gpuplace-bpp")
     a_id, b_id = unique("a"), unique("b")
-    a = ControllerProcess(cluster, a_id, "--bind-processes=2", lease=name)
+    a = ControllerProcess(cluster, a_id, "--bind-processes=2", "--bind-workers=2", lease=name)
     wait_for("a leads", lambda: "leading: model generation" in a.log())
     b = ControllerProcess(cluster, b_id, "--bind-processes=2", lease=name)
     try:
