@@ -1,6 +1,6 @@
 """`python -m bench.drains [--nodes N] [--pods N] [--settings P/W,...] [--ceilings PxT,...]
-[--rounds R] [--budget S] [--workdir DIR] [--profile DIR]`: gpuplace's backlog drain at several binder settings
-against the Binding ceiling at fixed shapes, taking turns on one cluster.
+[--rounds R] [--budget S] [--workdir DIR] [--profile DIR]`: gpuplace's backlog drain at several
+binder settings against the Binding ceiling at fixed shapes, taking turns on one cluster.
 
 `make bench` runs gpuplace's drain once a repeat, at the controller's defaults, against the best
 ceiling its search finds. To compare settings where each run counts (a larger machine lent for
@@ -8,9 +8,10 @@ minutes), this bench runs each contender once a round, in the same order every r
 cluster: a setting `P/W` is a drain by a new leader with P bind processes (0: from its own request
 loop) and W Bindings in flight; a shape `PxT` is the minimal client in P processes x T threads. It
 logs a line per run, stops starting runs once `--budget` seconds have passed, and prints each
-contender's medians: pods/s, the drain's ratio to the best ceiling, the binder's and the control
-plane's CPU per pod from the first bind to the last, and start to first bind. `--profile DIR`
-samples each drain's leader with py-spy (`python -m bench._stacks DIR/*.txt` sums it up).
+contender's medians: pods/s, the drain's ratio to the best ceiling, the binder's CPU per pod
+(with its bind processes, and its own process alone) and the control plane's, from the first bind
+to the last, and start to first bind. `--profile DIR` samples each drain's leader with py-spy
+(`python -m bench._stacks DIR/*.txt` sums it up).
 """
 
 from __future__ import annotations
