@@ -1,6 +1,7 @@
 """`python -m bench.drains [--nodes N] [--pods N] [--settings P/W,...] [--ceilings PxT,...]
-[--rounds R] [--budget S] [--workdir DIR] [--profile DIR]`: gpuplace's backlog drain at several
-binder settings against the Binding ceiling at fixed shapes, taking turns on one cluster.
+[--rounds R] [--age PODS] [--budget S] [--workdir DIR] [--profile DIR]`: gpuplace's backlog drain
+at several binder settings against the Binding ceiling at fixed shapes, taking turns on one
+cluster.
 
 `make bench` runs gpuplace's drain once a repeat, at the controller's defaults, against the best
 ceiling its search finds. To compare settings where each run counts (a larger machine lent for
@@ -12,6 +13,14 @@ contender's medians: pods/s, the drain's ratio to the best ceiling, the binder's
 (with its bind processes, and its own process alone) and the control plane's, from the first bind
 to the last, and start to first bind. `--profile DIR` samples each drain's leader with py-spy
 (`python -m bench._stacks DIR/*.txt` sums it up).
+
+`make bench` drains after its ceiling search and its bursts have put tens of thousands of pods
+through the cluster. `--age PODS` runs the rounds twice: on the fresh cluster, then again after
+PODS more pods have come and gone (created through the webhook, bound by the minimal client at
+the first ceiling shape, deleted; each of those runs logged with its rate). Each phase's
+contenders are held against that phase's best ceiling, and the log says what etcd holds at the
+start of each phase, so one run tells whether a used cluster is slower for every contender or
+for gpuplace's drain alone.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from pathlib import Path
 
 from bench import Measurement, below, describe, machine, print_tables
 from bench._ceiling import Shape
+from bench._kube import expect
+from bench._stats import counter_totals
 from bench.placement import (
     APISERVER,
     BINDING_CPU,
@@ -86,15 +97,76 @@ def ceiling_name(shape: Shape) -> str:
 
 @dataclass
 class Rounds:
-    """Every contender's runs, in the order they were given."""
+    """Every contender's runs in one phase, in the order they were given; `phase` says how used
+    the cluster was ("" when the bench runs one phase)."""
 
     settings: Sequence[Setting]
     shapes: Sequence[Shape]
     runs: dict[str, list[RunResult]] = field(default_factory=dict)
+    phase: str = ""
 
     def __post_init__(self) -> None:
         for name in [s.describe() for s in self.settings] + [ceiling_name(s) for s in self.shapes]:
             self.runs.setdefault(name, [])
+
+
+def phases(settings: Sequence[Setting], shapes: Sequence[Shape], age: int) -> list[Rounds]:
+    """One phase on the fresh cluster, and with `age` a second after that many more pods."""
+    if not age:
+        return [Rounds(settings, shapes)]
+    return [
+        Rounds(settings, shapes, phase="fresh cluster"),
+        Rounds(settings, shapes, phase=f"after {age:,} more pods"),
+    ]
+
+
+def contend_phases(
+    b: PlacementBench,
+    rounds: Sequence[Rounds],
+    count: int,
+    age: int,
+    budget: float,
+    log: Callable[[str], None],
+) -> list[Rounds]:
+    """Each phase's `count` rounds; before every phase but the first, `age` pods come and go."""
+    deadline = time.monotonic() + budget
+    for number, phase in enumerate(rounds):
+        if number:
+            aged = age_cluster(b, phase.shapes[0], age, deadline, log)
+            if aged < age:
+                log(f"budget of {budget:.0f} s spent after {aged:,} of {age:,} pods: no more runs")
+                break
+        if phase.phase:
+            log(f"{phase.phase}: {storage(b)}")
+        contend(b, phase, count, deadline - time.monotonic(), log)
+    return list(rounds)
+
+
+def age_cluster(
+    b: PlacementBench, shape: Shape, pods: int, deadline: float, log: Callable[[str], None]
+) -> int:
+    """`pods` more pods through the cluster, a run of the minimal client at a time (its pods are
+    gpuplace's, admitted by the webhook, bound, deleted); the pods that went through."""
+    done = 0
+    while done < pods and time.monotonic() < deadline:
+        result = b.ceiling(shape)
+        done += result.pods
+        log(f"aging: {done:,} of {pods:,} pods, {ceiling_name(shape)}: {result.rate:,.0f} pods/s")
+    return done
+
+
+def storage(b: PlacementBench) -> str:
+    """What etcd holds: its database file (as the apiserver reports it), its revision (every
+    write since the cluster started) and the Events kept (each lives an hour)."""
+    size = sum(counter_totals(b.apiserver_metrics(), "apiserver_storage_size_bytes", ()).values())
+    status, body = b.cluster.request("GET", "/api/v1/events?limit=1")
+    expect(status, body, (200,), "listing events")
+    meta = body.get("metadata") or {}
+    events = len(body.get("items") or []) + int(meta.get("remainingItemCount") or 0)
+    return (
+        f"etcd's database {size / 2**20:,.0f} MiB at revision {int(meta['resourceVersion']):,}; "
+        f"{events:,} events stored"
+    )
 
 
 def contend(
@@ -112,7 +184,7 @@ def contend(
             contenders: list[Setting | Shape] = [*rounds.settings, *rounds.shapes]
             for contender in contenders:
                 if time.monotonic() - began > budget:
-                    log(f"budget of {budget:.0f} s spent: no more runs")
+                    log(f"budget spent: no more runs{f' ({rounds.phase})' if rounds.phase else ''}")
                     return rounds
                 if isinstance(contender, Setting):
                     os.environ.update(contender.environment())  # the controller inherits it
@@ -120,7 +192,8 @@ def contend(
                 else:
                     name, result = ceiling_name(contender), b.ceiling(contender)
                 rounds.runs[name].append(result)
-                log(f"round {number} {name}: {line(result)}")
+                where = f" ({rounds.phase})" if rounds.phase else ""
+                log(f"round {number}{where} {name}: {line(result)}")
     finally:
         for key, value in saved.items():
             if value is None:
@@ -144,8 +217,13 @@ def line(result: RunResult) -> str:
     return ", ".join(parts)
 
 
-def measurements(scale: Scale, rounds: Rounds) -> list[Measurement]:
-    label = f"{NAME} {scale.label}"
+def measurements(scale: Scale, phases: Sequence[Rounds]) -> list[Measurement]:
+    """Each phase's rows, its contenders held against its own best ceiling."""
+    return [row for rounds in phases for row in phase_measurements(scale, rounds)]
+
+
+def phase_measurements(scale: Scale, rounds: Rounds) -> list[Measurement]:
+    label = f"{NAME} {scale.label}" + (f", {rounds.phase}" if rounds.phase else "")
     ceilings = {
         name: statistics.median(r.rate for r in runs)
         for shape in rounds.shapes
@@ -203,6 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--age",
+        type=int,
+        default=0,
+        metavar="PODS",
+        help="run the rounds again after PODS more pods have come and gone (default: once)",
+    )
+    parser.add_argument(
         "--budget", type=float, default=float("inf"), help="start no run after this many seconds"
     )
     parser.add_argument(
@@ -215,12 +300,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = [parse_shape(s) for s in args.ceilings.split(",") if s]
     except ValueError as exc:
         parser.error(str(exc))
+    if args.age < 0 or (args.age and not shapes):
+        parser.error("--age takes a number of pods and at least one ceiling shape to bind them")
     scale = replace(Scale(), nodes=args.nodes, pods=args.pods)
     _log(f"machine: {describe(machine())}")
     benchmark = Benchmark(
         PlacementBench,
         "gpuplace-drains",
-        lambda b, count, log: contend(b, Rounds(settings, shapes), count, args.budget, log),
+        lambda b, count, log: contend_phases(
+            b, phases(settings, shapes, args.age), count, args.age, args.budget, log
+        ),
     )
     rounds = benchmark(scale, args.rounds, _log, args.workdir, args.profile)
     print_tables(measurements(scale, rounds))

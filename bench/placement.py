@@ -666,7 +666,7 @@ class PlacementBench:
                 return float(line.split()[1])
         return 0.0
 
-    def _apiserver_metrics(self) -> str:
+    def apiserver_metrics(self) -> str:
         return metrics(self.cluster.kube)
 
     def _webhook_buckets(self) -> Buckets:
@@ -731,7 +731,7 @@ class PlacementBench:
     ) -> Iterator[None]:
         """Appends to `usage` what the block cost and to `metrics` the apiserver's /metrics
         before and after it; processes `apart` are not counted (see `CpuMeter`)."""
-        metrics.append(self._apiserver_metrics())
+        metrics.append(self.apiserver_metrics())
         pids = self.pids()
         samplers = {name: CpuSampler(pids[name]) for name in WINDOWED if name in pids}
         meter = CpuMeter(pids, set(apart) | self._watchers).start()
@@ -743,7 +743,7 @@ class PlacementBench:
                 sampler.stop()
         cpu = meter.stop(started=self.pids().values())
         seconds = time.monotonic() - began
-        metrics.append(self._apiserver_metrics())
+        metrics.append(self.apiserver_metrics())
         by = ("verb", "resource", "subresource")
         before, after = (counter_totals(text, "apiserver_request_total", by) for text in metrics)
         requests = {
@@ -774,7 +774,7 @@ class PlacementBench:
         self._quiesce()
 
     def _pod_writes(self) -> float:
-        totals = counter_totals(self._apiserver_metrics(), "apiserver_request_total", ("verb",))
+        totals = counter_totals(self.apiserver_metrics(), "apiserver_request_total", ("verb",))
         return sum(totals.get((verb,), 0.0) for verb in ("DELETE", "PATCH", "PUT", "POST"))
 
     def background_writes(self) -> float:
@@ -1018,7 +1018,7 @@ class PlacementBench:
         _, pods = self._pods(gpuplace_pod)
         pods = pods[: min(count, len(pods))]
         threads = 1 if rate is None else STEADY_THREADS
-        metrics = [self._apiserver_metrics()]
+        metrics = [self.apiserver_metrics()]
         webhook_before = self._webhook_buckets()
         webhook_pid = self.pids()["gpuplace webhook"]
         wait, busy, began = _tree_wait(webhook_pid), machine_busy(), time.monotonic()
@@ -1028,7 +1028,7 @@ class PlacementBench:
         webhook_after = self._webhook_buckets()
         seconds = max(sent.values()) - min(sent.values())
         achieved = (len(sent) - 1) / seconds if seconds > 0 else float("inf")
-        metrics.append(self._apiserver_metrics())
+        metrics.append(self.apiserver_metrics())
         apiserver_before, apiserver_after = (
             histogram_buckets(text, APISERVER_WEBHOOK_METRIC, {"name": POD_WEBHOOK})
             for text in metrics

@@ -51,3 +51,29 @@ def test_each_setting_drains_on_its_own_leader_and_is_held_against_the_ceiling(
         assert any(line.rpartition(" ")[2].isdigit() for line in profile.read_text().splitlines())
     after = {k: os.environ.get(k) for k in before}
     assert after == before  # the settings do not outlive the bench
+
+
+def test_an_aged_cluster_drains_again_after_more_pods_came_and_went(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["--nodes", "13", "--pods", "100", "--rounds", "1", "--workdir", str(tmp_path)]
+    assert main([*argv, "--settings", "0/16", "--ceilings", "1x8", "--age", "150"]) == 0
+    captured = capsys.readouterr()
+    rows = {
+        (cells[1].strip(), cells[2].strip()): cells[3].strip()
+        for line in captured.out.splitlines()
+        if len(cells := line.split("|")) > 4
+    }
+    label = "drains 13 nodes x 8, 100 pods"
+    for phase in ("fresh cluster", "after 150 more pods"):
+        assert float(rows[(f"{label}, {phase}", "drain 0/16 / ceiling 1x8")].split()[0]) > 0
+        assert f"round 0 ({phase}) drain 0/16: " in captured.err
+    # two runs of the minimal client put 200 pods through between the phases
+    aging = re.findall(r"aging: ([\d,]+) of 150 pods, ceiling 1x8: ([\d,]+) pods/s", captured.err)
+    assert [done for done, _ in aging] == ["100", "200"]
+    # what etcd holds at the start of each phase: a database of some size, more writes later
+    stored = re.findall(r"etcd's database ([\d,]+) MiB at revision ([\d,]+); ", captured.err)
+    assert len(stored) == 2
+    assert all(int(size.replace(",", "")) > 0 for size, _ in stored)
+    fresh, aged = (int(revision.replace(",", "")) for _, revision in stored)
+    assert aged > fresh + 3 * 200  # each aging pod: created, bound, deleted at least

@@ -161,7 +161,7 @@ class _Bench(PlacementBench):
     def pids(self) -> dict[str, int]:
         return {CLIENT: self._client}
 
-    def _apiserver_metrics(self) -> str:
+    def apiserver_metrics(self) -> str:
         return ""
 
 

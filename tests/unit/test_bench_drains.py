@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench._ceiling import Shape
-from bench.drains import Rounds, Setting, main, measurements, parse_shape
+from bench.drains import Rounds, Setting, main, measurements, parse_shape, phases
 from bench.placement import APISERVER, BINDING_CPU, LEADER_CPU, RunResult, Scale, window_cpu
 
 
@@ -31,6 +31,13 @@ def test_a_wrong_setting_on_the_command_line_is_a_usage_error(
         main(["--settings", "0/256,4"])
     assert ended.value.code == 2
     assert "'4': a setting is P/W" in capsys.readouterr().err
+    for wrong in (["--age", "-5"], ["--age", "1000", "--ceilings", ""]):
+        with pytest.raises(SystemExit) as ended:
+            main(wrong)
+        assert ended.value.code == 2
+        assert "--age takes a number of pods and at least one ceiling shape" in (
+            capsys.readouterr().err
+        )
 
 
 def drain(rate: float, binder_ms: float, own_ms: float | None = None) -> RunResult:
@@ -53,7 +60,7 @@ def test_each_drain_is_held_against_the_best_ceilings_median() -> None:
     rounds.runs["drain 2/256"] += [drain(800, 0.4, own_ms=0.15)]
     rounds.runs["ceiling 8x128"] += [ceiling(1000), ceiling(1200), ceiling(5000)]  # median 1200
     rounds.runs["ceiling 1x256"] += [ceiling(1100)]
-    rows = {m.metric: m for m in measurements(Scale(nodes=100, pods=500), rounds)}
+    rows = {m.metric: m for m in measurements(Scale(nodes=100, pods=500), [rounds])}
     assert rows["drain 0/256: pods/s"].value == 1000
     assert rows["drain 0/256 / ceiling 8x128"].value == pytest.approx(1000 / 1200)
     assert rows["drain 2/256 / ceiling 8x128"].value == pytest.approx(800 / 1200)
@@ -70,7 +77,25 @@ def test_each_drain_is_held_against_the_best_ceilings_median() -> None:
 def test_contenders_that_never_ran_are_left_out() -> None:
     rounds = Rounds([Setting(0, 256)], [Shape(1, 256)])
     rounds.runs["drain 0/256"].append(drain(900, 0.2))
-    metrics = {m.metric for m in measurements(Scale(nodes=100, pods=500), rounds)}
+    metrics = {m.metric for m in measurements(Scale(nodes=100, pods=500), [rounds])}
     assert "drain 0/256: pods/s" in metrics
     assert not any(m.startswith("ceiling") for m in metrics)
     assert not any(" / ceiling" in m for m in metrics)
+
+
+def test_an_aged_cluster_is_a_phase_of_its_own_held_against_its_own_ceiling() -> None:
+    assert [r.phase for r in phases([Setting(0, 256)], [Shape(1, 256)], 0)] == [""]
+    fresh, aged = phases([Setting(0, 256)], [Shape(8, 128)], 60000)
+    assert (fresh.phase, aged.phase) == ("fresh cluster", "after 60,000 more pods")
+    fresh.runs["drain 0/256"] += [drain(1000, 0.2)]
+    fresh.runs["ceiling 8x128"] += [ceiling(1000)]
+    aged.runs["drain 0/256"] += [drain(600, 0.2)]
+    aged.runs["ceiling 8x128"] += [ceiling(800)]
+    rows = {
+        (m.benchmark, m.metric): m.value
+        for m in measurements(Scale(nodes=100, pods=500), [fresh, aged])
+    }
+    label = "drains 100 nodes x 8, 500 pods"
+    assert rows[(f"{label}, fresh cluster", "drain 0/256 / ceiling 8x128")] == 1.0
+    assert rows[(f"{label}, after 60,000 more pods", "drain 0/256 / ceiling 8x128")] == 0.75
+    assert rows[(f"{label}, after 60,000 more pods", "ceiling 8x128: pods/s")] == 800
