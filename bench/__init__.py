@@ -17,7 +17,8 @@ import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,20 @@ def describe(info: dict[str, Any]) -> str:
         f"{info.get('cpus')} cores ({info.get('cpu_model', '?')}), "
         f"{info.get('memory_gib', '?')} GiB memory, load average {load}"
     )
+
+
+def log_to_stderr(name: str) -> Callable[[str], None]:
+    """A benchmark's log: each line on stderr as `[name +S s] message`, S the seconds since its
+    first line (so a run's log says how long each step took)."""
+    began: list[float] = []
+
+    def log(message: str) -> None:
+        if not began:
+            began.append(time.monotonic())
+        elapsed = time.monotonic() - began[0]
+        print(f"[{name} +{elapsed:.0f} s] {message}", file=sys.stderr, flush=True)
+
+    return log
 
 
 def run_worker(module: str, *args: str) -> dict[str, Any]:

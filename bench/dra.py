@@ -68,7 +68,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from bench import Measurement, above, below
+from bench import Measurement, above, below, log_to_stderr
 from bench._kube import (
     Obj,
     Observed,
@@ -821,8 +821,7 @@ def _line(run: DraRun) -> str:
     )
 
 
-def _stderr(message: str) -> None:
-    print(f"[dra] {message}", file=sys.stderr, flush=True)
+_stderr = log_to_stderr("dra")
 
 
 DEFAULT = Scale(nodes=100, pods=800)

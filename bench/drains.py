@@ -34,10 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench import Measurement, below, describe, machine, print_tables
+from bench import Measurement, below, describe, log_to_stderr, machine, print_tables
 from bench._ceiling import Shape
-from bench._kube import expect
-from bench._stats import counter_totals
 from bench.placement import (
     APISERVER,
     BINDING_CPU,
@@ -137,7 +135,7 @@ def contend_phases(
                 log(f"budget of {budget:.0f} s spent after {aged:,} of {age:,} pods: no more runs")
                 break
         if phase.phase:
-            log(f"{phase.phase}: {storage(b)}")
+            log(f"{phase.phase}: {b.storage()}")
         contend(b, phase, count, deadline - time.monotonic(), log)
     return list(rounds)
 
@@ -153,20 +151,6 @@ def age_cluster(
         done += result.pods
         log(f"aging: {done:,} of {pods:,} pods, {ceiling_name(shape)}: {result.rate:,.0f} pods/s")
     return done
-
-
-def storage(b: PlacementBench) -> str:
-    """What etcd holds: its database file (as the apiserver reports it), its revision (every
-    write since the cluster started) and the Events kept (each lives an hour)."""
-    size = sum(counter_totals(b.apiserver_metrics(), "apiserver_storage_size_bytes", ()).values())
-    status, body = b.cluster.request("GET", "/api/v1/events?limit=1")
-    expect(status, body, (200,), "listing events")
-    meta = body.get("metadata") or {}
-    events = len(body.get("items") or []) + int(meta.get("remainingItemCount") or 0)
-    return (
-        f"etcd's database {size / 2**20:,.0f} MiB at revision {int(meta['resourceVersion']):,}; "
-        f"{events:,} events stored"
-    )
 
 
 def contend(
@@ -316,8 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _log(message: str) -> None:
-    print(f"[{NAME}] {message}", file=sys.stderr, flush=True)
+_log = log_to_stderr(NAME)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import Measurement, below, describe, machine, print_tables
+from bench import Measurement, below, describe, log_to_stderr, machine, print_tables
 from bench._kube import Obj, call
 from bench._proc import BenchError
 from bench.placement import (
@@ -406,8 +406,7 @@ def measurements(r: GitOpsResults) -> list[Measurement]:
     return result
 
 
-def _stderr(message: str) -> None:
-    print(f"[gitops] {message}", file=sys.stderr, flush=True)
+_stderr = log_to_stderr("gitops")
 
 
 def run(repeats: int, small: bool = False) -> list[Measurement]:

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from bench import Measurement, above, below, describe, machine, print_tables
+from bench import Measurement, above, below, describe, log_to_stderr, machine, print_tables
 from bench._ceiling import BindingClient, Shape
 from bench._ceiling import search as ceiling_search
 from bench._kube import (
@@ -81,6 +81,7 @@ from bench._kube import (
     concurrently,
     create_pods,
     delete_pods,
+    expect,
     machine_busy,
     metrics,
     peak_rss_mib,
@@ -668,6 +669,21 @@ class PlacementBench:
 
     def apiserver_metrics(self) -> str:
         return metrics(self.cluster.kube)
+
+    def storage(self) -> str:
+        """What etcd holds: its database file (as the apiserver reports it), its revision (every
+        write since the cluster started: the apiserver compacts what is 5 minutes old) and the
+        Events kept (each lives an hour)."""
+        metric = "apiserver_storage_size_bytes"
+        size = sum(counter_totals(self.apiserver_metrics(), metric, ()).values())
+        status, body = self.cluster.request("GET", "/api/v1/events?limit=1")
+        expect(status, body, (200,), "listing events")
+        meta = body.get("metadata") or {}
+        events = len(body.get("items") or []) + int(meta.get("remainingItemCount") or 0)
+        return (
+            f"etcd's database {size / 2**20:,.0f} MiB at revision {int(meta['resourceVersion']):,}; "
+            f"{events:,} events stored"
+        )
 
     def _webhook_buckets(self) -> Buckets:
         return histogram_buckets(self._webhook_metrics(), WEBHOOK_METRIC)
@@ -1599,7 +1615,7 @@ def contend(
         os.cpu_count() or 1,
     )
     for repeat in range(1, repeats + 1):
-        log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
+        log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f}; {b.storage()})")
         creates_bursts(b, results, log)
         results.admission_sequential.append(b.admission_one_at_a_time())
         for rate in STEADY_RATES:
@@ -1608,6 +1624,7 @@ def contend(
             p99 = _ms(histogram_quantile(0.99, steady.apiserver))
             log(f"  webhook at {rate} creates/s ({steady.rate:.1f} sent): p99 {p99:.1f} ms")
         reference_steady(b, results, log)
+        log(f"  before the drains: {b.storage()}")
         contenders: list[Contender[RunResult]] = [
             ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
             ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
@@ -1689,8 +1706,7 @@ class Benchmark(Generic[B, R]):
 bench = Benchmark(PlacementBench, "gpuplace-bench", contend)
 
 
-def _stderr(message: str) -> None:
-    print(f"[placement] {message}", file=sys.stderr, flush=True)
+_stderr = log_to_stderr("placement")
 
 
 def run(repeats: int, small: bool = False) -> list[Measurement]:

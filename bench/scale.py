@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import Measurement, below
+from bench import Measurement, below, log_to_stderr
 from bench._heartbeats import DEFAULT_INTERVAL
 from bench._kube import HeartbeatLoad, Heartbeats, create_pods
 from bench.placement import (
@@ -218,8 +218,7 @@ def measurements(scale: Scale, r: ScaleResults) -> list[Measurement]:
     ]
 
 
-def _stderr(message: str) -> None:
-    print(f"[scale] {message}", file=sys.stderr, flush=True)
+_stderr = log_to_stderr("scale")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench import Measurement, above, below
+from bench import Measurement, above, below, log_to_stderr
 from bench._stats import (
     bucket_delta,
     busy_seconds,
@@ -172,3 +172,17 @@ def test_busy_seconds_leave_out_idle_and_iowait() -> None:
     assert busy_seconds(stat, 100) == pytest.approx((100 + 5 + 50 + 3 + 2 + 0) / 100)
     with pytest.raises(ValueError, match="cpu line"):
         busy_seconds("intr 1 2\n", 100)
+
+
+def test_a_benchmarks_log_says_the_seconds_since_its_first_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = iter([100.0, 100.0, 163.4])
+    monkeypatch.setattr("bench.time.monotonic", lambda: next(clock))
+    log = log_to_stderr("placement")
+    log("control plane up")
+    log("ceiling search: done")
+    assert capsys.readouterr().err.splitlines() == [
+        "[placement +0 s] control plane up",
+        "[placement +63 s] ceiling search: done",
+    ]
