@@ -672,8 +672,8 @@ class PlacementBench:
 
     def storage(self) -> str:
         """What etcd holds: its database file (as the apiserver reports it), its revision (every
-        write since the cluster started: the apiserver compacts what is 5 minutes old) and the
-        Events kept (each lives an hour)."""
+        write since the cluster started; every 5 minutes the apiserver compacts the history up to
+        the revision of its tick before) and the Events kept (each lives an hour)."""
         metric = "apiserver_storage_size_bytes"
         size = sum(counter_totals(self.apiserver_metrics(), metric, ()).values())
         status, body = self.cluster.request("GET", "/api/v1/events?limit=1")
