@@ -21,20 +21,22 @@ Each repeat runs, one contender at a time:
    "gpuplace's / the reference" is the share that is gpuplace's server's.
 2. gpuplace, backlog drain: the controller is stopped, the 5,000 pods are created, the controller
    starts. Rate: (pods - 1) / (first bound -> last bound), which leaves out process start-up and
-   the creates, so it compares with the ceiling (4), which also only binds.
-3. kube-scheduler (client QPS raised to 5,000, burst 10,000) on the same pods, each pinned to the
+   the creates, so it compares with the ceiling (3), which also only binds.
+3. The ceiling, right after gpuplace's drain (the two sides of their ratio on the same cluster, one
+   after the other): gpuplace's own pods, admitted by its webhook while its controller is stopped,
+   then a minimal client (`bench._ceiling`: P processes x T threads, one keep-alive connection
+   each, the pods split between the processes) that only POSTs their Bindings, carrying the same
+   annotations as gpuplace's (a signature included, by a key nobody verifies): the same objects
+   and the same writes as gpuplace's drain, with the same pod watch running and the rate read
+   from it as in the drains. The best shape is found once, before the repeats: one process at
+   32, 64, 128 and 256 threads, then 2, 4, ... processes (up to the machine's CPUs, at most 8)
+   around the best so far while more processes help, so that the ceiling is the apiserver's
+   rather than one Python process's where the machine has the cores.
+4. kube-scheduler (client QPS raised to 5,000, burst 10,000) on the same pods, each pinned to the
    node its slot declares by required node affinity on kubernetes.io/hostname, burst and drain
    as above. A FlowSchema puts its requests in API Priority and Fairness' exempt level, where the
    admin user of gpuplace and of the ceiling client already is. gpuplace's controller is stopped
    meanwhile and kube-scheduler runs only here.
-4. The ceiling: gpuplace's own pods, admitted by its webhook while its controller is stopped,
-   then a minimal client (`bench._ceiling`: P processes x T threads, one keep-alive connection
-   each, the pods split between the processes) that only POSTs their Bindings, carrying the same
-   annotations as gpuplace's (a signature included, by a key nobody verifies): the same objects
-   and the same writes as gpuplace's drain, with the same pod watch running and the rate read from it as in the drains. The best shape is found once, before
-   the repeats: one process at 32, 64, 128 and 256 threads, then 2, 4, ... processes (up to the
-   machine's CPUs, at most 8) around the best so far while more processes help, so that the
-   ceiling is the apiserver's rather than one Python process's where the machine has the cores.
 
 Between runs every pod is deleted with gracePeriodSeconds=0 and the namespace is emptied; pod
 names differ per run. Everything shares the machine: on a small machine the figures are those of
@@ -1603,7 +1605,7 @@ def contend(
 ) -> Results:
     """The contenders on a bench that is set up: the ceiling client's best shape (one process at
     each of `search` threads, then more processes: `bench._ceiling.search`), then `repeats` times
-    gpuplace (burst, admission, drain), kube-scheduler and the ceiling."""
+    gpuplace's bursts and admission, then the runs of `drain_contenders`."""
     results = Results()
     results.idle_cpu = b.idle()
     log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
@@ -1625,16 +1627,24 @@ def contend(
             log(f"  webhook at {rate} creates/s ({steady.rate:.1f} sent): p99 {p99:.1f} ms")
         reference_steady(b, results, log)
         log(f"  before the drains: {b.storage()}")
-        contenders: list[Contender[RunResult]] = [
-            ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
-            ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
-            ("kube-scheduler drain", results.scheduler_drain, b.scheduler_drain),
-            (f"ceiling ({best.describe()})", results.ceiling, lambda: b.ceiling(best)),
-        ]
-        run_contenders(contenders, RunResult.line, log)
+        run_contenders(drain_contenders(b, results, best), RunResult.line, log)
     results.controller_peak_mib = b.controller_peak_mib
     results.webhook_peak_mib = b.webhook_peak_mib()
     return results
+
+
+def drain_contenders(
+    b: PlacementBench, results: Results, best: Shape
+) -> list[Contender[RunResult]]:
+    """A repeat's drains, in order: gpuplace's, then at once the ceiling at its best shape, so
+    that the two sides of their ratio bind on the same cluster, one right after the other (and
+    a run cut short by its machine's time has logged both before kube-scheduler's runs)."""
+    return [
+        ("gpuplace drain", results.gpuplace_drain, b.gpuplace_drain),
+        (f"ceiling ({best.describe()})", results.ceiling, lambda: b.ceiling(best)),
+        ("kube-scheduler burst", results.scheduler_burst, b.scheduler_burst),
+        ("kube-scheduler drain", results.scheduler_drain, b.scheduler_drain),
+    ]
 
 
 def best_concurrency(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 
@@ -19,6 +20,7 @@ from bench.placement import (
     NAMESPACE,
     REFERENCE_KEY,
     TARGET_VS_CEILING,
+    PlacementBench,
     Results,
     RunResult,
     Scale,
@@ -27,8 +29,11 @@ from bench.placement import (
     _throughput,
     binding,
     ceiling_rows,
+    drain_contenders,
     drain_result,
     gpu_uuid,
+    rates,
+    run_contenders,
     vs,
     window_cpu,
 )
@@ -295,6 +300,44 @@ def test_vs_checks_a_target_only_when_given() -> None:
         "a / b: a",
         "a / b: b",
     ]
+
+
+class RecordingBench:
+    """Each contender's run, recorded in the order the repeat asks for them."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def _run(self, name: str) -> RunResult:
+        self.calls.append(name)
+        return run(100 + len(self.calls))
+
+    def gpuplace_drain(self) -> RunResult:
+        return self._run("gpuplace drain")
+
+    def ceiling(self, shape: Shape) -> RunResult:
+        return self._run(f"ceiling {shape.describe()}")
+
+    def scheduler_burst(self) -> RunResult:
+        return self._run("kube-scheduler burst")
+
+    def scheduler_drain(self) -> RunResult:
+        return self._run("kube-scheduler drain")
+
+
+def test_the_ceiling_binds_right_after_gpuplaces_drain_at_the_searchs_best_shape() -> None:
+    bench, r, logged = RecordingBench(), Results(), list[str]()
+    contenders = drain_contenders(cast(PlacementBench, bench), r, Shape(8, 128))
+    run_contenders(contenders, RunResult.line, logged.append)
+    assert bench.calls == [
+        "gpuplace drain",
+        "ceiling 8 processes x 128 threads",
+        "kube-scheduler burst",
+        "kube-scheduler drain",
+    ]
+    assert rates(r.gpuplace_drain) == [101] and rates(r.ceiling) == [102]
+    assert rates(r.scheduler_burst) == [103] and rates(r.scheduler_drain) == [104]
+    assert logged[1].startswith("  ceiling (8 processes x 128 threads): ")
 
 
 def test_the_ceilings_binding_is_the_one_gpuplace_sends_for_that_slot() -> None:
