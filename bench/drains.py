@@ -10,8 +10,8 @@ cluster: a setting `P/W` is a drain by a new leader with P bind processes (0: fr
 loop) and W Bindings in flight; a shape `PxT` is the minimal client in P processes x T threads. It
 logs a line per run, stops starting runs once `--budget` seconds have passed, and prints each
 contender's medians: pods/s, the drain's ratio to the best ceiling, the binder's CPU per pod
-(with its bind processes, and its own process alone) and the control plane's, from the first bind
-to the last, and start to first bind. `--profile DIR` samples each drain's leader with py-spy
+(with its bind processes, and its own process alone) and the control plane's (kube-apiserver's;
+etcd's and kwok's in the details), from the first bind to the last, and start to first bind. `--profile DIR` samples each drain's leader with py-spy
 (`python -m bench._stacks DIR/*.txt` sums it up).
 
 `make bench` drains after its ceiling search and its bursts have put tens of thousands of pods
@@ -39,6 +39,8 @@ from bench._ceiling import Shape
 from bench.placement import (
     APISERVER,
     BINDING_CPU,
+    ETCD,
+    KWOK,
     LEADER_CPU,
     Benchmark,
     PlacementBench,
@@ -196,6 +198,8 @@ def line(result: RunResult) -> str:
         parts.append(f"its own process {1000 * extra[LEADER_CPU]:.3f} ms")
     if window_cpu(APISERVER) in extra:
         parts.append(f"apiserver CPU/pod {1000 * extra[window_cpu(APISERVER)]:.3f} ms")
+    if window_cpu(ETCD) in extra:
+        parts.append(f"etcd {1000 * extra[window_cpu(ETCD)]:.3f} ms")
     parts.append(f"start->first {extra.get('start_to_first_bound_s', float('nan')):.2f} s")
     parts.append(f"machine busy {extra.get('machine_busy_share', float('nan')):.2f}")
     return ", ".join(parts)
@@ -228,16 +232,19 @@ def phase_measurements(scale: Scale, rounds: Rounds) -> list[Measurement]:
                     "x",
                 )
             )
-        for key, what in (
-            (BINDING_CPU, "binder"),
-            (LEADER_CPU, "binder's own process"),
-            (window_cpu(APISERVER), APISERVER),
+        for key, what, detail in (
+            (BINDING_CPU, "binder", False),
+            (LEADER_CPU, "binder's own process", False),
+            (window_cpu(APISERVER), APISERVER, False),
+            # Where a used cluster's history would cost each write more (bbolt's pages and
+            # freelist grow with it): etcd's CPU a pod, and kwok's, which writes the pods' status.
+            (window_cpu(ETCD), ETCD, True),
+            (window_cpu(KWOK), KWOK, True),
         ):
             values = [1000 * r.extra[key] for r in runs if key in r.extra]
             if values:
-                rows.append(
-                    below(label, f"{name}: {what} CPU per pod, first -> last bind", values, "ms")
-                )
+                metric = f"{name}: {what} CPU per pod, first -> last bind"
+                rows.append(below(label, metric, values, "ms", detail=detail))
         if not name.startswith("ceiling"):
             rows.append(
                 below(

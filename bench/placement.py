@@ -185,7 +185,8 @@ WEBHOOK = "gpuplace webhook"
 APISERVER = "kube-apiserver"
 #: The processes whose CPU a drain also reports from its first bind to its last: the binder's
 #: is set against what its Bindings and watches cost the control plane in the same stretch.
-WINDOWED = (APISERVER, "etcd", "kwok")
+ETCD, KWOK = "etcd", "kwok"
+WINDOWED = (APISERVER, ETCD, KWOK)
 #: The reference webhook's CPU over its burst (seconds), in the burst's extra.
 REFERENCE_CPU = "reference webhook CPU"
 #: How many server processes the webhook runs (`gpuplace webhook --processes`).

@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from bench._ceiling import Shape
-from bench.drains import Rounds, Setting, main, measurements, parse_shape, phases
-from bench.placement import APISERVER, BINDING_CPU, LEADER_CPU, RunResult, Scale, window_cpu
+from bench.drains import Rounds, Setting, line, main, measurements, parse_shape, phases
+from bench.placement import (
+    APISERVER,
+    BINDING_CPU,
+    ETCD,
+    KWOK,
+    LEADER_CPU,
+    RunResult,
+    Scale,
+    window_cpu,
+)
 
 
 def test_settings_and_shapes_are_read_as_written_and_refused_with_the_text() -> None:
@@ -45,6 +54,8 @@ def drain(rate: float, binder_ms: float, own_ms: float | None = None) -> RunResu
         BINDING_CPU: binder_ms / 1000,
         LEADER_CPU: (binder_ms if own_ms is None else own_ms) / 1000,
         window_cpu(APISERVER): 0.003,
+        window_cpu(ETCD): 0.001,
+        window_cpu(KWOK): 0.0005,
         "start_to_first_bound_s": 2.0,
     }
     return RunResult(rate=rate, seconds=1.0, pods=100, extra=extra)
@@ -70,6 +81,11 @@ def test_each_drain_is_held_against_the_best_ceilings_median() -> None:
     own = "drain 2/256: binder's own process CPU per pod, first -> last bind"
     assert rows[own].value == pytest.approx(0.15)
     assert rows["ceiling 8x128: kube-apiserver CPU per pod, first -> last bind"].value == 4.0
+    # what etcd and kwok spent a pod: details, beside the apiserver's headline figure
+    etcd = rows["drain 0/256: etcd CPU per pod, first -> last bind"]
+    assert etcd.value == pytest.approx(1.0) and etcd.detail
+    assert rows["drain 0/256: kwok CPU per pod, first -> last bind"].value == pytest.approx(0.5)
+    assert "ceiling 8x128: etcd CPU per pod, first -> last bind" not in rows  # it has none
     assert "ceiling 1x256 / ceiling 8x128" not in rows
     assert rows["drain 0/256: start -> first bind"].detail
 
@@ -99,3 +115,10 @@ def test_an_aged_cluster_is_a_phase_of_its_own_held_against_its_own_ceiling() ->
     assert rows[(f"{label}, fresh cluster", "drain 0/256 / ceiling 8x128")] == 1.0
     assert rows[(f"{label}, after 60,000 more pods", "drain 0/256 / ceiling 8x128")] == 0.75
     assert rows[(f"{label}, after 60,000 more pods", "ceiling 8x128: pods/s")] == 800
+
+
+def test_a_runs_log_line_says_what_the_binder_the_apiserver_and_etcd_spent_a_pod() -> None:
+    said = line(drain(900, 0.2, own_ms=0.15))
+    assert said.startswith("900 pods/s, binder CPU/pod 0.200 ms, its own process 0.150 ms, ")
+    assert "apiserver CPU/pod 3.000 ms, etcd 1.000 ms, start->first 2.00 s" in said
+    assert "etcd" not in line(RunResult(rate=5, seconds=1.0, pods=5, extra={}))
