@@ -11,8 +11,9 @@ loop) and W Bindings in flight; a shape `PxT` is the minimal client in P process
 logs a line per run, stops starting runs once `--budget` seconds have passed, and prints each
 contender's medians: pods/s, the drain's ratio to the best ceiling, the binder's CPU per pod
 (with its bind processes, and its own process alone) and the control plane's (kube-apiserver's;
-etcd's and kwok's in the details), from the first bind to the last, and start to first bind. `--profile DIR` samples each drain's leader with py-spy
-(`python -m bench._stacks DIR/*.txt` sums it up).
+etcd's and kwok's in the details), from the first bind to the last, and start to first bind.
+`--profile DIR` samples each drain's leader with py-spy (`python -m bench._stacks DIR/*.txt`
+sums it up).
 
 `make bench` drains after its ceiling search and its bursts have put tens of thousands of pods
 through the cluster. `--age PODS` runs the rounds twice: on the fresh cluster, then again after
@@ -236,8 +237,8 @@ def phase_measurements(scale: Scale, rounds: Rounds) -> list[Measurement]:
             (BINDING_CPU, "binder", False),
             (LEADER_CPU, "binder's own process", False),
             (window_cpu(APISERVER), APISERVER, False),
-            # Where a used cluster's history would cost each write more (bbolt's pages and
-            # freelist grow with it): etcd's CPU a pod, and kwok's, which writes the pods' status.
+            # Whether a used cluster's history costs etcd more a write shows here; kwok writes
+            # the pods' status after each Binding.
             (window_cpu(ETCD), ETCD, True),
             (window_cpu(KWOK), KWOK, True),
         ):
