@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Second half, right after unpack.sh: the rest of the binaries, the wheels, then the command given
 # (from the repository root); its output also goes to $BENCH_OUT (default bench-out.txt there).
-set -u; here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd)
+set -u -o pipefail  # the command's status, not tee's, is the call's
+here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd)
 [ -x /tmp/kb/kube-apiserver ] || { echo "run unpack.sh first, just before this"; exit 3; }
 [ -x /tmp/gpcache/tools/bin/helm ] || { echo "helm missing: run unpack.sh first"; exit 3; }
 for f in "$here"/*.xz; do xz -dc "$f" > "/tmp/kb/$(basename "$f" .xz)"; done; chmod +x /tmp/kb/*
