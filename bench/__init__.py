@@ -88,16 +88,19 @@ def _median(
     bound: tuple[str, float] | None,
     detail: bool,
 ) -> Measurement:
-    value = statistics.median(samples)
+    value = statistics.median(samples) if samples else math.nan
     target, ok = "", None
     if bound is not None:
         op, limit = bound
         target = f"{op} {limit:g} {unit}"
-        ok = value < limit if op == "<" else value >= limit
+        if samples:  # a figure whose runs were left out (`Budget`) is neither met nor missed
+            ok = value < limit if op == "<" else value >= limit
     return Measurement(benchmark, metric, value, unit, target, ok, tuple(samples), detail)
 
 
 def _value(m: Measurement) -> str:
+    if not m.samples:
+        return NOT_RUN
     if math.isnan(m.value) or math.isinf(m.value):
         return str(m.value)
     if m.value >= 100 or m.value == int(m.value):
@@ -110,7 +113,8 @@ def table(measurements: Sequence[Measurement]) -> str:
     rows = ["| benchmark | metric | median | target | met |", "|---|---|---|---|---|"]
     for m in measurements:
         met = "" if m.ok is None else ("yes" if m.ok else "**no**")
-        rows.append(f"| {m.benchmark} | {m.metric} | {_value(m)} {m.unit} | {m.target} | {met} |")
+        unit = f" {m.unit}" if m.samples else ""
+        rows.append(f"| {m.benchmark} | {m.metric} | {_value(m)}{unit} | {m.target} | {met} |")
     return "\n".join(rows)
 
 
@@ -121,6 +125,39 @@ def print_tables(measurements: Sequence[Measurement]) -> None:
     if details:
         print("\nDetails:\n")
         print(table(details))
+
+
+#: The median column of a figure none of whose runs ran (their budget was spent first).
+NOT_RUN = "not run"
+
+
+class Budget:
+    """The seconds in which a benchmark's steps may start (`--budget`), from when it is made: a
+    step asked for later is left out (the one running finishes), and the first left out says so
+    in the log. Its figures then have no samples and read "not run" in the table, so that a run
+    on a machine lent for minutes prints what it measured before its time is up."""
+
+    def __init__(
+        self,
+        seconds: float,
+        log: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.seconds = seconds
+        self._log = log
+        self._clock = clock
+        self._deadline = clock() + seconds
+        #: The steps left out, in the order they were asked for.
+        self.left_out: list[str] = []
+
+    def allows(self, step: str) -> bool:
+        """Whether `step` may start now; if not, it is noted as left out."""
+        if self._clock() <= self._deadline:
+            return True
+        if not self.left_out:
+            self._log(f"budget of {self.seconds:,.0f} s spent: {step} and what follows not run")
+        self.left_out.append(step)
+        return False
 
 
 def machine() -> dict[str, Any]:

@@ -68,7 +68,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from bench import Measurement, above, below, log_to_stderr
+from bench import Budget, Measurement, above, below, log_to_stderr
 from bench._kube import (
     Obj,
     Observed,
@@ -763,10 +763,15 @@ def _contender(label: str, name: str, xs: Sequence[DraRun], best: int) -> list[M
 
 
 def contend(
-    b: DraBench, repeats: int, log: Callable[[str], None], only_ratio: bool = False
+    b: DraBench,
+    repeats: int,
+    log: Callable[[str], None],
+    budget: Budget,
+    only_ratio: bool = False,
 ) -> DraResults:
-    """The minimal client's best concurrency, then `repeats` times every contender (`only_ratio`:
-    gpuplace's drain and the minimal client, the two runs of the target)."""
+    """The minimal client's best concurrency, then `repeats` times every contender while `budget`
+    allows it (`only_ratio`: gpuplace's drain and the minimal client, the two runs of the
+    target)."""
     results = DraResults()
     best = best_concurrency(
         "minimal",
@@ -796,13 +801,17 @@ def contend(
             minimal,
         ]
     for repeat in range(1, repeats + 1):
+        if not budget.allows(f"repeat {repeat}"):
+            break
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
-        run_contenders(contenders, _line, log)
+        run_contenders(contenders, _line, log, budget.allows)
     return results
 
 
-def contend_ratio(b: DraBench, repeats: int, log: Callable[[str], None]) -> DraResults:
-    return contend(b, repeats, log, only_ratio=True)
+def contend_ratio(
+    b: DraBench, repeats: int, log: Callable[[str], None], budget: Budget
+) -> DraResults:
+    return contend(b, repeats, log, budget, only_ratio=True)
 
 
 bench = Benchmark(DraBench, "gpuplace-dra", contend)

@@ -30,12 +30,19 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench import Measurement, below, describe, log_to_stderr, machine, print_tables
+from bench import (
+    Budget,
+    Measurement,
+    below,
+    describe,
+    log_to_stderr,
+    machine,
+    print_tables,
+)
 from bench._ceiling import Shape
 from bench.placement import (
     APISERVER,
@@ -126,30 +133,31 @@ def contend_phases(
     rounds: Sequence[Rounds],
     count: int,
     age: int,
-    budget: float,
+    budget: Budget,
     log: Callable[[str], None],
 ) -> list[Rounds]:
-    """Each phase's `count` rounds; before every phase but the first, `age` pods come and go."""
-    deadline = time.monotonic() + budget
+    """Each phase's `count` rounds; before every phase but the first, `age` pods come and go;
+    every run while `budget` allows it."""
     for number, phase in enumerate(rounds):
         if number:
-            aged = age_cluster(b, phase.shapes[0], age, deadline, log)
+            aged = age_cluster(b, phase.shapes[0], age, budget, log)
             if aged < age:
-                log(f"budget of {budget:.0f} s spent after {aged:,} of {age:,} pods: no more runs")
+                log(f"{aged:,} of {age:,} pods went through: no more runs")
                 break
         if phase.phase:
             log(f"{phase.phase}: {b.storage()}")
-        contend(b, phase, count, deadline - time.monotonic(), log)
+        contend(b, phase, count, budget, log)
     return list(rounds)
 
 
 def age_cluster(
-    b: PlacementBench, shape: Shape, pods: int, deadline: float, log: Callable[[str], None]
+    b: PlacementBench, shape: Shape, pods: int, budget: Budget, log: Callable[[str], None]
 ) -> int:
     """`pods` more pods through the cluster, a run of the minimal client at a time (its pods are
-    gpuplace's, admitted by the webhook, bound, deleted); the pods that went through."""
+    gpuplace's, admitted by the webhook, bound, deleted), while `budget` allows; the pods that
+    went through."""
     done = 0
-    while done < pods and time.monotonic() < deadline:
+    while done < pods and budget.allows("aging the cluster"):
         result = b.ceiling(shape)
         done += result.pods
         log(f"aging: {done:,} of {pods:,} pods, {ceiling_name(shape)}: {result.rate:,.0f} pods/s")
@@ -160,26 +168,28 @@ def contend(
     b: PlacementBench,
     rounds: Rounds,
     count: int,
-    budget: float,
+    budget: Budget,
     log: Callable[[str], None],
 ) -> Rounds:
-    """`count` rounds of every contender in turn, until `budget` seconds have passed."""
-    began = time.monotonic()
+    """`count` rounds of every contender in turn, each run while `budget` allows it."""
     saved = {key: os.environ.get(key) for key in Setting(0, 1).environment()}
     try:
         for number in range(count):
             contenders: list[Setting | Shape] = [*rounds.settings, *rounds.shapes]
+            where = f" ({rounds.phase})" if rounds.phase else ""
             for contender in contenders:
-                if time.monotonic() - began > budget:
-                    log(f"budget spent: no more runs{f' ({rounds.phase})' if rounds.phase else ''}")
+                if isinstance(contender, Setting):
+                    name = contender.describe()
+                else:
+                    name = ceiling_name(contender)
+                if not budget.allows(f"round {number}{where} {name}"):
                     return rounds
                 if isinstance(contender, Setting):
                     os.environ.update(contender.environment())  # the controller inherits it
-                    name, result = contender.describe(), b.gpuplace_drain()
+                    result = b.gpuplace_drain()
                 else:
-                    name, result = ceiling_name(contender), b.ceiling(contender)
+                    result = b.ceiling(contender)
                 rounds.runs[name].append(result)
-                where = f" ({rounds.phase})" if rounds.phase else ""
                 log(f"round {number}{where} {name}: {line(result)}")
     finally:
         for key, value in saved.items():
@@ -280,7 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run the rounds again after PODS more pods have come and gone (default: once)",
     )
     parser.add_argument(
-        "--budget", type=float, default=float("inf"), help="start no run after this many seconds"
+        "--budget",
+        type=float,
+        default=float("inf"),
+        help="start no run more than this many seconds after the set-up",
     )
     parser.add_argument(
         "--workdir", type=Path, help="keep the cluster's files and logs here (default: temporary)"
@@ -299,11 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     benchmark = Benchmark(
         PlacementBench,
         "gpuplace-drains",
-        lambda b, count, log: contend_phases(
-            b, phases(settings, shapes, args.age), count, args.age, args.budget, log
+        lambda b, count, log, budget: contend_phases(
+            b, phases(settings, shapes, args.age), count, args.age, budget, log
         ),
     )
-    rounds = benchmark(scale, args.rounds, _log, args.workdir, args.profile)
+    rounds = benchmark(scale, args.rounds, _log, args.workdir, args.profile, args.budget)
     print_tables(measurements(scale, rounds))
     return 0
 

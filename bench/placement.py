@@ -48,7 +48,10 @@ heartbeats and leases).
 `python -m bench.placement --nodes 100 --pods 500 --repeats 1` runs a small version;
 `--only creates` runs only the webhook's part (the burst through the webhook, without it and
 through the reference webhook, the steady 50 creates/s) and the rows it feeds;
-`--profile DIR` samples the controller with py-spy (`python -m bench._stacks DIR/*.txt` sums it up).
+`--profile DIR` samples the controller with py-spy (`python -m bench._stacks DIR/*.txt` sums it up);
+`--budget S` starts no step (a burst, a steady rate, a drain, a repeat) more than S seconds after
+the set-up, so that a machine lent for minutes prints the table of what ran: the figures of the
+steps left out read "not run" (the ceiling search always runs whole).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ import argparse
 import base64
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -67,7 +71,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from bench import Measurement, above, below, describe, log_to_stderr, machine, print_tables
+from bench import (
+    Budget,
+    Measurement,
+    above,
+    below,
+    describe,
+    log_to_stderr,
+    machine,
+    print_tables,
+)
 from bench._ceiling import BindingClient, Shape
 from bench._ceiling import search as ceiling_search
 from bench._kube import (
@@ -1211,7 +1224,9 @@ def rates(runs: Sequence[RunResult]) -> list[float]:
 
 
 def ratio(a: Sequence[RunResult], b: Sequence[RunResult]) -> list[float]:
-    return [x.rate / y.rate for x, y in zip(a, b, strict=True)]
+    """Repeat i of `a` over repeat i of `b`, for the repeats both ran (a `Budget` may have left
+    out the runs after one side's last)."""
+    return [x.rate / y.rate for x, y in zip(a, b, strict=False)]
 
 
 def _p(runs: Sequence[RunResult], which: str) -> list[float]:
@@ -1602,11 +1617,13 @@ def contend(
     b: PlacementBench,
     repeats: int,
     log: Callable[[str], None],
+    budget: Budget,
     search: Sequence[int] = CEILING_CONCURRENCY,
 ) -> Results:
     """The contenders on a bench that is set up: the ceiling client's best shape (one process at
     each of `search` threads, then more processes: `bench._ceiling.search`), then `repeats` times
-    gpuplace's bursts and admission, then the runs of `drain_contenders`."""
+    the steps of `admission_steps` and the runs of `drain_contenders`, each only while `budget`
+    allows it (the search always runs whole: the drains are held against its best shape)."""
     results = Results()
     results.idle_cpu = b.idle()
     log(f"idle: the machine busy {results.idle_cpu[MACHINE]:.2f} CPU seconds per second")
@@ -1618,20 +1635,44 @@ def contend(
         os.cpu_count() or 1,
     )
     for repeat in range(1, repeats + 1):
+        if not budget.allows(f"repeat {repeat}"):
+            break
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f}; {b.storage()})")
-        creates_bursts(b, results, log)
-        results.admission_sequential.append(b.admission_one_at_a_time())
-        for rate in STEADY_RATES:
-            steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
-            results.admission_steady.setdefault(rate, []).append(steady)
-            p99 = _ms(histogram_quantile(0.99, steady.apiserver))
-            log(f"  webhook at {rate} creates/s ({steady.rate:.1f} sent): p99 {p99:.1f} ms")
-        reference_steady(b, results, log)
-        log(f"  before the drains: {b.storage()}")
-        run_contenders(drain_contenders(b, results, best), RunResult.line, log)
+        for step, run_step in admission_steps(b, results, log):
+            if budget.allows(step):
+                run_step()
+        if budget.allows("the drains"):
+            log(f"  before the drains: {b.storage()}")
+            run_contenders(drain_contenders(b, results, best), RunResult.line, log, budget.allows)
     results.controller_peak_mib = b.controller_peak_mib
     results.webhook_peak_mib = b.webhook_peak_mib()
     return results
+
+
+def admission_steps(
+    b: PlacementBench, results: Results, log: Callable[[str], None]
+) -> list[tuple[str, Callable[[], None]]]:
+    """A repeat's steps before its drains, in order, each with its name: the bursts, the creates
+    one at a time, each steady rate, the target's steady rate through the reference webhook."""
+
+    def one_at_a_time() -> None:
+        results.admission_sequential.append(b.admission_one_at_a_time())
+
+    def steady(rate: int) -> None:
+        admission = b.admission_at(rate, int(rate * STEADY_SECONDS))
+        results.admission_steady.setdefault(rate, []).append(admission)
+        p99 = _ms(histogram_quantile(0.99, admission.apiserver))
+        log(f"  webhook at {rate} creates/s ({admission.rate:.1f} sent): p99 {p99:.1f} ms")
+
+    return [
+        ("the bursts", lambda: creates_bursts(b, results, log)),
+        ("the creates one at a time", one_at_a_time),
+        *[(f"the creates at {rate}/s", lambda rate=rate: steady(rate)) for rate in STEADY_RATES],
+        (
+            f"the reference webhook at {TARGET_STEADY_RATE} creates/s",
+            lambda: reference_steady(b, results, log),
+        ),
+    ]
 
 
 def drain_contenders(
@@ -1668,12 +1709,17 @@ Contender = tuple[str, list[T], Callable[[], T]]
 
 
 def run_contenders(
-    contenders: Sequence[Contender[T]], line: Callable[[T], str], log: Callable[[str], None]
+    contenders: Sequence[Contender[T]],
+    line: Callable[[T], str],
+    log: Callable[[str], None],
+    allows: Callable[[str], bool] = lambda _: True,
 ) -> None:
-    """One more run of each contender, in order, each logged as `line` describes it."""
+    """One more run of each contender, in order, each logged as `line` describes it; a run that
+    `allows` refuses (`Budget.allows`) is left out."""
     for name, runs, contender in contenders:
-        runs.append(contender())
-        log(f"  {name}: {line(runs[-1])}")
+        if allows(name):
+            runs.append(contender())
+            log(f"  {name}: {line(runs[-1])}")
 
 
 B = TypeVar("B", bound=PlacementBench)
@@ -1700,7 +1746,7 @@ class Benchmark(Generic[B, R]):
 
     make: Callable[[Scale, Path, Callable[[str], None], Path | None], B]
     prefix: str
-    contend: Callable[[B, int, Callable[[str], None]], R]
+    contend: Callable[[B, int, Callable[[str], None], Budget], R]
 
     def __call__(
         self,
@@ -1709,9 +1755,12 @@ class Benchmark(Generic[B, R]):
         log: Callable[[str], None],
         workdir: Path | None = None,
         profile_dir: Path | None = None,
+        budget: float = math.inf,
     ) -> R:
+        """`budget`: the seconds in which `contend`'s steps may start, from the end of the set-up
+        (`Budget`)."""
         with running(lambda w: self.make(scale, w, log, profile_dir), workdir, self.prefix) as b:
-            return self.contend(b, repeats, log)
+            return self.contend(b, repeats, log, Budget(budget, log))
 
 
 bench = Benchmark(PlacementBench, "gpuplace-bench", contend)
@@ -1742,12 +1791,17 @@ def creates_bursts(b: PlacementBench, results: Results, log: Callable[[str], Non
     )
 
 
-def contend_creates(b: PlacementBench, repeats: int, log: Callable[[str], None]) -> Results:
-    """Only the webhook's part: per repeat, the burst through the webhook, the same burst without
-    it and through the reference webhook, and the steady rate its p99 is held to."""
+def contend_creates(
+    b: PlacementBench, repeats: int, log: Callable[[str], None], budget: Budget
+) -> Results:
+    """Only the webhook's part: per repeat (while `budget` allows one), the burst through the
+    webhook, the same burst without it and through the reference webhook, and the steady rate its
+    p99 is held to."""
     results = Results()
     log(f"the webhook serves from {webhook_processes()} process(es) ({PROCESSES_ENV})")
     for repeat in range(1, repeats + 1):
+        if not budget.allows(f"repeat {repeat}"):
+            break
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
         creates_bursts(b, results, log)
         rate = TARGET_STEADY_RATE
@@ -1772,10 +1826,13 @@ def creates_measurements(scale: Scale, r: Results) -> list[Measurement]:
     return [
         *creates_rows(label, r.gpuplace_burst, r.gpuplace_burst_unhooked, r.reference_burst),
         *_traced(
-            label, f"at {rate} creates/s", r.admission_steady[rate], TARGET_WEBHOOK_VS_ETCD_P99
+            label,
+            f"at {rate} creates/s",
+            r.admission_steady.get(rate, []),
+            TARGET_WEBHOOK_VS_ETCD_P99,
         ),
         *reference_rows(label, r),
-        *_waits(label, f"at {rate} creates/s", r.admission_steady[rate]),
+        *_waits(label, f"at {rate} creates/s", r.admission_steady.get(rate, [])),
         below(label, f"webhook server processes ({PROCESSES_ENV})", [webhook_processes()], ""),
     ]
 
@@ -1839,6 +1896,14 @@ def cli(
         help="sample the controller with py-spy during gpuplace's runs (collapsed stacks in DIR)",
     )
     parser.add_argument(
+        "--budget",
+        type=float,
+        default=math.inf,
+        metavar="S",
+        help="start no step more than S seconds after the set-up: the table then has what ran "
+        "(for a machine lent for minutes; default: no limit)",
+    )
+    parser.add_argument(
         "--bind-processes",
         type=int,
         default=None,
@@ -1854,7 +1919,7 @@ def cli(
     scale = replace(default, nodes=args.nodes, pods=args.pods)
     log(f"machine: {describe(machine())}")
     log(f"controller bind processes: {os.environ.get('GPUPLACE_BIND_PROCESSES', '0')}")
-    results = run_bench(scale, args.repeats, log, args.workdir, args.profile)
+    results = run_bench(scale, args.repeats, log, args.workdir, args.profile, args.budget)
     log(f"machine at the end: {describe(machine())}")
     figures = measure(scale, results)
     print_tables(figures)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import Measurement, below, log_to_stderr
+from bench import Budget, Measurement, below, log_to_stderr
 from bench._heartbeats import DEFAULT_INTERVAL
 from bench._kube import HeartbeatLoad, Heartbeats, create_pods
 from bench.placement import (
@@ -143,9 +143,11 @@ class ScaleBench(PlacementBench):
         return times[0] - killed, rate
 
 
-def contend_at_scale(b: ScaleBench, repeats: int, log: Callable[[str], None]) -> ScaleResults:
+def contend_at_scale(
+    b: ScaleBench, repeats: int, log: Callable[[str], None], budget: Budget
+) -> ScaleResults:
     """Idle load without and with heartbeats, the placement contenders among the heartbeats,
-    then `repeats` failovers."""
+    then `repeats` failovers (each step while `budget` allows it)."""
     quiet = b.idle()
     b.start_heartbeats()
     loaded = b.idle()
@@ -153,8 +155,10 @@ def contend_at_scale(b: ScaleBench, repeats: int, log: Callable[[str], None]) ->
         "idle, apiserver + etcd CPU: "
         f"{_servers(quiet):.3f} s/s without heartbeats, {_servers(loaded):.3f} with"
     )
-    results = ScaleResults(contend(b, repeats, log, SEARCH), quiet, loaded)
-    for _ in range(repeats):
+    results = ScaleResults(contend(b, repeats, log, budget, SEARCH), quiet, loaded)
+    for repeat in range(1, repeats + 1):
+        if not budget.allows(f"failover {repeat}"):
+            break
         seconds, rate = b.failover()
         results.failover.append(seconds)
         results.failover_rate.append(rate)

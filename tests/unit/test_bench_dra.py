@@ -3,10 +3,12 @@ that every contender placed the same devices, and the rows it reports."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
+from bench import Budget
 from bench._podwatch import Seen
 from bench.dra import (
     CLAIM_ENTRY,
@@ -205,7 +207,7 @@ def test_only_the_targets_contenders_run_at_1000_nodes() -> None:
             calls.append("drain")
             return _run(500)
 
-    results = contend_ratio(Bench(), 1, lambda _: None)  # type: ignore[arg-type]
+    results = contend_ratio(Bench(), 1, lambda _: None, Budget(math.inf, print))  # type: ignore[arg-type]
     assert calls == ["minimal 32", "minimal 128", "drain", "minimal 32"]
     rows = {m.metric: m for m in measurements(WIDE, results)}
     assert rows["DRA drain / minimal claim+Binding client"].value == pytest.approx(500 / 600)
