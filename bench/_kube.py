@@ -103,10 +103,12 @@ def create_pods(
     rate: float | None = None,
     *,
     traced: bool = False,
+    answered: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Creates the pods from `threads` threads, as fast as they go or at a steady `rate` per
-    second; returns when each create was sent (time.monotonic). `traced`: each create carries
-    a sampled traceparent of the pod's name (`bench._traces`), so the apiserver traces it."""
+    second; returns when each create was sent (time.monotonic), and puts in `answered` when its
+    answer came back. `traced`: each create carries a sampled traceparent of the pod's name
+    (`bench._traces`), so the apiserver traces it."""
     path = PODS.collection(namespace)
 
     def create(pod: Obj) -> float:
@@ -114,6 +116,8 @@ def create_pods(
         headers = {"traceparent": traceparent(name)} if traced else None
         sent = time.monotonic()
         call(cluster, "POST", path, pod, wanted={201}, what=f"creating pod {name}", headers=headers)
+        if answered is not None:
+            answered[name] = time.monotonic()
         return sent
 
     if rate is None:

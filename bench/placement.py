@@ -9,7 +9,8 @@ Each repeat runs, one contender at a time:
 1. gpuplace, burst: a pod watch opens, then 16 threads create the 5,000 pods (labels gpuplace.io/map
    and gpuplace.io/index) through the webhook, as a controller would. Rate: pods / (first create
    sent -> last pod seen bound); latency: create sent -> the watch sees spec.nodeName, per pod
-   (client clocks: creationTimestamp has whole seconds only). The controller's CPU seconds over
+   (client clocks: creationTimestamp has whole seconds only), also split at the create's answer
+   (the create itself; what the binding takes after it, and from the watch's first sight). The controller's CPU seconds over
    that window and its peak RSS (VmHWM, its bind processes' added); the admission latency of the webhook as the apiserver
    measured it (apiserver_admission_webhook_admission_duration_seconds, bucket deltas) and as the
    webhook measured it (gpuplace_webhook_admission_duration_seconds). The same burst then runs
@@ -398,6 +399,12 @@ class RunResult:
     def line(self) -> str:
         """The run in one log line."""
         latency = f", p50 {self.p50:.3f} s, p99 {self.p99:.3f} s" if self.p50 is not None else ""
+        if CREATE_P99 in self.extra:
+            latency += (
+                f" (the create p99 {self.extra[CREATE_P99]:.3f} s; "
+                f"answered -> bound p99 {self.extra[AFTER_CREATE_P99]:.3f} s, "
+                f"first seen -> bound {self.extra.get(SEEN_P99, math.nan):.3f} s)"
+            )
         return f"{self.rate:,.0f} pods/s{latency}"
 
 
@@ -436,10 +443,43 @@ class Usage:
         return self.cpu[MACHINE] / (self.seconds * (os.cpu_count() or 1))
 
 
-def burst_result(sent: dict[str, float], seen: Observed, usage: Usage) -> RunResult:
+#: A burst's extra figures that split its create -> bound latency at the create's answer: the
+#: create itself (the webhook's round trip and the apiserver's write) and what follows it (the
+#: watch event to the binder, its decision, the Binding, the bound pod's event to the bench).
+CREATE_P99, AFTER_CREATE_P50, AFTER_CREATE_P99 = (
+    "create sent -> answered p99 s",
+    "create answered -> bound p50 s",
+    "create answered -> bound p99 s",
+)
+#: The part of the latter from the bench's watch's first sight of the pod: the binder's share
+#: (its own watch event, decision and Binding) and the bound pod's event.
+SEEN_P99 = "first seen -> bound p99 s"
+
+
+def burst_result(
+    sent: dict[str, float],
+    seen: Observed,
+    usage: Usage,
+    answered: dict[str, float] | None = None,
+) -> RunResult:
+    """A burst's figures; with `answered` (each create's answer, as `create_pods` notes it), its
+    latency split at the answer (`CREATE_P99`, `AFTER_CREATE_P50`, `AFTER_CREATE_P99`)."""
     latencies = [seen.bound[name] - t for name, t in sent.items()]
     seconds = max(seen.bound[name] for name in sent) - min(sent.values())
     creating = max(sent.values()) - min(sent.values())
+    split: dict[str, float] = {}
+    if answered:
+        creates = [answered[name] - t for name, t in sent.items()]
+        after = [seen.bound[name] - answered[name] for name in sent]
+        split = {
+            CREATE_P99: percentile(creates, 0.99),
+            AFTER_CREATE_P50: percentile(after, 0.5),
+            AFTER_CREATE_P99: percentile(after, 0.99),
+        }
+        if seen_first := [
+            seen.bound[name] - seen.added[name] for name in sent if name in seen.added
+        ]:
+            split[SEEN_P99] = percentile(seen_first, 0.99)
     return RunResult(
         rate=len(sent) / seconds,
         seconds=seconds,
@@ -451,6 +491,7 @@ def burst_result(sent: dict[str, float], seen: Observed, usage: Usage) -> RunRes
             "creates_per_s": len(sent) / creating if creating > 0 else float("inf"),
             "machine_busy_share": usage.busy,
             "pod watch restarts": float(seen.restarts),
+            **split,
         },
         requests=usage.requests,
     )
@@ -855,7 +896,8 @@ class PlacementBench:
                 self._measuring(usage, metrics),
                 profiling(self._controller_pid(), self._profile("burst")),
             ):
-                sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+                answered: dict[str, float] = {}
+                sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS, answered=answered)
                 seen = watch.wait()
             webhook_after = self._webhook_buckets()
         finally:
@@ -870,7 +912,7 @@ class PlacementBench:
             bucket_delta(webhook_before, webhook_after),
         )
         self._clear(pods)
-        return burst_result(sent, seen, usage[0]), admission
+        return burst_result(sent, seen, usage[0], answered), admission
 
     def gpuplace_burst_unhooked(self) -> RunResult:
         """The same burst with the pod webhook unregistered: what creating the pods costs the
@@ -1115,12 +1157,13 @@ class PlacementBench:
         watch = self._watch()
         try:
             with self._measuring(usage, [], apart):
-                sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS)
+                answered: dict[str, float] = {}
+                sent = create_pods(self.cluster, NAMESPACE, pods, CREATE_THREADS, answered=answered)
                 seen = watch.wait()
         finally:
             watch.stop()
         self._clear(pods)
-        return burst_result(sent, seen, usage[0])
+        return burst_result(sent, seen, usage[0], answered)
 
     def scheduler_drain(self) -> RunResult:
         self.stop_controller()
@@ -1279,6 +1322,12 @@ def creates_rows(
                 per_pod_ms(reference, APISERVER),
                 "ms",
             ),
+            below(
+                label,
+                "burst: create p99 through the reference webhook",
+                _extra(reference, CREATE_P99),
+                "s",
+            ),
         ]
         if reference
         else []
@@ -1308,8 +1357,16 @@ def creates_rows(
             per_pod_ms(without, APISERVER),
             "ms",
         ),
+        # Each create's own latency (sent -> answered), which the webhook's round trip is part of.
+        below(label, "burst: create p99 through the webhook", _extra(through, CREATE_P99), "s"),
+        below(label, "burst: create p99 without it", _extra(without, CREATE_P99), "s"),
         *rows,
     ]
+
+
+def _extra(runs: Sequence[RunResult], key: str) -> list[float]:
+    """The runs' extra figure `key`, of those that have it."""
+    return [x.extra[key] for x in runs if key in x.extra]
 
 
 def _cpu(runs: Sequence[RunResult], process: str) -> list[float]:
@@ -1340,6 +1397,14 @@ def _throughput(label: str, r: Results) -> list[Measurement]:
         below(label, "gpuplace burst: pods/s (create -> bound)", rates(gp_b), "pods/s"),
         below(label, "gpuplace burst: create -> bound p50", _p(gp_b, "p50"), "s"),
         below(label, "gpuplace burst: create -> bound p99", _p(gp_b, "p99"), "s", TARGET_P99_S),
+        # Where that latency goes: the create itself, and the binding after its answer.
+        below(label, "gpuplace burst: create sent -> answered p99", _extra(gp_b, CREATE_P99), "s"),
+        below(
+            label,
+            "gpuplace burst: create answered -> bound p99",
+            _extra(gp_b, AFTER_CREATE_P99),
+            "s",
+        ),
         below(label, "gpuplace burst: controller CPU", _cpu(gp_b, controller), "s"),
         *creates_rows(label, gp_b, r.gpuplace_burst_unhooked, r.reference_burst),
         below(label, "gpuplace controller peak RSS (all runs)", [r.controller_peak_mib], "MiB"),
@@ -1583,6 +1648,8 @@ def _details(label: str, r: Results) -> list[Measurement]:
         result.append(below(label, what, [rate], "pods/s", detail=True))
     for run_name, runs in (
         ("gpuplace burst", r.gpuplace_burst),
+        ("gpuplace burst without the webhook", r.gpuplace_burst_unhooked),
+        ("gpuplace burst through the reference webhook", r.reference_burst),
         ("gpuplace drain", r.gpuplace_drain),
         ("kube-scheduler burst", r.scheduler_burst),
         ("kube-scheduler drain", r.scheduler_drain),

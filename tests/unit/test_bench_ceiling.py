@@ -13,12 +13,17 @@ import pytest
 from bench._ceiling import Posted, Shape, around, post_all, process_counts, search, split
 from bench._kube import MACHINE, OTHERS, CpuSampler, Observed, concurrently
 from bench._proc import BenchError
+from bench._stats import percentile
 from bench.placement import (
+    AFTER_CREATE_P50,
+    AFTER_CREATE_P99,
     BINDING_CPU,
     CEILING_CONCURRENCY,
     CLIENT,
+    CREATE_P99,
     NAMESPACE,
     REFERENCE_KEY,
+    SEEN_P99,
     TARGET_VS_CEILING,
     PlacementBench,
     Results,
@@ -28,6 +33,7 @@ from bench.placement import (
     _details,
     _throughput,
     binding,
+    burst_result,
     ceiling_rows,
     drain_contenders,
     drain_result,
@@ -221,6 +227,28 @@ def test_a_drain_reports_the_control_planes_cpu_per_pod_between_its_first_and_la
     assert result.rate == pytest.approx(2 / 2.0)
 
 
+def test_a_bursts_latency_is_split_at_each_creates_answer() -> None:
+    """create sent -> answered is the create's own (the webhook and the apiserver's write);
+    answered -> bound is what the binding takes after it."""
+    usage = Usage({MACHINE: 5.0, OTHERS: 5.0}, {}, 2.0)
+    sent = {f"p{i}": float(i) for i in range(100)}
+    answered = {name: t + (0.5 if name == "p7" else 0.1) for name, t in sent.items()}
+    bound = {name: t + (2.0 if name == "p3" else 0.3) for name, t in answered.items()}
+    added = {name: t + 0.05 for name, t in answered.items()}
+    seen = Observed(added=added, bound=bound, listed=0, events=0, restarts=0, cpu=0.0)
+    result = burst_result(sent, seen, usage, answered)
+    assert result.extra[CREATE_P99] == pytest.approx(0.1 + 0.4 * 0.01)  # one 0.5 s create of 100
+    assert result.extra[AFTER_CREATE_P50] == pytest.approx(0.3)
+    assert result.extra[AFTER_CREATE_P99] == pytest.approx(0.3 + 1.7 * 0.01)
+    assert result.p99 == pytest.approx(percentile([b - sent[n] for n, b in bound.items()], 0.99))
+    assert result.extra[SEEN_P99] == pytest.approx(0.25 + 1.7 * 0.01)
+    assert result.line().endswith(
+        "(the create p99 0.104 s; answered -> bound p99 0.317 s, first seen -> bound 0.267 s)"
+    )
+    without = burst_result(sent, seen, usage)
+    assert CREATE_P99 not in without.extra and "the create" not in without.line()
+
+
 def ceiling_run(rate: float, shape: Shape, client_cpu: float = 0.05) -> RunResult:
     return RunResult(
         rate=rate,
@@ -289,6 +317,14 @@ def test_the_details_list_every_point_of_the_search() -> None:
         ("ceiling search: 2 processes x 128 threads", 600),
     ]
     assert all(m.detail and m.unit == "pods/s" for m in rows)
+
+
+def test_the_details_have_the_bursts_without_the_webhook_and_through_the_reference_too() -> None:
+    r = results()
+    r.reference_burst = [run(290, creates_per_s=450), run(310, creates_per_s=470)]
+    rows = {m.metric: m for m in _details("b", r)}
+    assert rows["gpuplace burst without the webhook: creates_per_s"].value == 500
+    assert rows["gpuplace burst through the reference webhook: creates_per_s"].value == 460
 
 
 def test_vs_checks_a_target_only_when_given() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bench.placement import (
     APISERVER,
+    CREATE_P99,
     REFERENCE_CPU,
     TARGET_CREATES_RATIO,
     TARGET_STEADY_RATE,
@@ -50,6 +51,18 @@ def test_the_apiservers_cpu_is_counted_per_create_in_each_burst() -> None:
     assert rows["burst: kube-apiserver CPU per create through the webhook"].value == 4.0
     assert rows["burst: kube-apiserver CPU per create without it"].value == 3.0
     assert rows["burst: kube-apiserver CPU per create through the reference webhook"].value == 3.5
+
+
+def test_each_bursts_create_p99_is_set_beside_the_others() -> None:
+    def run(create_p99: float) -> RunResult:
+        extra = {"creates_per_s": 1.0, REFERENCE_CPU: 0.1, CREATE_P99: create_p99}
+        return RunResult(1.0, 1.0, pods=500, extra=extra)
+
+    rows = {m.metric: m for m in creates_rows("b", [run(0.5)], [run(0.3)], [run(0.45)])}
+    assert rows["burst: create p99 through the webhook"].value == 0.5
+    assert rows["burst: create p99 without it"].value == 0.3
+    assert rows["burst: create p99 through the reference webhook"].value == 0.45
+    assert rows["burst: create p99 without it"].unit == "s"
 
 
 def steady(webhook_ms: float, etcd_ms: float) -> Admission:
