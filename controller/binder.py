@@ -34,10 +34,10 @@ from kubeio.paths import PODS
 from kubeio.pod import Pod
 from kubeio.requests import Request, prepare
 from placement.annotations import signed_binding
-from placement.binding import Cluster, Code, Placement, Status, plan
+from placement.binding import Cluster, Code, Placement, PodFacts, Status, plan
 from placement.keyring import RingKey, TrustView
 from placement.reasons import Reason
-from placement.types import SlotKey
+from placement.types import MapKey, SlotKey
 from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
@@ -255,10 +255,14 @@ class Binder:
             self.on_bound(holding.slot)  # the map's bound count moved
             keys = [WakeKey.slot(holding.slot), WakeKey.map(holding.slot.map)]
             keys += [WakeKey.gpu(holding.node, gpu) for gpu in holding.gpus]
-            self.queue.wake(keys)
+            self.wake(keys)
 
     def wake(self, keys: Iterable[WakeKey]) -> None:
-        self.queue.wake(keys)
+        """What changed: the pods and the parked free slots (controller/freeslots.py) that wait
+        for it; a map whose slots are unparked wakes the pods that wait for one of its slots."""
+        keys = list(keys)
+        unparked = self.cache.unpark(keys)
+        self.queue.wake([*keys, *(WakeKey.map(key) for key in unparked)])
 
     # -- running ------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -329,6 +333,7 @@ class Binder:
             uid = self.queue.pop(timeout=wait) if self._room_for_one(wait) else None
             self.pending.flush_due()
             if time.monotonic() - last_flush > self.settings.flush_seconds:
+                self.cache.unpark_all(self.cluster().model.maps)
                 self.queue.wake_all()
                 last_flush = time.monotonic()
             self._lease_returned()
@@ -358,6 +363,7 @@ class Binder:
         facts = podfacts.facts(pod, self.settings.legacy)
         cluster = self.cluster()
         outcome: Placement | Status = plan(facts, cluster, self.cache)
+        self._park(cluster, facts, outcome)
         claim: ClaimPlan | None = None
         if isinstance(outcome, Placement) and self.dra is not None and facts.map_name is not None:
             cmap = cluster.model.maps.get(outcome.slot.map)
@@ -377,9 +383,10 @@ class Binder:
             if outcome.code is Code.UNRESOLVABLE and not outcome.waits_for:
                 self.queue.unschedulable(uid, frozenset({WakeKey.pod(uid)}))
             else:
-                self.queue.unschedulable(uid, outcome.waits_for)
+                self.queue.unschedulable(uid, outcome.waits_for, outcome.cohort)
             self._report(pod, outcome)
             return
+        self.queue.placed(uid)
         self.pending.settle(uid)
         self.cache.assume(uid, pod.key, outcome)
         with self._lock:
@@ -390,6 +397,14 @@ class Binder:
             self.cache.forget(uid)
             self._finish(uid, requeue=False)
             raise
+
+    def _park(self, cluster: Cluster, facts: PodFacts, outcome: Placement | Status) -> None:
+        """The free slots an allocation found unservable are left out of the next decisions
+        until what they wait for changes (`wake`)."""
+        if outcome.unservable and facts.map_name is not None:
+            cmap = cluster.model.maps.get(MapKey(facts.namespace, facts.map_name))
+            if cmap is not None:
+                self.cache.park(cmap, outcome.unservable)
 
     def _dispatch(self, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan | None) -> None:
         """Sends an assumed decision's writes: from the bind processes (a Binding alone), from

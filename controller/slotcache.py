@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from itertools import islice
 
-from placement.binding import Placement
+from controller.freeslots import FreeSlotIndex, MapIndex
+from placement.binding import Placement, Status
+from placement.model import CompiledMap
 from placement.types import MapKey, NodeName, Sharing, SlotKey
+from placement.wake import WakeKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,7 @@ class SlotCache:
         self._slots: dict[SlotKey, str] = {}
         self._by_map: dict[MapKey, dict[int, str]] = defaultdict(dict)
         self._gpus: dict[tuple[NodeName, str], dict[str, Sharing]] = defaultdict(dict)
+        self._free = FreeSlotIndex()
 
     # SlotView
     def slot_holder(self, slot: SlotKey) -> str | None:
@@ -62,6 +67,52 @@ class SlotCache:
     def holding(self, uid: str) -> Holding | None:
         with self._lock:
             return self._by_uid.get(uid)
+
+    def free_slots(self, cmap: CompiledMap) -> FreeView:
+        """The free slots of `cmap` for an allocation, from the index (controller/freeslots.py)."""
+        with self._lock:
+            self._map_index(cmap)
+        return FreeView(self, cmap)
+
+    def park(self, cmap: CompiledMap, refused: Iterable[tuple[int, Status]]) -> None:
+        """Free slots of `cmap` a decision could not serve: left out of the next decisions
+        until a key their refusal waits for is woken (`unpark`)."""
+        with self._lock:
+            self._free.park(cmap, refused)
+
+    def unpark(self, keys: Iterable[WakeKey]) -> set[MapKey]:
+        """The parked slots that wait for any of `keys` are candidates again; returns their
+        maps, whose waiting pods may now be placed."""
+        with self._lock:
+            return self._free.unpark(keys)
+
+    def unpark_all(self, live: Iterable[MapKey]) -> set[MapKey]:
+        """Every parked slot a candidate again (the binder's periodic retry); the index of a map
+        not in `live` is dropped. Returns the maps that had parked slots."""
+        with self._lock:
+            return self._free.unpark_all(live)
+
+    def next_free(self, cmap: CompiledMap, after: int) -> int | None:
+        """The lowest free, unparked slot of `cmap` above index `after`."""
+        with self._lock:
+            self._free.examined += 1
+            return self._map_index(cmap).next_free(after)
+
+    def parked(self, cmap: CompiledMap, limit: int) -> tuple[int, tuple[Status, ...]]:
+        """How many free slots of `cmap` are parked, and the refusals of the first `limit`."""
+        with self._lock:
+            parked = self._map_index(cmap).parked
+            return len(parked), tuple(islice(parked.values(), limit))
+
+    def _map_index(self, cmap: CompiledMap) -> MapIndex:
+        return self._free.of(cmap, self._by_map.get(cmap.key, {}))
+
+    @property
+    def examined(self) -> int:
+        """How many slots the free-slot index has looked at so far (its builds and each step
+        of a decision's walk): the work decisions cost, counted."""
+        with self._lock:
+            return self._free.examined
 
     def bound_count(self, key: MapKey) -> int:
         """Slots of map `key` whose pods are bound (assumed ones, still being bound, are not):
@@ -105,6 +156,7 @@ class SlotCache:
             self._by_uid[holding.uid] = holding
             self._slots[holding.slot] = holding.uid
             self._by_map[holding.slot.map][holding.slot.index] = holding.uid
+            self._free.taken(holding.slot)
             for gpu in holding.gpus:
                 self._gpus[(holding.node, gpu)][holding.uid] = holding.sharing
 
@@ -129,6 +181,7 @@ class SlotCache:
                     taken.pop(holding.slot.index, None)
                     if not taken:
                         del self._by_map[holding.slot.map]
+                self._free.freed(holding.slot)
             for gpu in holding.gpus:
                 users = self._gpus.get((holding.node, gpu))
                 if users is not None:
@@ -136,3 +189,18 @@ class SlotCache:
                     if not users:
                         del self._gpus[(holding.node, gpu)]
             return holding
+
+
+class FreeView:
+    """One map's free slots as a decision walks them (placement.binding.FreeSlots): each call
+    reads the index under the cache's lock, so holdings that come and go meanwhile are seen."""
+
+    def __init__(self, cache: SlotCache, cmap: CompiledMap) -> None:
+        self._cache = cache
+        self._cmap = cmap
+
+    def next_free(self, after: int) -> int | None:
+        return self._cache.next_free(self._cmap, after)
+
+    def parked(self, limit: int) -> tuple[int, tuple[Status, ...]]:
+        return self._cache.parked(self._cmap, limit)

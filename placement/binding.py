@@ -8,7 +8,7 @@ binder retries at once when one of them changes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -39,6 +39,11 @@ class Status:
     message: str
     #: What may unblock it (see `placement.wake` for every kind of key).
     waits_for: frozenset[WakeKey] = field(default_factory=frozenset)
+    #: Pods whose decisions end in the same non-empty cohort are interchangeable (pods of one
+    #: `indexing: allocate` map that hold no slot): one of them is decided again per change.
+    cohort: str = ""
+    #: Free slots this decision found it cannot serve now, each with why (see `Placement`).
+    unservable: tuple[tuple[int, Status], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +82,18 @@ class Held(Protocol):
     def slot(self) -> SlotKey: ...
 
 
+class FreeSlots(Protocol):
+    """One map's free slots, indexed: declared, not blocked, held by no pod, and not parked (a
+    slot an earlier decision could not serve waits, parked, for what its refusal named)."""
+
+    def next_free(self, after: int) -> int | None: ...  # the lowest such index above `after`
+
+    def parked(self, limit: int) -> tuple[int, tuple[Status, ...]]: ...  # count, first refusals
+
+
 class SlotView(Protocol):
-    """What the binder's cache knows: which pod holds a slot, which pods use a GPU."""
+    """What the binder's cache knows: which pod holds a slot, which pods use a GPU, which slots
+    of a map are free."""
 
     def slot_holder(self, slot: SlotKey) -> str | None: ...
 
@@ -86,7 +101,7 @@ class SlotView(Protocol):
 
     def gpu_holders(self, node: NodeName, gpu: str) -> Mapping[str, Sharing]: ...
 
-    def taken_indices(self, key: MapKey) -> Mapping[int, str]: ...
+    def free_slots(self, cmap: CompiledMap) -> FreeSlots: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +110,9 @@ class Placement:
     decision: BindingDecision
     sharing: Sharing
     gpus: tuple[GpuId, ...]  # the GPUs this pod will hold
+    #: Free slots below this one that an allocation found it cannot serve now, each with why:
+    #: the binder parks them (controller/freeslots.py) until what they wait for changes.
+    unservable: tuple[tuple[int, Status], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +170,11 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
     choice = resolve_index(identity, cmap.indexing)
     if choice.error:
         return _fail(Reason.INDEX_INVALID, f"map {key}: {choice.error}")
-    taken = slots.taken_indices(key)
     if choice.source is IndexSource.ALLOCATE:
-        mine = [i for i, uid in taken.items() if uid == pod.uid]
-        if not mine:
+        held = slots.holding(pod.uid)
+        if held is None or held.slot.map != key or slots.slot_holder(held.slot) != pod.uid:
             return _allocate(pod, cmap, cluster, slots)
-        index: int | None = mine[0]
+        index: int | None = held.slot.index
     else:
         index = choice.index
     assert index is not None
@@ -169,7 +186,7 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
             WakeKey.model(),
         )
     slot_key = SlotKey(key, index)
-    holder = taken.get(index)
+    holder = slots.slot_holder(slot_key)
     if holder is not None and holder != pod.uid:
         return _wait(
             Reason.SLOT_TAKEN,
@@ -208,34 +225,47 @@ def _allocate(
 ) -> Placement | Status:
     """The lowest free slot that can be served now: its node Ready and schedulable, its devices
     present, healthy and not in use. A cordoned node or a sick GPU under the lowest free slot
-    does not keep the pod waiting while a higher one is servable. Checks stop at the first
-    servable slot, so a healthy map costs one check, as before."""
+    does not keep the pod waiting while a higher one is servable. The free slots come from the
+    cache's index in ascending order, each found by a binary search, and checks stop at the
+    first servable one, so a healthy map costs one check whatever its size; a slot found
+    unservable is reported (`unservable`) for the cache to park, so the next decisions skip it
+    until what it waits for changes."""
     key = cmap.key
-    taken = slots.taken_indices(key)
-    free = [i for i in cmap.sorted_indices if i not in taken and not cmap.slots[i].blocked]
-    if not free:
-        return _wait(
-            Reason.NO_FREE_SLOT,
-            f"map {key}: all {len(cmap.slots)} slots are taken or blocked",
-            WakeKey.map(key),
-            WakeKey.model(),
-        )
-    refused: list[Status] = []
-    for index in free:
+    free = slots.free_slots(cmap)
+    cohort = f"allocate:{key}"
+    refused: list[tuple[int, Status]] = []
+    index = free.next_free(-1)
+    while index is not None:
         outcome = _place_in_map(pod, cmap, index, cluster, slots)
         if isinstance(outcome, Placement):
-            return outcome
-        refused.append(outcome)
-    if len(refused) == 1:
-        return refused[0]
-    waits = frozenset({WakeKey.map(key), WakeKey.model()}).union(*(s.waits_for for s in refused))
-    shown = "; ".join(f"{s.reason}: {s.message}" for s in refused[:3])
-    more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
+            return replace(outcome, unservable=tuple(refused))
+        refused.append((index, outcome))
+        index = free.next_free(index)
+    parked, shown_parked = free.parked(3)
+    statuses = [s for _, s in refused] + list(shown_parked)
+    if not statuses:
+        return Status(
+            Code.UNSCHEDULABLE,
+            Reason.NO_FREE_SLOT,
+            f"map {key}: all {len(cmap.slots)} slots are taken or blocked",
+            frozenset({WakeKey.map(key), WakeKey.model()}),
+            cohort,
+        )
+    # A parked slot's keys are the cache's to watch: it wakes the map's key when one changes.
+    waits = frozenset({WakeKey.map(key), WakeKey.model()}).union(*(s.waits_for for s in statuses))
+    count = len(refused) + parked
+    if count == 1:
+        only = statuses[0]
+        return replace(only, waits_for=waits, cohort=cohort, unservable=tuple(refused))
+    shown = "; ".join(f"{s.reason}: {s.message}" for s in statuses[:3])
+    more = f"; and {count - 3} more" if count > 3 else ""
     return Status(
         Code.UNSCHEDULABLE,
         Reason.NO_SERVABLE_SLOT,
-        f"map {key}: none of its {len(refused)} free slots can be served now: {shown}{more}",
+        f"map {key}: none of its {count} free slots can be served now: {shown}{more}",
         waits,
+        cohort,
+        tuple(refused),
     )
 
 
