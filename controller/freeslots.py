@@ -24,6 +24,10 @@ from placement.model import CompiledMap
 from placement.types import MapKey, SlotKey
 from placement.wake import WakeKey
 
+#: Up to this many slots are parked or put back one at a time (a binary search and a move of the
+#: list's tail each); more are merged into or filtered out of the list in one linear pass.
+_ONE_BY_ONE = 32
+
 
 @dataclass(slots=True)
 class MapIndex:
@@ -36,9 +40,19 @@ class MapIndex:
         if at < len(self.free) and self.free[at] == index:
             del self.free[at]
 
-    def next_free(self, after: int) -> int | None:
+    def next_free(self, after: int, limit: int = 1) -> list[int]:
+        """The lowest `limit` free slots above index `after`."""
         at = bisect_right(self.free, after)
-        return self.free[at] if at < len(self.free) else None
+        return self.free[at : at + limit]
+
+    def put_back(self, indices: list[int]) -> None:
+        """Slots free again (not among `free`): one by one when few, else merged in one sort
+        (two sorted runs: linear)."""
+        if len(indices) <= _ONE_BY_ONE:
+            for i in indices:
+                insort(self.free, i)
+        else:
+            self.free = sorted(self.free + sorted(indices))
 
 
 class FreeSlotIndex:
@@ -91,29 +105,34 @@ class FreeSlotIndex:
         index = self._maps.get(cmap.key)
         if index is None or index.cmap is not cmap:
             return
+        parked: set[int] = set()
         for i, status in refused:
-            at = bisect_left(index.free, i)
-            if at == len(index.free) or index.free[at] != i or not status.waits_for:
+            if i in index.parked or not status.waits_for or index.next_free(i - 1) != [i]:
                 continue
-            del index.free[at]
             index.parked[i] = status
+            parked.add(i)
             slot = SlotKey(cmap.key, i)
             for key in status.waits_for:
                 self._parked_on.setdefault(key, set()).add(slot)
+        if len(parked) <= _ONE_BY_ONE:
+            for i in parked:
+                index.remove(i)
+        elif parked:
+            index.free = [i for i in index.free if i not in parked]
 
     def unpark(self, keys: Iterable[WakeKey]) -> set[MapKey]:
         """Puts back the parked slots that wait for any of `keys`; returns their maps."""
-        maps: set[MapKey] = set()
+        back: dict[MapKey, list[int]] = {}
         for key in keys:
             for slot in self._parked_on.pop(key, set()):
                 index = self._maps.get(slot.map)
                 status = index.parked.pop(slot.index, None) if index is not None else None
-                if index is None or status is None:
-                    continue
-                self._unregister_slot(slot, status)
-                insort(index.free, slot.index)
-                maps.add(slot.map)
-        return maps
+                if status is not None:
+                    self._unregister_slot(slot, status)
+                    back.setdefault(slot.map, []).append(slot.index)
+        for key_of_map, indices in back.items():
+            self._maps[key_of_map].put_back(indices)
+        return set(back)
 
     def unpark_all(self, live: Iterable[MapKey]) -> set[MapKey]:
         """Every parked slot back among the candidates, and the index of each map not in `live`
@@ -124,8 +143,7 @@ class FreeSlotIndex:
             index = self._maps[key]
             if index.parked:
                 maps.add(key)
-                for i in index.parked:
-                    insort(index.free, i)
+                index.put_back(list(index.parked))
                 index.parked.clear()
             if key not in keep:
                 del self._maps[key]

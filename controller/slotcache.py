@@ -92,11 +92,12 @@ class SlotCache:
         with self._lock:
             return self._free.unpark_all(live)
 
-    def next_free(self, cmap: CompiledMap, after: int) -> int | None:
-        """The lowest free, unparked slot of `cmap` above index `after`."""
+    def next_free(self, cmap: CompiledMap, after: int, limit: int) -> list[int]:
+        """The lowest `limit` free, unparked slots of `cmap` above index `after`."""
         with self._lock:
-            self._free.examined += 1
-            return self._map_index(cmap).next_free(after)
+            found = self._map_index(cmap).next_free(after, limit)
+            self._free.examined += len(found)
+            return found
 
     def parked(self, cmap: CompiledMap, limit: int) -> tuple[int, tuple[Status, ...]]:
         """How many free slots of `cmap` are parked, and the refusals of the first `limit`."""
@@ -199,8 +200,8 @@ class FreeView:
         self._cache = cache
         self._cmap = cmap
 
-    def next_free(self, after: int) -> int | None:
-        return self._cache.next_free(self._cmap, after)
+    def next_free(self, after: int, limit: int) -> list[int]:
+        return self._cache.next_free(self._cmap, after, limit)
 
     def parked(self, limit: int) -> tuple[int, tuple[Status, ...]]:
         return self._cache.parked(self._cmap, limit)

@@ -7,7 +7,7 @@ binder retries at once when one of them changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
@@ -86,7 +86,7 @@ class FreeSlots(Protocol):
     """One map's free slots, indexed: declared, not blocked, held by no pod, and not parked (a
     slot an earlier decision could not serve waits, parked, for what its refusal named)."""
 
-    def next_free(self, after: int) -> int | None: ...  # the lowest such index above `after`
+    def next_free(self, after: int, limit: int) -> Sequence[int]: ...  # the lowest above `after`
 
     def parked(self, limit: int) -> tuple[int, tuple[Status, ...]]: ...  # count, first refusals
 
@@ -220,6 +220,22 @@ def _place_in_map(
     )
 
 
+#: Refusals that hold for every slot of the node (`_node_refusal`, and `_device_refusal` for
+#: the node's inventory): an allocation checks each such node once.
+_NODE_WIDE = frozenset(
+    {
+        Reason.NODE_NOT_FOUND,
+        Reason.NODE_NOT_READY,
+        Reason.NODE_CORDONED,
+        Reason.INVENTORY_MISSING,
+        Reason.INVENTORY_STALE,
+    }
+)
+
+#: The most free slots an allocation reads from the index at a time.
+_MAX_BATCH = 512
+
+
 def _allocate(
     pod: PodFacts, cmap: CompiledMap, cluster: Cluster, slots: SlotView
 ) -> Placement | Status:
@@ -234,13 +250,20 @@ def _allocate(
     free = slots.free_slots(cmap)
     cohort = f"allocate:{key}"
     refused: list[tuple[int, Status]] = []
-    index = free.next_free(-1)
-    while index is not None:
-        outcome = _place_in_map(pod, cmap, index, cluster, slots)
-        if isinstance(outcome, Placement):
-            return replace(outcome, unservable=tuple(refused))
-        refused.append((index, outcome))
-        index = free.next_free(index)
+    node_refused: dict[NodeName, Status] = {}
+    batch = 1  # the lowest free slot is servable in a healthy map: read more only when not
+    found = free.next_free(-1, batch)
+    while found:
+        for index in found:
+            node = cmap.slots[index].node
+            outcome = node_refused.get(node) or _place_in_map(pod, cmap, index, cluster, slots)
+            if isinstance(outcome, Placement):
+                return replace(outcome, unservable=tuple(refused))
+            if outcome.reason in _NODE_WIDE:
+                node_refused[node] = outcome  # the node's other slots: the same refusal
+            refused.append((index, outcome))
+        batch = min(batch * 8, _MAX_BATCH)
+        found = free.next_free(found[-1], batch)
     parked, shown_parked = free.parked(3)
     statuses = [s for _, s in refused] + list(shown_parked)
     if not statuses:
@@ -257,8 +280,10 @@ def _allocate(
     if count == 1:
         only = statuses[0]
         return replace(only, waits_for=waits, cohort=cohort, unservable=tuple(refused))
-    shown = "; ".join(f"{s.reason}: {s.message}" for s in statuses[:3])
-    more = f"; and {count - 3} more" if count > 3 else ""
+    first = list({id(s): s for s in statuses}.values())[:3]  # a node's slots share its refusal
+    shown = "; ".join(f"{s.reason}: {s.message}" for s in first)
+    covered = sum(1 for s in statuses if any(s is f for f in first))
+    more = f"; and {count - covered} more" if count > covered else ""
     return Status(
         Code.UNSCHEDULABLE,
         Reason.NO_SERVABLE_SLOT,
