@@ -14,6 +14,7 @@ from controller import podfacts
 from controller.binder import OFF_LOOP_WORKERS, Binder
 from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
+from controller.workers import Workers
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import EventRecorder
@@ -30,7 +31,7 @@ from placement.annotations import (
 from placement.binding import Cluster, Placement, plan
 from placement.keyring import TrustView, adoption, key_id, new_ring
 from placement.maps import DeclaredSlot
-from placement.types import MapKey, NodeName, SlotKey
+from placement.types import Indexing, MapKey, NodeName, SlotKey
 from placement.wake import WakeKey
 from tests.unit.test_binding_plan import TWO_SLOTS, build, uuid_of
 from tests.unit.test_kubeio_client import Server
@@ -353,3 +354,34 @@ def test_with_the_bindings_on_the_loop_few_threads_take_what_stays_off_it(
     assert binder._workers.count == threads
     fake = binder_for(Apiserver(), build(TWO_SLOTS))  # no loop: the workers send the Bindings
     assert fake._workers.count == 2
+
+
+def test_a_freed_slot_is_offered_to_a_maps_waiting_pods_one_decision_at_a_time() -> None:
+    api = Apiserver()
+    binder = binder_for(api, build(TWO_SLOTS, indexing=Indexing.ALLOCATE))
+    pods = []
+    for i in range(6):
+        obj = make_pod(f"dep-{i}").label(MAP_LABEL, "llm").obj()
+        obj["metadata"]["ownerReferences"][0]["kind"] = "ReplicaSet"
+        pods.append(obj)
+    decide(binder, *pods)
+    assert len(api.bindings) == 2
+    decisions = 0
+
+    def drain() -> None:
+        nonlocal decisions
+        binder._workers = Workers(2, "bind")
+        while (uid := binder.queue.pop(timeout=0)) is not None:
+            decisions += 1
+            binder._decide(uid, Pod.of(next(p for p in pods if p["metadata"]["uid"] == uid)))
+        binder._workers.shutdown()
+
+    binder.wake([WakeKey.model()])  # a change that cannot help: one of the four is decided
+    drain()
+    assert (decisions, len(api.bindings)) == (1, 2)
+    binder.on_pod("DELETED", Pod.of(pods[0]))  # a slot is freed: one placed, the next told no
+    drain()
+    assert (decisions, len(api.bindings)) == (3, 3)
+    binder.queue.wake_all()  # the periodic retry: one decision for the map's waiting pods
+    drain()
+    assert (decisions, len(api.bindings)) == (4, 3)

@@ -188,3 +188,53 @@ def test_racing_producers_wakers_and_consumers_pop_each_pod_once() -> None:
     assert set(popped) == set(pods)
     assert set(popped.values()) == {1}
     assert len(queue) == 0
+
+
+MAP = WakeKey.map(MapKey("ml", "llm"))
+COHORT = "allocate:ml/llm"
+
+
+def parked_cohort(queue: SchedulingQueue, count: int) -> list[str]:
+    uids = [f"p{i}" for i in range(count)]
+    for uid in uids:
+        queue.unschedulable(uid, frozenset({MAP, WakeKey.model()}), COHORT)
+    return uids
+
+
+def test_a_change_wakes_one_pod_of_a_cohort_and_a_verdict_that_returns_it_stops_there() -> None:
+    queue = SchedulingQueue()
+    uids = parked_cohort(queue, 300)
+    queue.unschedulable("other", frozenset({MAP}))
+    assert queue.wake([MAP]) == 2  # the cohort's longest-waiting pod, and the pod of no cohort
+    assert sorted(drain(queue)) == ["other", "p0"]
+    queue.unschedulable("p0", frozenset({MAP}), COHORT)  # still no slot: the line stops
+    assert drain(queue) == []
+    assert queue.wake([WakeKey.model()]) == 1
+    assert drain(queue) == ["p1"]
+    queue.unschedulable("p1", frozenset({MAP}), COHORT)
+    assert len(queue) == len(uids)
+
+
+def test_a_placed_or_gone_pod_of_a_cohort_wakes_the_next() -> None:
+    queue = SchedulingQueue()
+    parked_cohort(queue, 4)
+    queue.wake([MAP])
+    assert drain(queue) == ["p0"]
+    queue.placed("p0")  # it got a slot: the next may get one too
+    assert drain(queue) == ["p1"]
+    queue.remove("p1")  # deleted before its decision
+    assert drain(queue) == ["p2"]
+    queue.unschedulable("p2", frozenset({NODE}))  # waits for something else now
+    assert drain(queue) == ["p3"]
+    queue.backoff("p3")  # its decision failed
+    assert drain(queue) == []  # p2 waits for its node; nothing else is parked in the cohort
+    assert queue.wake([MAP]) == 0
+
+
+def test_wake_all_wakes_one_pod_per_cohort_and_every_other_pod() -> None:
+    queue = SchedulingQueue()
+    parked_cohort(queue, 50)
+    queue.unschedulable("a", frozenset({SLOT}))
+    queue.unschedulable("b", frozenset({NODE}))
+    assert queue.wake_all() == 3
+    assert sorted(drain(queue)) == ["a", "b", "p0"]
