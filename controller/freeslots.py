@@ -16,7 +16,7 @@ under its own lock.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from placement.binding import Status
@@ -58,7 +58,8 @@ class MapIndex:
 class FreeSlotIndex:
     def __init__(self) -> None:
         self._maps: dict[MapKey, MapIndex] = {}
-        self._parked_on: dict[WakeKey, set[SlotKey]] = {}
+        #: Wake key -> map -> the indices of its parked slots that wait for it.
+        self._parked_on: dict[WakeKey, dict[MapKey, set[int]]] = {}
         #: Slots examined by `next_free` and `MapIndex` builds: what a decision cost, counted.
         self.examined = 0
 
@@ -84,7 +85,7 @@ class FreeSlotIndex:
         index.remove(slot.index)
         status = index.parked.pop(slot.index, None)
         if status is not None:
-            self._unregister_slot(slot, status)
+            self._unregister_slot(slot.map, slot.index, status)
 
     def freed(self, slot: SlotKey) -> None:
         """No pod holds `slot` any more."""
@@ -98,22 +99,27 @@ class FreeSlotIndex:
         if at == len(index.free) or index.free[at] != slot.index:
             index.free.insert(at, slot.index)
 
-    def park(self, cmap: CompiledMap, refused: Iterable[tuple[int, Status]]) -> None:
+    def park(self, cmap: CompiledMap, refused: Sequence[tuple[int, Status]]) -> None:
         """Slots of `cmap` a decision could not serve: out of the candidates until a key of
         their refusal is woken (`unpark`). A slot taken meanwhile, or a map compiled again
         since, is left alone."""
         index = self._maps.get(cmap.key)
         if index is None or index.cmap is not cmap:
             return
+        free = set(index.free) if len(refused) > _ONE_BY_ONE else None
         parked: set[int] = set()
+        slots_of: dict[int, tuple[Status, list[int]]] = {}
         for i, status in refused:
-            if i in index.parked or not status.waits_for or index.next_free(i - 1) != [i]:
+            is_free = i in free if free is not None else index.next_free(i - 1) == [i]
+            if not is_free or i in index.parked or not status.waits_for:
                 continue
             index.parked[i] = status
             parked.add(i)
-            slot = SlotKey(cmap.key, i)
+            # A node's slots share one refusal: its keys are looked up once.
+            slots_of.setdefault(id(status), (status, []))[1].append(i)
+        for status, indices in slots_of.values():
             for key in status.waits_for:
-                self._parked_on.setdefault(key, set()).add(slot)
+                self._parked_on.setdefault(key, {}).setdefault(cmap.key, set()).update(indices)
         if len(parked) <= _ONE_BY_ONE:
             for i in parked:
                 index.remove(i)
@@ -124,12 +130,15 @@ class FreeSlotIndex:
         """Puts back the parked slots that wait for any of `keys`; returns their maps."""
         back: dict[MapKey, list[int]] = {}
         for key in keys:
-            for slot in self._parked_on.pop(key, set()):
-                index = self._maps.get(slot.map)
-                status = index.parked.pop(slot.index, None) if index is not None else None
-                if status is not None:
-                    self._unregister_slot(slot, status)
-                    back.setdefault(slot.map, []).append(slot.index)
+            for map_key, waiting in self._parked_on.pop(key, {}).items():
+                index = self._maps.get(map_key)
+                if index is None:
+                    continue
+                for i in waiting:
+                    status = index.parked.pop(i, None)
+                    if status is not None:
+                        self._unregister_slot(map_key, i, status)
+                        back.setdefault(map_key, []).append(i)
         for key_of_map, indices in back.items():
             self._maps[key_of_map].put_back(indices)
         return set(back)
@@ -152,13 +161,17 @@ class FreeSlotIndex:
 
     def _unregister(self, key: MapKey, index: MapIndex) -> None:
         for i, status in index.parked.items():
-            self._unregister_slot(SlotKey(key, i), status)
+            self._unregister_slot(key, i, status)
         index.parked.clear()
 
-    def _unregister_slot(self, slot: SlotKey, status: Status) -> None:
+    def _unregister_slot(self, map_key: MapKey, i: int, status: Status) -> None:
         for key in status.waits_for:
-            waiting = self._parked_on.get(key)
-            if waiting is not None:
-                waiting.discard(slot)
-                if not waiting:
+            maps = self._parked_on.get(key)
+            waiting = maps.get(map_key) if maps is not None else None
+            if maps is None or waiting is None:
+                continue
+            waiting.discard(i)
+            if not waiting:
+                del maps[map_key]
+                if not maps:
                     del self._parked_on[key]

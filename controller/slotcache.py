@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -74,7 +74,7 @@ class SlotCache:
             self._map_index(cmap)
         return FreeView(self, cmap)
 
-    def park(self, cmap: CompiledMap, refused: Iterable[tuple[int, Status]]) -> None:
+    def park(self, cmap: CompiledMap, refused: Sequence[tuple[int, Status]]) -> None:
         """Free slots of `cmap` a decision could not serve: left out of the next decisions
         until a key their refusal waits for is woken (`unpark`)."""
         with self._lock:
