@@ -366,8 +366,7 @@ class Binder:
         self._park(cluster, facts, outcome)
         claim: ClaimPlan | None = None
         if isinstance(outcome, Placement) and self.dra is not None and facts.map_name is not None:
-            cmap = cluster.model.maps.get(outcome.slot.map)
-            tolerations = () if cmap is None else cmap.tolerations.get(outcome.slot.index, ())
+            tolerations = cluster.model.tolerations(outcome.slot.map, outcome.slot.index)
             checked = self.dra.check(pod, outcome, self.cache, tolerations)
             if isinstance(checked, Status):
                 outcome = checked

@@ -216,7 +216,7 @@ def _place_in_map(
         slots,
         lines_share if cmap.legacy_sharing else _never,
         cmap.provenance,
-        cmap.tolerations.get(index, ()),
+        cluster.model.tolerations(cmap.key, index),
     )
 
 

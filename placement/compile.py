@@ -25,7 +25,7 @@ from placement.annotations import CLIQUE_LABEL, LEGACY_NODE_LABEL
 from placement.bulk import without_cycle_collection
 from placement.compileinputs import CompileInputs
 from placement.devices import DeclaredDevices, GpuId, gpu_ids
-from placement.grants import GrantView
+from placement.grants import GrantView, granted_map
 from placement.inventory import GpuDevice, NodeInventory, untolerated_taints
 from placement.maps import DeclaredSlot, PlacementMap
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
@@ -88,7 +88,12 @@ class Compiler:
         self.inputs.remove_map(key)
 
     def set_grants(self, grants: GrantView) -> None:
-        """The grants the next model carries (maps outside them are never set here)."""
+        """The grants the next model carries (maps outside them are never set here). Maps that
+        declare tolerations compile again: they keep only those the grants let them hold."""
+        if grants != self._grants:
+            self.inputs.dirty |= {
+                key for key, pmap in self._maps.items() if any(s.tolerations for s in pmap.slots)
+            }
         self._grants = grants
 
     def set_node(self, name: NodeName, labels: Mapping[str, str]) -> bool:
@@ -189,7 +194,7 @@ class Compiler:
                 self._reports.pop(key, None)
                 continue
             cmap = assemble(
-                self._maps[key],
+                granted_map(self._grants, self._maps[key]),
                 self._base[key],
                 lost.get(key, set()),
                 rivals.get(key, {}),
@@ -245,7 +250,9 @@ class Compiler:
         # Entries with spares come after every other named entry: a spare is free only if no
         # entry names it.
         spared: list[tuple[_MapWork, DeclaredSlot]] = []
-        for pmap in pmaps:
+        for declared in pmaps:
+            # An ungranted toleration is ignored, never honoured: no taint it names is tolerated.
+            pmap = granted_map(self._grants, declared)
             work = _MapWork(pmap)
             if pmap.same_clique:
                 work.clique = self._map_clique(pmap)

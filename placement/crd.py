@@ -97,6 +97,14 @@ POLICY_RULES: Mapping[tuple[str, ...], Mapping[str, Any]] = {
         ]
     },
     ("grants", "[]", "devices", "[]"): _GRANT_DEVICE,
+    ("grants", "[]", "tolerations", "[]"): {
+        "x-kubernetes-validations": [
+            {
+                "rule": "has(self.key) != has(self.anyKey)",
+                "message": "a toleration grant needs exactly one of 'key' and 'anyKey: true'",
+            }
+        ]
+    },
 }
 
 

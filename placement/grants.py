@@ -13,10 +13,20 @@ The policy is a `PlacementPolicy` document, committed to git and synced into Con
           nodes: [gpu-a-01, node7]              # node names, or logical names (gpu-node-name)
           nodeSelector: {matchLabels: {pool: inference}}
           devices: [0, 1]                       # optional: only these GPUs (indices or UUIDs)
+          tolerations:                          # optional: DRA device taints it may tolerate
+            - key: example.com/reserved         # on those nodes (a map's `tolerations`)
+              effects: [NoSchedule]             # optional: only these effects
+            - anyKey: true                      # every key: needed by `operator: Exists`
+                                                # without a key
 
 A namespace named in a grant may place only where its grants say. A namespace named in none may
 place anywhere while the installation allows by default (a new install), and nowhere once it denies
 by default (one switch: `--grants-default=deny`, chart value `global.grants.defaultDeny`).
+
+Tolerating a taint is a grant too: a namespace that the policy names, or any namespace once grants
+deny by default, may tolerate in its maps only the taint keys (and effects) its grants list for
+the node. A taint marks a device as reserved or failing; tolerating it is the platform's call, not
+the tenant's. Health the agent reports is no taint and no grant makes it tolerable.
 
 The controller resolves the policy against the cluster's nodes into a `GrantView` (node selectors
 and logical names become node names), publishes it for the webhook, and every check (a map at
@@ -27,15 +37,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.maps import DeclaredSlot, PlacementMap
+from placement.taints import TaintEffect, Toleration, TolerationOperator
 from placement.types import (
     DNS_LABEL_RE,
     GPU_UUID_RE,
     MAX_DEVICE_INDEX,
+    MAX_TAINT_KEY,
+    TAINT_KEY_RE,
     DeviceRef,
     GpuUuid,
     is_node_ref,
@@ -49,6 +62,10 @@ POLICY_KEY = "policy.yaml"
 GRANTS_CONFIGMAP = "gpuplace-grants"
 GRANTS_KEY = "grants.json"
 _SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+#: The key of a toleration grant that covers every taint key (`anyKey: true`); never a taint key.
+ANY_KEY = "*"
+#: The effects a map's toleration may name (a `None` taint never keeps a device away).
+TOLERABLE_EFFECTS = (TaintEffect.NO_SCHEDULE.value, TaintEffect.NO_EXECUTE.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +96,22 @@ class NodeSelector:
 
 
 @dataclass(frozen=True, slots=True)
+class TolerationGrant:
+    """DRA device taints a grant's namespaces may tolerate on its nodes: those of one key (or of
+    every key, `ANY_KEY`) with these effects (None: every effect)."""
+
+    key: str
+    effects: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Grant:
     namespaces: tuple[str, ...]
     nodes: tuple[str, ...] = ()
     selector: NodeSelector | None = None
     devices: tuple[DeviceRef, ...] = ()  # empty: every GPU of those nodes
     location: Location = field(default=Location(""), compare=False)
+    tolerations: tuple[TolerationGrant, ...] = ()  # empty: no taint may be tolerated
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +213,61 @@ def _devices(r: _Reader, value: object, path: Path) -> tuple[DeviceRef, ...]:
     return tuple(out)
 
 
+def _toleration_grant(r: _Reader, value: object, path: Path) -> TolerationGrant | None:
+    before = len(r.errors)
+    body = r.mapping(value, path, ("key", "anyKey", "effects"))
+    key, any_key = body.get("key"), body.get("anyKey")
+    if "anyKey" in body and any_key is not True:
+        r.error((*path, "anyKey"), "anyKey is true or omitted", "give the taint key as 'key'")
+    elif ("key" in body) == ("anyKey" in body):
+        r.error(
+            path,
+            "a toleration grant needs exactly one of 'key' and 'anyKey: true'",
+            "name the taint key; 'anyKey: true' grants every key, as a toleration without a "
+            "key (operator Exists) needs",
+        )
+    elif "key" in body and (
+        not isinstance(key, str) or len(key) > MAX_TAINT_KEY or not TAINT_KEY_RE.fullmatch(key)
+    ):
+        r.error(
+            (*path, "key"),
+            f"{key!r} is not a taint key",
+            "a name of letters, digits, '-', '_', '.' (at most 63), optionally after a DNS "
+            "prefix and '/', e.g. example.com/reserved",
+        )
+    effects: frozenset[str] | None = None
+    if "effects" in body:
+        raw = body["effects"]
+        if not isinstance(raw, list) or not raw:
+            r.error(
+                (*path, "effects"),
+                f"expected a non-empty list of {' or '.join(TOLERABLE_EFFECTS)}",
+                "omit 'effects' to grant every effect",
+            )
+        else:
+            for i, effect in enumerate(raw):
+                if effect not in TOLERABLE_EFFECTS:
+                    r.error(
+                        (*path, "effects", i),
+                        f"effect {effect!r} is not one of {', '.join(TOLERABLE_EFFECTS)}",
+                    )
+            effects = frozenset(str(e) for e in raw)
+    if len(r.errors) > before:
+        return None
+    return TolerationGrant(ANY_KEY if any_key is True else str(key), effects)
+
+
+def _toleration_grants(r: _Reader, value: object, path: Path) -> tuple[TolerationGrant, ...]:
+    if not isinstance(value, list):
+        r.error(path, "expected a list of toleration grants")
+        return ()
+    found = (_toleration_grant(r, item, (*path, i)) for i, item in enumerate(value))
+    return tuple(g for g in found if g is not None)
+
+
 def _grant(r: _Reader, value: object, path: Path) -> Grant | None:
     before = len(r.errors)
-    body = r.mapping(value, path, ("namespaces", "nodes", "nodeSelector", "devices"))
+    body = r.mapping(value, path, ("namespaces", "nodes", "nodeSelector", "devices", "tolerations"))
     namespaces = (
         r.strings(body.get("namespaces"), (*path, "namespaces")) if "namespaces" in body else ()
     )
@@ -209,9 +288,14 @@ def _grant(r: _Reader, value: object, path: Path) -> Grant | None:
     if not nodes and selector is None and body:
         r.error(path, "a grant needs 'nodes', 'nodeSelector' or both")
     devices = _devices(r, body["devices"], (*path, "devices")) if "devices" in body else ()
+    tolerations = (
+        _toleration_grants(r, body["tolerations"], (*path, "tolerations"))
+        if "tolerations" in body
+        else ()
+    )
     if len(r.errors) > before:
         return None
-    return Grant(namespaces, nodes, selector, devices, r.doc.locate(path))
+    return Grant(namespaces, nodes, selector, devices, r.doc.locate(path), tolerations)
 
 
 def parse_policy(text: str, source: str) -> PlacementPolicy:
@@ -256,6 +340,8 @@ def is_policy_document(value: object) -> bool:
 
 #: node (name or logical name) -> the GPUs granted there (None: all of them)
 NodeGrants = Mapping[str, frozenset[DeviceRef] | None]
+#: taint key (or ANY_KEY) -> the effects that may be tolerated (None: every effect)
+TaintGrants = Mapping[str, frozenset[str] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +354,8 @@ class GrantView:
     #: a node they name outside their named nodes is not an error there.
     unresolved: frozenset[str] = frozenset()
     origin: str = f"{POLICY_CONFIGMAP}"
+    #: namespace -> node (name or logical name) -> the taints it may tolerate there
+    tolerations: Mapping[str, Mapping[str, TaintGrants]] = field(default_factory=dict)
 
     @property
     def allows_everything(self) -> bool:
@@ -309,18 +397,58 @@ class GrantView:
             )
         return None
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "denyByDefault": self.deny_by_default,
-                "namespaces": {
-                    ns: {n: None if d is None else sorted(d, key=str) for n, d in sorted(g.items())}
-                    for ns, g in sorted(self.namespaces.items())
-                },
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+    def toleration_refusal(self, namespace: str, node: str, toleration: Toleration) -> str | None:
+        """Why `namespace` may not tolerate what `toleration` tolerates on `node`, or None if
+        its grants let it. A toleration without a key tolerates every taint: it needs a grant of
+        every key (`anyKey`); one without an effect tolerates every effect: it needs a grant of
+        its key without `effects`."""
+        if namespace not in self.namespaces:
+            if self.deny_by_default:
+                return (
+                    f"namespace {namespace} has no grant in the placement policy, and grants deny "
+                    f"by default: it may tolerate no taint (gpuplace-system/{self.origin})"
+                )
+            return None
+        if _tolerable(self.tolerations.get(namespace, {}).get(node, {}), toleration):
+            return None
+        if namespace in self.unresolved:
+            return None  # offline: a node-selector grant may list it
+        if not toleration.key:
+            what, grant = "every taint", "anyKey: true"
+        else:
+            effect = f" with effect {toleration.effect.value}" if toleration.effect else ""
+            what = f"taint key {toleration.key}{effect}"
+            grant = f"key: {toleration.key}"
+            if toleration.effect is None:
+                what += " (no effect named: every effect)"
+        return (
+            f"namespace {namespace} may not tolerate {what} on node {node}: no grant in "
+            f"gpuplace-system/{self.origin} gives it a toleration {{{grant}}} there"
         )
+
+    def granted_tolerations(
+        self, namespace: str, node: str, tolerations: Iterable[Toleration]
+    ) -> tuple[Toleration, ...]:
+        """The tolerations `namespace` may hold on `node`; the rest are ignored, never honoured."""
+        return tuple(t for t in tolerations if self.toleration_refusal(namespace, node, t) is None)
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "denyByDefault": self.deny_by_default,
+            "namespaces": {
+                ns: {n: None if d is None else sorted(d, key=str) for n, d in sorted(g.items())}
+                for ns, g in sorted(self.namespaces.items())
+            },
+        }
+        if self.tolerations:
+            data["tolerations"] = {
+                ns: {
+                    n: {k: None if e is None else sorted(e) for k, e in sorted(keys.items())}
+                    for n, keys in sorted(nodes.items())
+                }
+                for ns, nodes in sorted(self.tolerations.items())
+            }
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> GrantView:
@@ -332,7 +460,47 @@ class GrantView:
             }
             for ns, nodes in data.get("namespaces", {}).items()
         }
-        return cls(bool(data.get("denyByDefault", False)), namespaces)
+        tolerations = {
+            str(ns): {
+                str(n): {
+                    str(k): None if e is None else frozenset(map(str, e)) for k, e in keys.items()
+                }
+                for n, keys in nodes.items()
+            }
+            for ns, nodes in (data.get("tolerations") or {}).items()
+        }
+        return cls(bool(data.get("denyByDefault", False)), namespaces, tolerations=tolerations)
+
+
+def _tolerable(granted: TaintGrants, toleration: Toleration) -> bool:
+    """Whether grants of these keys cover every taint `toleration` tolerates."""
+    keys = (ANY_KEY, toleration.key) if toleration.key else (ANY_KEY,)
+    for key in keys:
+        if key not in granted:
+            continue
+        effects = granted[key]
+        if effects is None:
+            return True
+        if toleration.effect is not None and toleration.effect.value in effects:
+            return True
+    return False
+
+
+def _grant_taints(
+    taints: dict[str, dict[str, dict[str, frozenset[str] | None]]],
+    namespace: str,
+    node: str,
+    grants: Iterable[TolerationGrant],
+) -> None:
+    """Adds what `grants` let `namespace` tolerate on `node` to `taints`."""
+    for grant in grants:
+        granted = taints.setdefault(namespace, {}).setdefault(node, {})
+        if grant.key in granted and granted[grant.key] is None:
+            continue
+        if grant.effects is None:
+            granted[grant.key] = None
+        else:
+            granted[grant.key] = (granted.get(grant.key) or frozenset()) | grant.effects
 
 
 def _device(value: object) -> DeviceRef:
@@ -352,6 +520,7 @@ def resolve(
     """The view for `nodes` (name -> labels); `nodes=None` resolves offline (names only)."""
     view: dict[str, dict[str, frozenset[DeviceRef] | None]] = {}
     unresolved: set[str] = set()
+    taints: dict[str, dict[str, dict[str, frozenset[str] | None]]] = {}
 
     def add(namespace: str, node: str, devices: tuple[DeviceRef, ...]) -> None:
         grants = view.setdefault(namespace, {})
@@ -384,7 +553,8 @@ def resolve(
             view.setdefault(namespace, {})
             for node in targets:
                 add(namespace, node, grant.devices)
-    return GrantView(deny_by_default, view, frozenset(unresolved))
+                _grant_taints(taints, namespace, node, grant.tolerations)
+    return GrantView(deny_by_default, view, frozenset(unresolved), tolerations=taints)
 
 
 def slot_refusal(view: GrantView, namespace: str, slot: DeclaredSlot) -> str | None:
@@ -404,4 +574,53 @@ def check_map(view: GrantView, pmap: PlacementMap) -> list[Diagnostic]:
         why = slot_refusal(view, pmap.key.namespace, slot)
         if why is not None:
             out.append(Diagnostic(slot.location, f"index {slot.index}: {why}"))
+        out.extend(toleration_refusals(view, pmap.key.namespace, slot))
     return out
+
+
+def toleration_refusals(view: GrantView, namespace: str, slot: DeclaredSlot) -> list[Diagnostic]:
+    """Each toleration of `slot` that its namespace's grants do not let it hold, located."""
+    out: list[Diagnostic] = []
+    for i, toleration in enumerate(slot.tolerations):
+        why = view.toleration_refusal(namespace, slot.node, toleration)
+        if why is not None:
+            where = slot.location
+            if i < len(slot.toleration_locations):
+                where = slot.toleration_locations[i]
+            out.append(
+                Diagnostic(
+                    where,
+                    f"index {slot.index}: toleration {describe_toleration(toleration)}: {why}",
+                    hint="ask a cluster admin to grant it in the placement policy, or remove it",
+                )
+            )
+    return out
+
+
+def describe_toleration(toleration: Toleration) -> str:
+    """`{key: k, operator: Exists, effect: NoSchedule}`, as a map writes it."""
+    parts = [f"key: {toleration.key}"] if toleration.key else []
+    parts.append(f"operator: {toleration.operator.value}")
+    if toleration.operator is TolerationOperator.EQUAL and toleration.value:
+        parts.append(f"value: {toleration.value}")
+    if toleration.effect is not None:
+        parts.append(f"effect: {toleration.effect.value}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def granted_slot(view: GrantView, namespace: str, slot: DeclaredSlot) -> DeclaredSlot:
+    """`slot` with only the tolerations its namespace's grants let it hold on its node."""
+    if not slot.tolerations:
+        return slot
+    granted = view.granted_tolerations(namespace, slot.node, slot.tolerations)
+    if granted == slot.tolerations:
+        return slot
+    return replace(slot, tolerations=granted, toleration_locations=())
+
+
+def granted_map(view: GrantView, pmap: PlacementMap) -> PlacementMap:
+    """`pmap` whose slots keep only granted tolerations (itself when nothing is dropped)."""
+    slots = tuple(granted_slot(view, pmap.key.namespace, s) for s in pmap.slots)
+    if all(a is b for a, b in zip(slots, pmap.slots, strict=True)):
+        return pmap
+    return replace(pmap, slots=slots)

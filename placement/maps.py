@@ -66,6 +66,8 @@ class DeclaredSlot:
     location: Location = field(default=Location(""), compare=False)
     #: DRA device taints its devices may carry (dra enforcement).
     tolerations: tuple[Toleration, ...] = ()
+    #: Where each of `tolerations` is written (may be empty: a slot rebuilt from the model).
+    toleration_locations: tuple[Location, ...] = field(default=(), compare=False)
     #: The MIG instance the slot asks for (then `devices` is empty and `count` None).
     mig: MigRequest | None = None
     #: Spare GPUs, in order, for declared `devices` that are missing or unhealthy.

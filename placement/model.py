@@ -175,6 +175,18 @@ class Model:
         cmap = self.maps.get(key)
         return None if cmap is None else cmap.slots.get(index)
 
+    def tolerations(self, key: MapKey, index: int) -> tuple[Toleration, ...]:
+        """The DRA taint tolerations of a slot that its namespace's grants let it hold on its
+        node: every check of taints and every claim allocation reads them here, so a toleration
+        the grants do not give is ignored, never honoured."""
+        cmap = self.maps.get(key)
+        if cmap is None:
+            return ()
+        held, slot = cmap.tolerations.get(index, ()), cmap.slots.get(index)
+        if not held or slot is None:
+            return ()
+        return self.grants.granted_tolerations(key.namespace, slot.node, held)
+
 
 def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {

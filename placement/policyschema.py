@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     StrictInt,
     StrictStr,
+    field_validator,
     model_validator,
 )
 
@@ -24,8 +25,10 @@ from placement.types import (
     DNS_LABEL_RE,
     GPU_UUID_RE,
     MAX_DEVICE_INDEX,
+    MAX_TAINT_KEY,
     NODE_REF_PATTERN,
     POLICY_KIND,
+    TAINT_KEY_RE,
 )
 
 
@@ -83,6 +86,45 @@ class GrantNodeSelector(_Strict):
     )
 
 
+TaintKey = Annotated[
+    StrictStr, Field(min_length=1, max_length=MAX_TAINT_KEY, pattern=TAINT_KEY_RE.pattern)
+]
+
+
+class TolerationGrantSpec(_Strict):
+    """DRA device taints the grant's namespaces may tolerate on its nodes (a map's
+    `tolerations`): one key, or every key."""
+
+    key: TaintKey | None = Field(
+        default=None, description="Taint key whose taints may be tolerated."
+    )
+    any_key: Literal[True] | None = Field(
+        default=None,
+        alias="anyKey",
+        description="true: taints of every key may be tolerated (what a toleration without a "
+        "key, operator Exists, needs). Give either key or anyKey.",
+    )
+    effects: list[Literal["NoSchedule", "NoExecute"]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Only taints of these effects. Omitted: every effect (what a toleration "
+        "without an effect needs).",
+    )
+
+    @field_validator("any_key", mode="before")
+    @classmethod
+    def _a_boolean(cls, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ValueError("anyKey is true or omitted")  # Literal[True] alone would take 1
+        return value
+
+    @model_validator(mode="after")
+    def _one_key(self) -> TolerationGrantSpec:
+        if (self.key is None) == (self.any_key is None):
+            raise ValueError("a toleration grant needs exactly one of 'key' and 'anyKey: true'")
+        return self
+
+
 class GrantSpec(_Strict):
     """Namespaces that may place on some nodes (and GPUs of them)."""
 
@@ -99,6 +141,11 @@ class GrantSpec(_Strict):
         min_length=1,
         description="Only these GPUs of those nodes: NVML indices or GPU UUIDs (GPU-...). "
         "Omitted: every GPU.",
+    )
+    tolerations: list[TolerationGrantSpec] | None = Field(
+        default=None,
+        description="DRA device taints the namespaces' maps may tolerate on these nodes. "
+        "Omitted: none (a map's toleration is refused unless a grant lists its key).",
     )
 
     @model_validator(mode="after")

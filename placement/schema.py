@@ -24,6 +24,8 @@ from placement.types import (
     MAX_INDEX,
     MAX_MAP_TEXT,
     MAX_PLACEMENTS,
+    MAX_TAINT_KEY,
+    TAINT_KEY_RE,
     EnvMode,
     Indexing,
     RolloutStrategy,
@@ -55,11 +57,6 @@ class RequireSpec(BaseModel):
     )
 
 
-#: A label name, as a taint key is: an optional DNS-subdomain prefix and `/`, then a name part.
-_TAINT_KEY = re.compile(
-    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-)
 _TAINT_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
@@ -70,7 +67,7 @@ class DeviceToleration(BaseModel):
 
     key: StrictStr = Field(
         default="",
-        max_length=316,
+        max_length=MAX_TAINT_KEY,
         description="Taint key; empty with operator Exists tolerates every taint.",
     )
     operator: Literal["Exists", "Equal"] = Field(
@@ -84,7 +81,7 @@ class DeviceToleration(BaseModel):
     @field_validator("key")
     @classmethod
     def _key_form(cls, key: str) -> str:
-        if key and not _TAINT_KEY.fullmatch(key):
+        if key and not TAINT_KEY_RE.fullmatch(key):
             raise ValueError(
                 f"{key!r} is not a taint key: a name of letters, digits, '-', '_', '.' (at most "
                 "63), optionally after a DNS prefix and '/', e.g. gpu.nvidia.com/xid"

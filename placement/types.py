@@ -64,6 +64,13 @@ DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 #: What `is_node_ref` accepts (up to 253 characters), as one pattern for schemas.
 NODE_REF_PATTERN = f"^(?:{DNS_SUBDOMAIN_RE.pattern[1:-1]}|{LABEL_VALUE_RE.pattern[1:-1]})$"
+#: A label name, as a taint key is: an optional DNS-subdomain prefix and `/`, then a name part.
+TAINT_KEY_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+#: The longest taint key (a 253-character prefix, '/', a 63-character name).
+MAX_TAINT_KEY = 316
 
 
 def is_node_ref(text: str) -> bool:

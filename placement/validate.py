@@ -266,6 +266,10 @@ def _entry_slots(
                 require,
                 doc.locate(base),
                 tolerations=tuple(t.toleration() for t in entry.tolerations or ()),
+                toleration_locations=tuple(
+                    doc.locate((*base, "tolerations", j))
+                    for j in range(len(entry.tolerations or ()))
+                ),
                 mig=mig,
                 fallback=tuple(_entry_fallback(doc, base, entry, devices, errors)),
             )

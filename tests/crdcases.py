@@ -152,6 +152,14 @@ POLICY_CASES = (
                     }
                 ),
                 {"namespaces": [], "nodes": [NODES[1]]},
+                _grant(
+                    nodes=[NODES[1]],
+                    tolerations=[
+                        {"key": "example.com/reserved", "effects": ["NoSchedule"]},
+                        {"key": "gpu.nvidia.com/xid"},
+                        {"anyKey": True, "effects": ["NoExecute", "NoSchedule"]},
+                    ],
+                ),
             ]
         },
         metadata_name=POLICY_CONFIGMAP,
@@ -195,6 +203,42 @@ POLICY_CASES = (
         "unknown-operator",
         {"grants": [_grant(nodeSelector={"matchExpressions": [{"key": "a", "operator": "Near"}]})]},
         "spec.grants[0].nodeSelector.matchExpressions[0].operator",
+        POLICY_CONFIGMAP,
+    ),
+    Case(
+        "toleration-grant-key-and-any-key",
+        {"grants": [_grant(nodes=[NODES[0]], tolerations=[{"key": "a", "anyKey": True}])]},
+        "spec.grants[0].tolerations[0]",
+        POLICY_CONFIGMAP,
+    ),
+    Case(
+        "toleration-grant-without-key",
+        {"grants": [_grant(nodes=[NODES[0]], tolerations=[{"effects": ["NoSchedule"]}])]},
+        "spec.grants[0].tolerations[0]",
+        POLICY_CONFIGMAP,
+    ),
+    Case(
+        "toleration-grant-any-key-false",
+        {"grants": [_grant(nodes=[NODES[0]], tolerations=[{"anyKey": False}])]},
+        "spec.grants[0].tolerations[0].anyKey",
+        POLICY_CONFIGMAP,
+    ),
+    Case(
+        "toleration-grant-key-not-a-key",
+        {"grants": [_grant(nodes=[NODES[0]], tolerations=[{"key": "a key"}])]},
+        "spec.grants[0].tolerations[0].key",
+        POLICY_CONFIGMAP,
+    ),
+    Case(
+        "toleration-grant-unknown-effect",
+        {"grants": [_grant(nodes=[NODES[0]], tolerations=[{"key": "a", "effects": ["None"]}])]},
+        "spec.grants[0].tolerations[0].effects[0]",
+        POLICY_CONFIGMAP,
+    ),
+    Case(
+        "toleration-grant-empty-effects",
+        {"grants": [_grant(nodes=[NODES[0]], tolerations=[{"key": "a", "effects": []}])]},
+        "spec.grants[0].tolerations[0].effects",
         POLICY_CONFIGMAP,
     ),
     Case(
