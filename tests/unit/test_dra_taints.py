@@ -6,18 +6,32 @@ from __future__ import annotations
 
 import copy
 import textwrap
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from controller.binder import Binder
 from controller.dra import ClaimPlan, DraTracker
+from controller.metrics import ControllerMetrics
+from controller.settings import BinderSettings
+from kubeio.events import EventRecorder
 from kubeio.pod import Pod
 from placement.annotations import BindingDecision
 from placement.binding import Placement, Status
 from placement.compile import Compiler
 from placement.devices import GpuId
-from placement.dra import TYPE_MIG, allocation_status, slice_devices, slice_for
-from placement.inventory import GpuDevice, MigInstance, NodeInventory
+from placement.dra import (
+    DELETE_PROTECTION,
+    TYPE_MIG,
+    allocation_status,
+    slice_devices,
+    slice_for,
+)
+from placement.grants import parse_policy, resolve
+from placement.inventory import GpuDevice, MigInstance, NodeInventory, device_problems
+from placement.keyring import TrustView, new_ring
+from placement.maps import DeclaredSlot
 from placement.model import decode_map, encode_map
 from placement.reasons import Reason
 from placement.taints import (
@@ -31,7 +45,21 @@ from placement.taints import (
 )
 from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
 from placement.validate import load_maps, parse_map
-from tests.unit.test_dra import KEY, NODE, SETTINGS, Slots, claim, pod, published
+from tests.unit.test_binding_plan import build
+from tests.unit.test_binding_plan import inventory as plan_inventory
+from tests.unit.test_dra import (
+    KEY,
+    NODE,
+    SETTINGS,
+    ClaimApi,
+    Slots,
+    claim,
+    decide_once,
+    dra_pod,
+    ml_claim,
+    pod,
+    published,
+)
 from tests.unit.webhook_builders import map_header
 
 XID = DeviceTaint("gpu.nvidia.com/xid", "79", "NoSchedule")
@@ -300,3 +328,83 @@ def test_a_bad_toleration_is_a_located_error(toleration: str, message: str) -> N
     assert message in found.message, found.message
     assert found.location.source == "m.yaml" and found.location.line > 1
     assert "tolerations" in found.location.path
+
+
+# -- tolerating is a grant: the binder honours only granted tolerations --------------------------
+RESERVED = {"key": "example.com/reserved", "value": "platform", "effect": "NoSchedule"}
+GRANTED_POLICY = """\
+apiVersion: gpuplace.io/v1alpha1
+kind: PlacementPolicy
+metadata: {name: cluster}
+spec:
+  grants:
+    - namespaces: [ml]
+      nodes: [gpu-1]
+"""
+
+
+def taint_binder(api: ClaimApi, policy: str, *tolerations: Toleration) -> Binder:
+    """A binder (dra enforcement) whose model serves map ml/llm index 0 on GPU 0 of gpu-1, which
+    the platform tainted `RESERVED`; the slot declares `tolerations` and the model carries the
+    grants of `policy`."""
+    inventory = plan_inventory("gpu-1", 2)
+    body = slice_for(inventory, SETTINGS)
+    body["spec"]["devices"][0]["taints"] = [RESERVED]
+    t = DraTracker(SETTINGS, lambda keys: None)
+    t.on_slice("ADDED", body, None)
+    cluster = build([DeclaredSlot(0, "gpu-1", (0,), tolerations=tolerations)])
+    grants = resolve(parse_policy(policy, "policy.yaml"), False, {"gpu-1": {}})
+    cluster = replace(cluster, model=replace(cluster.model, grants=grants))
+    binder = Binder(
+        api,  # type: ignore[arg-type]
+        BinderSettings(bind_workers=1),
+        ControllerMetrics(),
+        EventRecorder(api, "gpuplace"),  # type: ignore[arg-type]
+        lambda: cluster,
+        dra=t,
+    )
+    binder.trust = TrustView.of(new_ring(b"k" * 32, "2026-01-01T00:00:00Z"))
+    t._wake = binder.wake
+    claimed = api.add(ml_claim())
+    claimed["metadata"]["finalizers"] = [DELETE_PROTECTION]
+    api.add(claimed)
+    t.on_claim("ADDED", claimed, None)
+    decide_once(binder, dra_pod(claimed["metadata"]["name"]))
+    binder._workers.shutdown()
+    return binder
+
+
+def test_an_ungranted_exists_toleration_does_not_tolerate_the_platforms_taint() -> None:
+    """The attack: a tenant granted the node, not its taints, tolerates everything in its map;
+    its pod waits DeviceTainted as if it tolerated nothing, and no claim is allocated."""
+    api = ClaimApi()
+    taint_binder(api, GRANTED_POLICY, Toleration("", EXISTS))
+    assert api.kinds() == ["pod status", "event"]
+    condition = api.writes[0][1]["status"]["conditions"][0]
+    assert condition["reason"] == Reason.DEVICE_TAINTED
+    assert "example.com/reserved=platform:NoSchedule" in condition["message"]
+
+
+def test_the_allocation_carries_only_the_granted_tolerations() -> None:
+    api = ClaimApi()
+    policy = GRANTED_POLICY + (
+        "      tolerations: [{key: example.com/reserved, effects: [NoSchedule]}]\n"
+    )
+    granted = Toleration("example.com/reserved", EXISTS, effect=TaintEffect.NO_SCHEDULE)
+    taint_binder(api, policy, granted, Toleration("", EXISTS), Toleration("other", EXISTS))
+    assert api.kinds() == ["status", "binding"]
+    [result] = api.writes[0][1]["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-0"
+    assert result["tolerations"] == [granted.to_api()]
+
+
+def test_unhealthy_stays_untolerable_whatever_the_grants() -> None:
+    """Health the agent reports is no taint: a slot tolerating every taint, granted every key,
+    still does not get an unhealthy GPU."""
+    every = Toleration("", EXISTS)
+    policy = GRANTED_POLICY + "      tolerations: [{anyKey: true}]\n"
+    grants = resolve(parse_policy(policy, "policy.yaml"), True, {"gpu-1": {}})
+    assert grants.toleration_refusal("ml", "gpu-1", every) is None
+    sick = plan_inventory("gpu-1", 2, unhealthy=(0,))
+    problems = device_problems(sick.devices[0], None, "0", tolerations=[every])
+    assert [reason for reason, _ in problems] == [Reason.DEVICE_UNHEALTHY]

@@ -10,6 +10,7 @@ from controller.inventories import InventoryTracker
 from controller.slotcache import SlotCache
 from placement.binding import Cluster, InventoryState, NodeState, Placement, PodFacts, Status, plan
 from placement.compile import Compiler
+from placement.grants import parse_policy, resolve
 from placement.inventory import (
     INVENTORY_KEY,
     GpuDevice,
@@ -268,3 +269,55 @@ def test_the_inventory_served_carries_its_nodes_taints_and_changes_with_them() -
     assert tracker.inventories()[NODE] == inventory(n=3)  # the agent's own, untainted
     tracker.on_configmap("DELETED", agent_report(inventory(n=3)), None)
     assert served[-1] is None and NODE not in tracker.states
+
+
+# -- tolerating is a grant -----------------------------------------------------------------------
+#: Grants namespace ml node gpu-1, and no taint there.
+NO_TAINTS = resolve(
+    parse_policy(
+        "apiVersion: gpuplace.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: p}\n"
+        "spec:\n  grants:\n    - {namespaces: [ml], nodes: [gpu-1]}\n",
+        "policy.yaml",
+    ),
+    False,
+    {NODE: {}},
+)
+EVERY_TAINT = (Toleration("", TolerationOperator.EXISTS),)
+
+
+def test_the_compiler_ignores_an_ungranted_toleration_in_every_device_choice() -> None:
+    compiler = Compiler()
+    compiler.set_grants(NO_TAINTS)
+    declared = DeclaredSlot(0, NODE, (0, 1), tolerations=EVERY_TAINT)
+    c, model = compile_map(inventory(tainted=(1,)), declared, compiler=compiler)
+    assert c.reports[KEY].phase is Phase.DEGRADED
+    assert "device 1 is tainted gpu.nvidia.com/xid" in c.reports[KEY].message
+    assert model.maps[KEY].tolerations == {}
+    spared = DeclaredSlot(0, NODE, (0, 1), fallback=(2,), tolerations=EVERY_TAINT)
+    compiler = Compiler()
+    compiler.set_grants(NO_TAINTS)
+    _, model = compile_map(inventory(tainted=(1,)), spared, compiler=compiler)
+    assert slot_of(model).devices == (uuid(0), uuid(2))  # the spare, not the tainted GPU
+    picked = DeclaredSlot(0, NODE, count=1, tolerations=EVERY_TAINT)
+    compiler = Compiler()
+    compiler.set_grants(NO_TAINTS)
+    _, model = compile_map(inventory(tainted=(0,)), picked, compiler=compiler)
+    assert slot_of(model).devices == (uuid(1),)
+
+
+def test_the_binders_plan_ignores_an_ungranted_toleration_in_the_model() -> None:
+    """A model compiled before the policy granted nothing still carries the toleration: the plan
+    reads it through the grants the model carries now."""
+    compiler = Compiler()
+    compiler.set_node(NODE, {})
+    compiler.set_inventory(inventory())
+    compiler.set_map(PlacementMap(KEY, (DeclaredSlot(0, NODE, (0, 1), tolerations=EVERY_TAINT),)))
+    model, _ = compiler.build()
+    assert model.maps[KEY].tolerations == {0: EVERY_TAINT}
+    pod = PodFacts("ml", "web-0", "uid-0", {}, "StatefulSet", "llm", None)
+    tainted = {NODE: InventoryState(inventory(tainted=(1,)))}
+    governed = Model(model.generation, model.maps, NO_TAINTS)
+    waits = plan(pod, Cluster(governed, {NODE: NodeState(NODE)}, {}, tainted, True), SlotCache())
+    assert isinstance(waits, Status) and waits.reason is Reason.DEVICE_TAINTED
+    served = plan(pod, Cluster(model, {NODE: NodeState(NODE)}, {}, tainted, True), SlotCache())
+    assert isinstance(served, Placement)
