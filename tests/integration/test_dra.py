@@ -29,6 +29,7 @@ from placement.dra import (
     slice_for,
     template_name,
 )
+from placement.grants import POLICY_CONFIGMAP
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
@@ -43,6 +44,7 @@ from tests.integration.controllerkit import (
     inventory_for,
     leader_killed_during_burst,
     list_pods,
+    map_status,
     map_yaml,
     pending_reason,
     publish_inventory,
@@ -53,6 +55,7 @@ from tests.integration.controllerkit import (
     wait_for_bound,
     wait_for_map,
 )
+from tests.integration.test_grants import published_grants, put_policy
 from tests.integration.test_webhook import RunningWebhook, free_port
 from webhook.certs import generate_ca
 from webhook.manifests import Endpoint, mutating_configuration
@@ -599,3 +602,86 @@ def test_a_fallback_device_serves_in_place_of_a_tainted_one(
     assert_claim_is_the_binding(cluster, pod)
     retaint(cluster, node, 1, [])
     wait_for_map(cluster, namespace, "m", "Valid")
+
+
+# -- tolerating is a grant ----------------------------------------------------------------------
+RESERVED_TAINT = {"key": "example.com/reserved", "value": "platform", "effect": "NoSchedule"}
+
+
+def granting(namespace: str, node: str, tolerations: str = "") -> str:
+    """A policy that grants `namespace` the node (and, if given, these toleration grants)."""
+    text = (
+        "apiVersion: gpuplace.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: cluster}\n"
+        f"spec:\n  grants:\n    - namespaces: [{namespace}]\n      nodes: [{node}]\n"
+    )
+    return text + (f"      tolerations: {tolerations}\n" if tolerations else "")
+
+
+def test_a_toleration_is_honoured_only_where_the_policy_grants_it(
+    cluster: LocalCluster, dra: Dra, namespace: str, controller: ControllerProcess
+) -> None:
+    """The platform reserved GPU 0; the tenant, granted the node, tolerates every taint in its
+    map: the map is refused at the toleration and the pod never gets the GPU. Once the platform
+    grants the key, a map tolerating that key binds, the allocation carrying the toleration."""
+    node = tainted_node(cluster, "tgrant", 2, {0: [RESERVED_TAINT]})
+    put_policy(cluster, granting(namespace, node))
+    try:
+        wait_for(
+            "grants published",
+            lambda: node in published_grants(cluster).get("namespaces", {}).get(namespace, {}),
+        )
+        apply_map(cluster, namespace, "m", map_yaml(namespace, "m", [(0, node, [0])]))
+        create_workload(cluster, statefulset(namespace, "m", "m", 1))
+        wait_for(
+            "m-0 DeviceTainted",
+            lambda: pending_reason(cluster, namespace, "m-0") == "DeviceTainted",
+        )
+
+        attack = tolerating_map(namespace, "m", [(0, node, [0])], "[{operator: Exists}]")
+        apply_map(cluster, namespace, "m", attack)
+        invalid = wait_for(
+            "m refused at its toleration",
+            lambda: (st := map_status(cluster, namespace, "m")) and st["phase"] == "Invalid" and st,
+        )
+        [error] = invalid["errors"]
+        line = next(n for n, t in enumerate(attack.splitlines(), 1) if "tolerations:" in t)
+        column = attack.splitlines()[line - 1].index("{") + 1
+        assert (error["line"], error["column"]) == (line, column), error
+        assert (
+            f"index 0: toleration {{operator: Exists}}: namespace {namespace} may not tolerate "
+            f"every taint on node {node}"
+        ) in error["message"]
+        # Nothing of the refused map is served: the pod waits without its GPU.
+        wait_for(
+            "m-0 MapNotFound", lambda: pending_reason(cluster, namespace, "m-0") == "MapNotFound"
+        )
+        claim = claim_of(cluster, get_pod(cluster, namespace, "m-0") or {"status": {}})
+        assert claim is None or not allocated(claim)
+
+        put_policy(
+            cluster,
+            granting(namespace, node, "[{key: example.com/reserved, effects: [NoSchedule]}]"),
+        )
+        apply_map(
+            cluster,
+            namespace,
+            "m",
+            tolerating_map(
+                namespace,
+                "m",
+                [(0, node, [0])],
+                "[{key: example.com/reserved, operator: Exists, effect: NoSchedule}]",
+            ),
+        )
+        pod = wait_for("m-0 bound", lambda: bound_pods(cluster, namespace).get("m-0"), timeout=60)
+        assert_claim_is_the_binding(cluster, pod)
+        claim = claim_of(cluster, pod)
+        assert claim is not None
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["tolerations"] == [
+            {"key": "example.com/reserved", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    finally:
+        cluster.request(
+            "DELETE", f"/api/v1/namespaces/gpuplace-system/configmaps/{POLICY_CONFIGMAP}"
+        )
