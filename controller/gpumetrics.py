@@ -1,24 +1,32 @@
 """Per-GPU series, built at scrape time from the inventories and the slot cache (nothing on the
-hot path): `gpuplace_gpu_info` for every GPU the agents report and `gpuplace_gpu_holder` for every
-pod holding one, labelled as DCGM exporter labels its series (`Hostname`, `gpu`, `UUID`,
-`modelName`), so that a PromQL join on `UUID` attributes DCGM's utilisation to gpuplace's pods:
+hot path): `gpuplace_gpu_info` for every GPU the agents report, `gpuplace_gpu_holder` for every
+such GPU a pod holds and `gpuplace_gpu_declared` for every such GPU a slot declares, labelled as
+DCGM exporter labels its series (`Hostname`, `gpu`, `UUID`, `modelName`), so that a PromQL join on
+`UUID` attributes DCGM's utilisation to gpuplace's pods:
 
     DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(namespace, pod, map, index) gpuplace_gpu_holder
 
-DCGM itself only knows pods that request `nvidia.com/gpu`, which gpuplace's pods do not. The
-series are bounded by the GPUs: one info series each, one holder series per pod holding it.
+DCGM itself only knows pods that request `nvidia.com/gpu`, which gpuplace's pods do not.
+
+Bounded by the GPUs the agents report, whatever the maps and pods say: each family has at most
+one series per reported GPU (a MIG device counts as its GPU). The labels that come from a tenant
+(namespace, pod, map, index) name the one pod or slot behind a GPU, and are empty where several
+differ (a shared GPU); `gpuplace_gpu_declared`'s value counts the slots. Held or declared GPUs no
+agent reports (a node without inventory, a device that is gone, a name that never existed) are
+counted in `gpuplace_gpus_unreported`, two series in all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controller.slotcache import Holding
 from placement.devices import GpuId
-from placement.inventory import NodeInventory
+from placement.inventory import GpuDevice, NodeInventory
 from placement.model import Model
 from placement.status import MapStatus
 from placement.types import GpuUuid, MapKey, NodeName
@@ -26,6 +34,31 @@ from placement.types import GpuUuid, MapKey, NodeName
 INFO_LABELS = ("Hostname", "gpu", "UUID", "modelName", "healthy")
 HOLDER_LABELS = ("Hostname", "gpu", "UUID", "namespace", "pod", "map", "index")
 DECLARED_LABELS = ("Hostname", "gpu", "UUID", "namespace", "map", "index")
+#: A reported GPU: (node, NVML index, UUID), as the series label it.
+GpuKey = tuple[NodeName, int, GpuUuid]
+
+
+@dataclass(slots=True)
+class _Users:
+    """The tenant labels of one GPU's series, merged over the pods or slots that use it: a label
+    keeps its value while every user agrees on it and is emptied for good when one differs."""
+
+    labels: list[str]
+    count: int = 1
+
+    def add(self, labels: tuple[str, ...]) -> None:
+        self.count += 1
+        for i, value in enumerate(labels):
+            if self.labels[i] != value:
+                self.labels[i] = ""
+
+
+def _merge(users: dict[GpuKey, _Users], key: GpuKey, labels: tuple[str, ...]) -> None:
+    found = users.get(key)
+    if found is None:
+        users[key] = _Users(list(labels))
+    else:
+        found.add(labels)
 
 
 class GpuCollector(Collector):
@@ -45,67 +78,99 @@ class GpuCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         inventories = self.inventories()
-        info = GaugeMetricFamily(
-            "gpuplace_gpu_info",
-            "A GPU a node's agent reports (1), labelled as DCGM exporter labels it",
-            labels=INFO_LABELS,
+        yield _info(inventories)
+        unreported: dict[str, set[tuple[NodeName, str]]] = {"held": set(), "declared": set()}
+        yield self._holders(inventories, unreported["held"])
+        yield self._declared(inventories, unreported["declared"])
+        missing = GaugeMetricFamily(
+            "gpuplace_gpus_unreported",
+            "GPUs pods hold (held) or valid maps' slots declare (declared) that no agent reports",
+            labels=("by",),
         )
-        for node, inventory in sorted(inventories.items()):
-            for device in inventory.devices:
-                info.add_metric(
-                    [node, str(device.index), device.uuid, device.name, _bool(device.healthy)],
-                    1,
-                )
-        yield info
-        holder = GaugeMetricFamily(
-            "gpuplace_gpu_holder",
-            "A pod holding a GPU (1), from the binder's slot cache; join DCGM's series on UUID",
-            labels=HOLDER_LABELS,
-        )
-        for held in sorted(self.holdings(), key=lambda h: h.pod):
+        for by, gpus in unreported.items():
+            missing.add_metric([by], len(gpus))
+        yield missing
+
+    def _holders(
+        self,
+        inventories: Mapping[NodeName, NodeInventory],
+        unreported: set[tuple[NodeName, str]],
+    ) -> GaugeMetricFamily:
+        users: dict[GpuKey, _Users] = {}
+        for held in self.holdings():
             if held.assumed:
                 continue  # its Binding is not stored yet
             namespace, _, pod = held.pod.partition("/")
-            node_inventory = inventories.get(held.node)
+            labels = (namespace, pod, held.slot.map.name, str(held.slot.index))
             for gpu in held.gpus:
-                index, uuid = _device(GpuId(gpu), node_inventory)
-                holder.add_metric(
-                    [
-                        held.node,
-                        index,
-                        uuid,
-                        namespace,
-                        pod,
-                        held.slot.map.name,
-                        str(held.slot.index),
-                    ],
-                    1,
-                )
-        yield holder
-        declared = GaugeMetricFamily(
-            "gpuplace_gpu_declared",
-            "A GPU a slot of a valid map declares (1), held or not: a map's claim on the device",
-            labels=DECLARED_LABELS,
+                key = _reported(held.node, GpuId(gpu), inventories.get(held.node))
+                if key is None:
+                    unreported.add((held.node, gpu))
+                else:
+                    _merge(users, key, labels)
+        family = GaugeMetricFamily(
+            "gpuplace_gpu_holder",
+            "A GPU pods hold (1), from the binder's slot cache; join DCGM's series on UUID. "
+            "A label is empty where the pods holding the GPU differ in it",
+            labels=HOLDER_LABELS,
         )
-        for key, cmap in sorted(self.model().maps.items()):
+        for (node, index, uuid), merged in sorted(users.items()):
+            family.add_metric([node, str(index), uuid, *merged.labels], 1)
+        return family
+
+    def _declared(
+        self,
+        inventories: Mapping[NodeName, NodeInventory],
+        unreported: set[tuple[NodeName, str]],
+    ) -> GaugeMetricFamily:
+        users: dict[GpuKey, _Users] = {}
+        for key, cmap in self.model().maps.items():
             for slot in cmap.slots.values():
+                labels = (key.namespace, key.name, str(slot.index))
                 node_inventory = inventories.get(slot.node)
                 for gpu in slot.gpus:
-                    index, uuid = _device(gpu, node_inventory)
-                    declared.add_metric(
-                        [slot.node, index, uuid, key.namespace, key.name, str(slot.index)], 1
-                    )
-        yield declared
+                    found = _reported(slot.node, gpu, node_inventory)
+                    if found is None:
+                        unreported.add((slot.node, gpu))
+                    else:
+                        _merge(users, found, labels)
+        family = GaugeMetricFamily(
+            "gpuplace_gpu_declared",
+            "The slots of valid maps that declare a GPU, held or not: the maps' claims on the "
+            "device. A label is empty where those slots differ in it",
+            labels=DECLARED_LABELS,
+        )
+        for (node, index, uuid), merged in sorted(users.items()):
+            family.add_metric([node, str(index), uuid, *merged.labels], merged.count)
+        return family
 
 
-def _device(gpu: GpuId, inventory: NodeInventory | None) -> tuple[str, str]:
-    """(NVML index, UUID) of a held GPU; "" where the node's inventory does not say."""
+def _info(inventories: Mapping[NodeName, NodeInventory]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "gpuplace_gpu_info",
+        "A GPU a node's agent reports (1), labelled as DCGM exporter labels it",
+        labels=INFO_LABELS,
+    )
+    for node, inventory in sorted(inventories.items()):
+        for device in inventory.devices:
+            family.add_metric(
+                [node, str(device.index), device.uuid, device.name, _bool(device.healthy)], 1
+            )
+    return family
+
+
+def _reported(node: NodeName, gpu: GpuId, inventory: NodeInventory | None) -> GpuKey | None:
+    """The reported GPU a held or declared one is (the GPU of a MIG device), None if no agent
+    reports it."""
+    if inventory is None:
+        return None
     nvml_index = gpu.nvml_index
+    device: GpuDevice | None
     if nvml_index is not None:
-        device = inventory.by_index.get(nvml_index) if inventory is not None else None
-        return str(nvml_index), device.uuid if device is not None else ""
-    by_uuid = inventory.by_uuid.get(GpuUuid(gpu)) if inventory is not None else None
-    return (str(by_uuid.index) if by_uuid is not None else ""), str(gpu)
+        device = inventory.by_index.get(nvml_index)
+    else:
+        device = inventory.by_uuid.get(GpuUuid(gpu)) or inventory.mig_parent.get(gpu)
+    return None if device is None else (node, device.index, device.uuid)
 
 
 def _bool(value: bool) -> str:

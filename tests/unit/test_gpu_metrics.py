@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -96,6 +97,141 @@ def test_declared_gpus_from_the_model_held_or_not() -> None:
         ("4", "0", "GPU-a0"),
     ]
     assert {d["map"] for d in declared} == {"llm"} and {d["namespace"] for d in declared} == {"ml"}
+
+
+def test_a_shared_gpu_is_one_series_whose_differing_labels_are_empty() -> None:
+    both = CompiledSlot(0, A, (GpuUuid("GPU-a0"),), (0,))
+    model = Model(
+        2,
+        {
+            MapKey("ml", "llm"): CompiledMap(
+                MapKey("ml", "llm"),
+                {i: replace(both, index=i) for i in range(3)},
+                sharing=Sharing.SHARED,
+            )
+        },
+    )
+    held = [holding(f"u{i}", f"ml/web-{i}", i, "GPU-a0") for i in range(3)]
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: {A: INVENTORY}, lambda: held, lambda: model))
+    text = generate_latest(registry).decode()
+    assert samples(text, "gpuplace_gpu_holder") == [
+        {
+            "Hostname": "node-a",
+            "gpu": "0",
+            "UUID": "GPU-a0",
+            "namespace": "ml",
+            "pod": "",
+            "map": "llm",
+            "index": "",
+        }
+    ]
+    assert values(text, "gpuplace_gpu_holder") == [1.0]  # DCGM's join multiplies by it
+    assert samples(text, "gpuplace_gpu_declared") == [
+        {
+            "Hostname": "node-a",
+            "gpu": "0",
+            "UUID": "GPU-a0",
+            "namespace": "ml",
+            "map": "llm",
+            "index": "",
+        }
+    ]
+    assert values(text, "gpuplace_gpu_declared") == [3.0]
+
+
+def test_gpus_no_agent_reports_are_counted_not_labelled() -> None:
+    ghost = NodeName("node-ghost")
+    model = Model(
+        2,
+        {
+            MapKey("ml", "llm"): CompiledMap(
+                MapKey("ml", "llm"),
+                {
+                    0: CompiledSlot(0, A, (GpuUuid("GPU-nowhere"),), ()),
+                    1: CompiledSlot(1, ghost, (), (0, 1)),
+                    2: CompiledSlot(2, A, (GpuUuid("GPU-a0"),), (0,)),
+                },
+            )
+        },
+    )
+    held = [
+        holding("u0", "ml/web-0", 0, "GPU-nowhere"),
+        Holding(
+            "u1",
+            "ml/web-1",
+            SlotKey(MapKey("ml", "llm"), 1),
+            ghost,
+            ("#0",),
+            Sharing.EXCLUSIVE,
+            False,
+        ),
+    ]
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: {A: INVENTORY}, lambda: held, lambda: model))
+    text = generate_latest(registry).decode()
+    assert samples(text, "gpuplace_gpu_holder") == []
+    assert [d["UUID"] for d in samples(text, "gpuplace_gpu_declared")] == ["GPU-a0"]
+    unreported = {
+        s.labels["by"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "gpuplace_gpus_unreported"
+    }
+    assert unreported == {"held": 2, "declared": 3}
+
+
+def test_series_are_bounded_by_the_gpus_and_the_maps_whatever_the_maps_say() -> None:
+    """Thousands of slots over one 8-GPU node, and many maps: 3 series per reported GPU, 7 per
+    map and 2 more, on top of the controller's own families (fixed in number), as the README
+    says."""
+    gpus = 8
+    node = NodeInventory(
+        A, tuple(GpuDevice(i, GpuUuid(f"GPU-a{i}"), "NVIDIA H100 80GB HBM3") for i in range(gpus))
+    )
+    maps: dict[MapKey, CompiledMap] = {}
+    holdings: list[Holding] = []
+    for m in range(40):
+        key = MapKey(f"team-{m}", f"map-{m}")
+        slots = {
+            i: CompiledSlot(i, A, (GpuUuid(f"GPU-a{i % gpus}"),), (i % gpus,)) for i in range(512)
+        }
+        # and names that exist nowhere: counted, never labelled
+        slots[512] = CompiledSlot(512, NodeName(f"ghost-{m}"), (), tuple(range(64)))
+        maps[key] = CompiledMap(key, slots, sharing=Sharing.SHARED)
+        holdings.extend(
+            Holding(
+                f"{m}-{i}",
+                f"{key.namespace}/pod-{i}",
+                SlotKey(key, i),
+                A,
+                (f"GPU-a{i % gpus}",),
+                Sharing.SHARED,
+                False,
+            )
+            for i in range(512)
+        )
+    statuses = {key: MapStatus(Phase.VALID, slots=SlotCounts(513)) for key in maps}
+    own = series_count(ControllerMetrics().registry)
+    registry = ControllerMetrics().registry
+    registry.register(GpuCollector(lambda: {A: node}, lambda: holdings, lambda: Model(2, maps)))
+    registry.register(MapSlotsCollector(lambda: statuses))
+    assert series_count(registry) <= own + 3 * gpus + 7 * len(maps) + 2
+    declared = values(generate_latest(registry).decode(), "gpuplace_gpu_declared")
+    assert sorted(declared) == [40 * 512 / gpus] * gpus
+
+
+def series_count(registry: CollectorRegistry) -> int:
+    return sum(len(f.samples) for f in registry.collect())
+
+
+def values(text: str, name: str) -> list[float]:
+    return [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    ]
 
 
 def test_slots_per_map_from_the_statuses() -> None:
