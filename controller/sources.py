@@ -12,7 +12,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from kubeio.client import Obj, obj_key
-from placement.annotations import PLACEMENT_KEY, source_name, source_provenance
+from placement.annotations import (
+    PLACEMENT_KEY,
+    provenance_problems,
+    source_name,
+    source_provenance,
+)
 from placement.compile import MapReport
 from placement.errors import Diagnostic, Location, PlacementError
 from placement.maps import PlacementMap
@@ -48,6 +53,9 @@ class SourceState:
     #: Both forms declare the map, with different content: nothing new is served until one goes
     #: or they agree (`errors` says so; `valid` is the version in service before).
     form_conflict: bool = False
+    #: A digest of the provenance annotations refused when last read ("" when none was): a
+    #: ConfigMap is read again when they change, though its text did not.
+    refused: str = ""
 
 
 def digest(text: str) -> str:
@@ -60,20 +68,30 @@ def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
     key = MapKey(*obj_key(obj))
     text = (obj.get("data") or {}).get(PLACEMENT_KEY)
     version = digest(text) if text is not None else "missing"
-    if previous is not None and previous.version == version:
+    annotations = obj["metadata"].get("annotations") or {}
+    refused = provenance_problems(annotations, f"configmap {key}")
+    stamp = digest("\n".join(d.format() for d in refused)) if refused else ""
+    if previous is not None and previous.version == version and previous.refused == stamp:
         return previous
-    base = replace(previous or SourceState(key, version), data_hash=data_hash(text or ""))
+    base = replace(
+        previous or SourceState(key, version),
+        version=version,
+        data_hash=data_hash(text or ""),
+        refused=stamp,
+    )
     if text is None:
         error = Diagnostic(
             Location(source_name(key), 0, 0, f"data.{PLACEMENT_KEY}"),
             f"ConfigMap has no key {PLACEMENT_KEY!r}",
         )
-        return replace(base, version=version, errors=(error,))
+        return replace(base, errors=(error, *refused))
     try:
         pmap = parse_map_for(text, source_name(key), key)
     except PlacementError as exc:
-        return replace(base, version=version, errors=tuple(exc.diagnostics))
-    revision, file = source_provenance(obj["metadata"].get("annotations") or {})
+        return replace(base, errors=(*exc.diagnostics, *refused))
+    if refused:
+        return replace(base, errors=refused)
+    revision, file = source_provenance(annotations)
     return SourceState(
         key, version, pmap, version, (), base.data_hash, False, Provenance(revision, file)
     )
@@ -89,11 +107,15 @@ def read_resource(obj: Obj, previous: SourceState | None) -> SourceState:
     base = replace(
         previous or SourceState(key, version, form=Form.RESOURCE), version=version, generation=gen
     )
+    annotations = obj["metadata"].get("annotations") or {}
+    refused = provenance_problems(annotations, resource_source_name(key))
     try:
         pmap = map_from_resource(obj)
     except PlacementError as exc:
-        return replace(base, errors=tuple(exc.diagnostics))
-    revision, file = source_provenance(obj["metadata"].get("annotations") or {})
+        return replace(base, errors=(*exc.diagnostics, *refused))
+    if refused:
+        return replace(base, errors=refused)
+    revision, file = source_provenance(annotations)
     return SourceState(
         key, version, pmap, version, (), "", False, Provenance(revision, file), Form.RESOURCE, gen
     )

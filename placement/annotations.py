@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from placement.errors import Diagnostic, Location
 from placement.types import GpuUuid, MapKey, NodeName
 
 PREFIX = "gpuplace.io/"
@@ -99,15 +100,66 @@ def encode_binding(decision: BindingDecision) -> dict[str, str]:
     return out
 
 
+#: The longest value each provenance annotation of a source map may have, in characters. Whoever
+#: may write a map writes them, and they travel into the model and onto every pod the map places
+#: (the Binding's gpuplace.io/revision and gpuplace.io/source-file), so they are bounded where
+#: they are read: a revision is a commit id or a tag, a path one inside a repository. The file
+#: they name together is at most MAX_SOURCE_PATH + MAX_SOURCE_FILE + 1 characters, or
+#: MAX_ORIGIN + 2 from kustomize's origin annotation.
+PROVENANCE_LIMITS: Mapping[str, int] = {
+    REVISION_ANNOTATION: 128,
+    SOURCE_PATH_ANNOTATION: 256,
+    SOURCE_FILE_ANNOTATION: 512,
+    ORIGIN_ANNOTATION: 1024,
+}
+MAX_REVISION = PROVENANCE_LIMITS[REVISION_ANNOTATION]
+MAX_SOURCE_PATH = PROVENANCE_LIMITS[SOURCE_PATH_ANNOTATION]
+MAX_SOURCE_FILE = PROVENANCE_LIMITS[SOURCE_FILE_ANNOTATION]
+MAX_ORIGIN = PROVENANCE_LIMITS[ORIGIN_ANNOTATION]
+
+
+def provenance_problems(
+    annotations: Mapping[str, object],
+    source: str,
+    before: Mapping[str, object] | None = None,
+) -> tuple[Diagnostic, ...]:
+    """Each provenance annotation of a source map longer than its limit (PROVENANCE_LIMITS),
+    located at `source`'s field. With `before` (the annotations of the object an update
+    replaces), only those that changed: an object that already carries one is refused by the
+    controller, and its other writes (its status) are not blocked."""
+    problems = []
+    for key, limit in PROVENANCE_LIMITS.items():
+        value = annotations.get(key)
+        if not isinstance(value, str) or len(value) <= limit:
+            continue
+        if before is not None and before.get(key) == value:
+            continue
+        problems.append(
+            Diagnostic(
+                Location(source, path=f"metadata.annotations[{key}]"),
+                f"{len(value)} characters, more than the {limit} this annotation may have: "
+                "it is copied into the model and onto every pod the map places",
+                hint="stamp a commit id or tag as the revision and paths inside the repository "
+                "as the source path and file",
+            )
+        )
+    return tuple(problems)
+
+
 def source_provenance(annotations: Mapping[str, str]) -> tuple[str, str]:
     """(revision, file) stamped on a source map (ConfigMap or custom resource); the file joined to
     the source path. Without gpuplace.io/source-file, the file kustomize's origin annotation
-    names."""
-    revision = annotations.get(REVISION_ANNOTATION, "").strip()
-    file = annotations.get(SOURCE_FILE_ANNOTATION, "").strip()
-    base = annotations.get(SOURCE_PATH_ANNOTATION, "").strip().strip("/")
+    names. An annotation longer than its limit is not read (`provenance_problems` reports it)."""
+
+    def read(key: str) -> str:
+        value = annotations.get(key, "")
+        return value if len(value) <= PROVENANCE_LIMITS[key] else ""
+
+    revision = read(REVISION_ANNOTATION).strip()
+    file = read(SOURCE_FILE_ANNOTATION).strip()
+    base = read(SOURCE_PATH_ANNOTATION).strip().strip("/")
     if not file:
-        repo, path = kustomize_origin(annotations.get(ORIGIN_ANNOTATION, ""))
+        repo, path = kustomize_origin(read(ORIGIN_ANNOTATION))
         if repo and path:  # a remote base's file: not under this Application's directory
             return revision, f"{repo.rstrip('/')}//{path.lstrip('/')}"
         if path:

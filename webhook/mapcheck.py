@@ -9,11 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from placement.annotations import PLACEMENT_KEY, PLACEMENT_MAP_LABEL, source_name
+from placement.annotations import (
+    PLACEMENT_KEY,
+    PLACEMENT_MAP_LABEL,
+    provenance_problems,
+    source_name,
+)
 from placement.errors import PlacementError, format_all
 from placement.grants import GrantView, check_map
 from placement.maps import PlacementMap
-from placement.resource import map_from_resource, policy_from_resource
+from placement.resource import map_from_resource, policy_from_resource, resource_source_name
 from placement.types import MapKey
 from placement.validate import parse_map_for
 from webhook.review import AdmissionRequest, Verdict
@@ -54,6 +59,9 @@ def check_configmap(request: AdmissionRequest, grants: GrantView | None = None) 
             f"{PLACEMENT_KEY!r}{where}; put the PlacementMap YAML under data.{PLACEMENT_KEY}, "
             f"or remove the label"
         )
+    refused = _refused_provenance(request, meta, f"configmap {key}")
+    if refused is not None:
+        return refused
     if request.operation == "UPDATE" and _same_map(request.old_object, text):
         # Only metadata changed, such as the controller's status annotation, which it rewrites
         # as pods bind: parsing the map again on each of those writes would cost the webhook
@@ -77,6 +85,24 @@ def _judged(read: Callable[[], PlacementMap], grants: GrantView | None) -> Verdi
     return Verdict(True, warnings=tuple(w.format() for w in pmap.warnings))
 
 
+def _refused_provenance(
+    request: AdmissionRequest, meta: Mapping[str, Any], source: str
+) -> Verdict | None:
+    """The denial of a map whose provenance annotations are longer than they may be: those the
+    request sets or changes (an object that already carries one keeps taking other writes, such
+    as the controller's status, which says why the map is not served)."""
+    annotations = meta.get("annotations")
+    if not isinstance(annotations, dict):
+        return None
+    before: Mapping[str, Any] | None = None
+    if request.operation == "UPDATE":
+        old_meta = (request.old_object or {}).get("metadata")
+        old_annotations = old_meta.get("annotations") if isinstance(old_meta, dict) else None
+        before = old_annotations if isinstance(old_annotations, dict) else {}
+    refused = provenance_problems(annotations, source, before)
+    return _invalid(format_all(refused)) if refused else None
+
+
 def _same_map(old: Mapping[str, Any] | None, text: str) -> bool:
     """Whether the old object was already this placement map (label set, same text)."""
     if not isinstance(old, dict):
@@ -98,6 +124,11 @@ def check_resource(request: AdmissionRequest, grants: GrantView | None = None) -
     if request.operation not in ("CREATE", "UPDATE") or request.sub_resource:
         return Verdict(True)
     obj = _with_namespace(request)
+    meta = obj["metadata"]
+    key = MapKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    refused = _refused_provenance(request, meta, resource_source_name(key))
+    if refused is not None:
+        return refused
     old = request.old_object
     if (
         request.operation == "UPDATE"
