@@ -13,8 +13,10 @@ backlog): otherwise the first `connections` requests each wait for TCP and TLS, 
 thread that sends the rest.
 
 Contract: `submit` and `warm` from any thread; `done` runs on the loop's thread, once per
-request, and must be quick (it is the loop); `close` once, by the owner: the requests not answered
-yet fail with a transport error. A request's `guard` is asked on the loop's thread immediately
+request, and must be quick (it is the loop); `drain` and then `close` once, by the owner. `drain`
+ends the sending: from its call on nothing more is written (what is queued, submitted later or
+due for a resend fails with a `FencedError`, unsent), and it waits, bounded, for the answers to
+what was already written. `close` fails what is still unanswered with a transport error. A request's `guard` is asked on the loop's thread immediately
 before its one write; when it says no, nothing is sent and `done` gets a `FencedError`. A
 kept-alive connection that the server closed before answering a request's first byte is replaced
 and the request sent once more (the guard asked again), as `Kube.send` does.
@@ -33,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kubeio.client import Kube, Response
 from kubeio.errors import APIError, APITransportError, FencedError, error_for
@@ -89,6 +92,22 @@ def answer_error(answer: Response | APIError) -> APIError | None:
 
 class ProtocolError(Exception):
     pass
+
+
+class Sender(Protocol):
+    """What sends a component's requests without a thread each (`RequestLoop`; tests: a fake)."""
+
+    def submit(
+        self, request: Request, done: Done, guard: Callable[[], bool] | None = None
+    ) -> None: ...
+
+    def warm(self, count: int) -> None: ...
+
+    def drain(self, timeout: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+    def alive(self) -> bool: ...
 
 
 def parse_response(buf: bytearray) -> tuple[_Parsed, int] | None:
@@ -156,6 +175,10 @@ def _chunked(buf: bytearray, at: int, status: int, close: bool) -> tuple[_Parsed
         at += size + 2
 
 
+def _unsent(job: _Job) -> FencedError:
+    return FencedError(0, "Fenced", f"{job.request.describe()}: not sent, the sender is draining")
+
+
 class RequestLoop:
     """Sends `Kube` requests from one thread over up to `connections` keep-alive connections."""
 
@@ -174,6 +197,10 @@ class RequestLoop:
         self._queue: collections.deque[_Job] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
+        #: Set by `drain`: nothing more is written (under _lock).
+        self._draining = False
+        #: Set by the loop's thread once draining and nothing written is still unanswered.
+        self._drained = threading.Event()
         self._warm = 0  # connections still to open ahead of requests (under _lock)
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
@@ -184,13 +211,14 @@ class RequestLoop:
     def submit(self, request: Request, done: Done, guard: Callable[[], bool] | None = None) -> None:
         job = _Job(request, done, guard)
         with self._lock:
-            if self._closed:
-                closed = True
-            else:
-                closed = False
+            closed, draining = self._closed, self._draining
+            if not closed and not draining:
                 self._queue.append(job)
         if closed:
             done(APITransportError(0, "Transport", f"{request.describe()}: the loop is closed"))
+            return
+        if draining:
+            done(_unsent(job))
             return
         self._wake()
 
@@ -200,6 +228,20 @@ class RequestLoop:
         with self._lock:
             self._warm = max(self._warm, min(count, self._limit))
         self._wake()
+
+    def drain(self, timeout: float) -> bool:
+        """Stops sending and waits up to `timeout` seconds for the answers to the requests already
+        written (each of which still ends by its own timeout). True when none is unanswered: then
+        nothing of this loop's can reach the apiserver any more."""
+        with self._lock:
+            if self._closed:
+                return not self._open_jobs()
+            self._draining = True
+        self._wake()
+        return self._drained.wait(timeout)
+
+    def _open_jobs(self) -> bool:
+        return any(conn.job is not None for conn in list(self._open))
 
     def close(self) -> None:
         with self._lock:
@@ -225,6 +267,7 @@ class RequestLoop:
                     closed = self._closed
                 if closed:
                     break
+                self._check_drained()
                 self._start_queued()
                 timeout = max(0.0, next_tick - time.monotonic())
                 for key, mask in self._selector.select(timeout):
@@ -241,6 +284,18 @@ class RequestLoop:
             log.exception("the request loop failed")
         finally:
             self._shutdown()
+
+    def _check_drained(self) -> None:
+        """While draining: fails what is queued unsent, and says so once nothing is in flight."""
+        with self._lock:
+            if not self._draining:
+                return
+            queued = list(self._queue)
+            self._queue.clear()
+        for job in queued:
+            job.done(_unsent(job))
+        if not self._open_jobs():
+            self._drained.set()
 
     def _drain_wake(self) -> None:
         try:
@@ -352,6 +407,12 @@ class RequestLoop:
 
     def _send(self, conn: _Connection, job: _Job) -> None:
         request = job.request
+        with self._lock:
+            draining = self._draining
+        if draining:
+            self._idle.append(conn)
+            job.done(_unsent(job))
+            return
         if job.guard is not None and not job.guard():
             self._idle.append(conn)
             job.done(FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed"))

@@ -179,6 +179,104 @@ def test_an_unanswered_request_fails_after_the_timeout_and_close_fails_what_is_q
     assert isinstance(after.get(timeout=5), APITransportError)
 
 
+class HeldAnswers:
+    """A server that answers each request only once `release()` says so: a request in flight for
+    as long as a test needs."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.received: queue.Queue[bytes] = queue.Queue()
+        self._release = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def release(self) -> None:
+        self._release.set()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, data = data.partition(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                while len(data) < length:
+                    data += conn.recv(4096)
+                data = data[length:]
+                self.received.put(head.split(b"\r\n", 1)[0])
+                self._release.wait()
+                conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}")
+
+
+def held_loop(server: HeldAnswers) -> RequestLoop:
+    configuration = k8s_client.Configuration()
+    configuration.host = server.host
+    return RequestLoop(Kube(configuration, ClientSettings(timeout_seconds=60)), connections=2)
+
+
+def test_drain_waits_for_what_was_written_and_sends_nothing_after_it_began() -> None:
+    server = HeldAnswers()
+    loop = held_loop(server)
+    answers: list[Response | APIError] = []
+    try:
+        loop.submit(prepare("POST", "/api/v1/a", body={}), answers.append)
+        assert server.received.get(timeout=30) == b"POST /api/v1/a HTTP/1.1"
+
+        def answer_once_draining() -> None:
+            while not loop._draining:
+                time.sleep(0.01)
+            server.release()
+
+        threading.Thread(target=answer_once_draining, daemon=True).start()
+        assert loop.drain(60)
+        # The answer to what was written came before drain returned.
+        assert [a.status for a in answers if isinstance(a, Response)] == [201]
+        later: list[Response | APIError] = []
+        loop.submit(prepare("POST", "/api/v1/b", body={}), later.append)
+        assert len(later) == 1 and isinstance(later[0], FencedError)
+    finally:
+        loop.close()
+        server.sock.close()
+    assert server.received.empty()  # b never reached the server
+
+
+def test_drain_says_when_an_answer_is_still_outstanding() -> None:
+    server = HeldAnswers()
+    loop = held_loop(server)
+    answers: list[Response | APIError] = []
+    try:
+        loop.submit(prepare("POST", "/api/v1/a", body={}), answers.append)
+        server.received.get(timeout=30)
+        assert not loop.drain(0.2)
+        assert answers == []
+    finally:
+        server.release()
+        loop.close()
+        server.sock.close()
+
+
 @contextlib.contextmanager
 def tls_loop(
     tmp_path: Path, trusted: bool, connections: int
