@@ -1,4 +1,4 @@
-"""`python -m bench.drains [--nodes N] [--pods N] [--settings P/W,...] [--ceilings PxT,...]
+"""`python -m bench.drains [--nodes N] [--pods N] [--settings W,...] [--ceilings PxT,...]
 [--rounds R] [--age PODS] [--budget S] [--workdir DIR] [--profile DIR]`: gpuplace's backlog drain
 at several binder settings against the Binding ceiling at fixed shapes, taking turns on one
 cluster.
@@ -6,11 +6,11 @@ cluster.
 `make bench` runs gpuplace's drain once a repeat, at the controller's defaults, against the best
 ceiling its search finds. To compare settings where each run counts (a larger machine lent for
 minutes), this bench runs each contender once a round, in the same order every round, on one
-cluster: a setting `P/W` is a drain by a new leader with P bind processes (0: from its own request
-loop) and W Bindings in flight; a shape `PxT` is the minimal client in P processes x T threads. It
+cluster: a setting `W` is a drain by a new leader with W Bindings in flight from its request loop;
+a shape `PxT` is the minimal client in P processes x T threads. It
 logs a line per run, stops starting runs once `--budget` seconds have passed, and prints each
 contender's medians: pods/s, the drain's ratio to the best ceiling, the binder's CPU per pod
-(with its bind processes, and its own process alone) and the control plane's (kube-apiserver's;
+(its process with any children, and its own process alone) and the control plane's (kube-apiserver's;
 etcd's and kwok's in the details), from the first bind to the last, and start to first bind.
 `--profile DIR` samples each drain's leader with py-spy (`python -m bench._stacks DIR/*.txt`
 sums it up).
@@ -62,25 +62,27 @@ NAME = "drains"
 
 @dataclass(frozen=True)
 class Setting:
-    """A leader's binder: `processes` bind processes (0: its request loop), `in_flight`
-    Bindings in flight (--bind-processes, --bind-workers)."""
+    """A leader's binder: `in_flight` Bindings in flight from its request loop (--bind-workers)."""
 
-    processes: int
     in_flight: int
 
     @classmethod
     def parse(cls, text: str) -> Setting:
-        return cls(*_pair(text, "/", "a setting is P/W, e.g. 0/256", (0, 1)))
+        form = "a setting is W, Bindings in flight, e.g. 256"
+        try:
+            in_flight = int(text)
+        except ValueError:
+            raise ValueError(f"{text!r}: {form}") from None
+        if in_flight < 1:
+            raise ValueError(f"{text!r}: {form}, at least 1")
+        return cls(in_flight)
 
     def describe(self) -> str:
-        return f"drain {self.processes}/{self.in_flight}"
+        return f"drain {self.in_flight}"
 
     def environment(self) -> dict[str, str]:
         """What the controller the bench starts reads them from."""
-        return {
-            "GPUPLACE_BIND_PROCESSES": str(self.processes),
-            "GPUPLACE_BIND_WORKERS": str(self.in_flight),
-        }
+        return {"GPUPLACE_BIND_WORKERS": str(self.in_flight)}
 
 
 def parse_shape(text: str) -> Shape:
@@ -172,7 +174,7 @@ def contend(
     log: Callable[[str], None],
 ) -> Rounds:
     """`count` rounds of every contender in turn, each run while `budget` allows it."""
-    saved = {key: os.environ.get(key) for key in Setting(0, 1).environment()}
+    saved = {key: os.environ.get(key) for key in Setting(1).environment()}
     try:
         for number in range(count):
             contenders: list[Setting | Shape] = [*rounds.settings, *rounds.shapes]
@@ -275,8 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=Scale().pods)
     parser.add_argument(
         "--settings",
-        default="0/256",
-        help="gpuplace's drains, comma-separated: P/W for P bind processes, W in flight",
+        default="256",
+        help="gpuplace's drains, comma-separated: W Bindings in flight from the leader's loop",
     )
     parser.add_argument(
         "--ceilings", default="1x256", help="the ceiling's shapes, comma-separated: PxT"

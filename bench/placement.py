@@ -1971,22 +1971,9 @@ def cli(
         help="start no step more than S seconds after the set-up: the table then has what ran "
         "(for a machine lent for minutes; default: no limit)",
     )
-    parser.add_argument(
-        "--bind-processes",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the controllers bind from N worker processes (GPUPLACE_BIND_PROCESSES; default: "
-        "as the environment says, else 0: the leader's threads)",
-    )
     args = parser.parse_args(argv)
-    if args.bind_processes is not None:
-        os.environ["GPUPLACE_BIND_PROCESSES"] = str(
-            args.bind_processes
-        )  # the components inherit it
     scale = replace(default, nodes=args.nodes, pods=args.pods)
     log(f"machine: {describe(machine())}")
-    log(f"controller bind processes: {os.environ.get('GPUPLACE_BIND_PROCESSES', '0')}")
     results = run_bench(scale, args.repeats, log, args.workdir, args.profile, args.budget)
     log(f"machine at the end: {describe(machine())}")
     figures = measure(scale, results)

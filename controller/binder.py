@@ -1,21 +1,25 @@
-"""The binder: one decision thread, bounded concurrent Binding calls.
+"""The binder: one decision thread, one request loop for every Binding.
 
 Decisions are serialized (slot and GPU choices never race); each accepted decision is assumed in the
 cache before its Binding is sent, and forgotten if the Binding fails. A pod that cannot be placed gets
 PodScheduled=False with the reason, an Event, and waits for the objects its status names.
+
+Every Binding leaves from the request loop (kubeio/loop.py), and in dra enforcement so does the
+claim's Reserve (its status write) right before it: one path, which `stop` drains before the
+leadership's Lease may be released (DESIGN.md, Trust: leadership ends before the lease does).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 from controller import podfacts
-from controller.bindprocs import BindJob, BindProcesses, connection_of
 from controller.claimfinalizers import ClaimFinalizers
 from controller.dra import ClaimPlan, ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
@@ -24,12 +28,11 @@ from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
 from controller.slotcache import Holding, SlotCache
 from controller.trustreport import TrustReport
-from controller.workers import Workers
 from kubeio import bodies
 from kubeio.client import Kube, Obj, Response
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import WARNING, EventRecorder
-from kubeio.loop import RequestLoop, answer_error
+from kubeio.loop import RequestLoop, Sender, answer_error
 from kubeio.paths import PODS
 from kubeio.pod import Pod
 from kubeio.requests import Request, prepare
@@ -42,9 +45,10 @@ from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
 
-#: Worker threads when the Bindings go out from the request loop: what stays off the loop is rare
-#: (with `bind_processes` or without a loop, the workers carry Bindings: `bind_workers` of them).
-OFF_LOOP_WORKERS = 16
+#: Threads for the writes that stay off the request loop, none of them a Binding: Events and
+#: deferred reports, a claim's writes before its Reserve (clearing an allocation, the finalizer),
+#: the Unreserve after a failed Binding.
+SIDE_THREADS = 16
 
 
 def binding_body(pod: Pod, placement: Placement, signer: RingKey) -> Obj:
@@ -55,8 +59,7 @@ def binding_body(pod: Pod, placement: Placement, signer: RingKey) -> Obj:
 
 
 class Binder:
-    """Decides on one thread, binds on `bind_workers` threads (or, with `bind_processes`, from
-    that many worker processes: controller/bindprocs.py).
+    """Decides on one thread, binds from one request loop (`bind_workers` Bindings in flight).
 
     Contract: informer threads feed pods (`on_pod`, `rebuild`) and wake keys (`wake`); the binder
     thread pops and decides (`_decide`), the only place a slot or GPU is chosen, so decisions never
@@ -64,8 +67,8 @@ class Binder:
     locks of their own. A decision is assumed in the cache before its Binding is sent and is
     confirmed when the Binding succeeds or forgotten when it fails (every assume has a forget).
     In dra enforcement, `finalizers` (claimfinalizers.py) protects each pod's claim on threads of
-    its own from the moment the claim is seen, so that Reserve, on the bind workers, normally
-    writes only the claim's status before the Binding.
+    its own from the moment the claim is seen, so that Reserve normally is the claim's status
+    write alone, sent from the loop right before the Binding.
     """
 
     def __init__(
@@ -78,22 +81,19 @@ class Binder:
         on_bound: Callable[[SlotKey], None] = lambda _key: None,  # a slot was bound or freed
         dra: DraTracker | None = None,  # `dra` enforcement: claims are allocated before binding
         fence: Callable[[], bool] = lambda: True,
-        lease_deadline: Callable[[], float] | None = None,
+        sender: Callable[[], Sender] | None = None,  # the Bindings' loop (tests: a fake)
     ) -> None:
         self.kube = kube
-        #: Bindings from a request loop (kubeio/loop.py) when not from bind processes, given a
-        #: `Kube` (a client standing in for one, in tests, is called through `create`).
-        self._use_loop = isinstance(kube, Kube) and settings.bind_processes == 0
         #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
         #: before each Binding, so a leader that was paused past its lease sends none.
         self.fence = fence
-        #: Until when the lease is surely held (LeaderElector.held_until, time.monotonic): what
-        #: each job for the bind processes carries, so that none is sent past it.
-        self.lease_deadline = lease_deadline or (lambda: math.inf if fence() else -math.inf)
-        #: `bind_processes` >= 1: the Bindings go out from worker processes (from `start` on).
-        self._procs: BindProcesses | None = None
-        #: Otherwise from one thread of this process, `bind_workers` in flight (kubeio/loop.py).
-        self._loop: RequestLoop | None = None
+        self._new_sender = sender or (
+            lambda: RequestLoop(kube, settings.bind_workers, name="bind-loop")
+        )
+        #: Where every Binding goes out from, `bind_workers` in flight (opened by `prepare` or
+        #: `start`, drained and closed by `stop`).
+        self._loop: Sender | None = None
+        self._loop_lock = threading.Lock()
         self.settings = settings
         self.metrics = metrics
         self.events = events
@@ -123,16 +123,11 @@ class Binder:
         self._pods: dict[str, Pod] = {}
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
-        # With the Bindings on a request loop, the workers only take what stays off it (events,
-        # deferred reports, a Reserve of more than one write, a failure's undoing).
-        workers = settings.bind_workers
-        self._workers = Workers(
-            min(workers, OFF_LOOP_WORKERS) if self._use_loop else workers, "bind"
-        )
+        self._side = ThreadPoolExecutor(SIDE_THREADS, thread_name_prefix="bind-side")
         self.pending = PendingReports(
             kube,
             events,
-            self._workers.submit,
+            self._off_loop,
             delays={Reason.CLAIM_PENDING: settings.claim_pending_report_seconds},
         )
         self._stop = threading.Event()
@@ -205,9 +200,7 @@ class Binder:
         if isinstance(adopted, str):
             if uid not in self._not_granted:
                 self._not_granted.add(uid)
-                self._workers.submit(
-                    self.events.emit, pod.ref, WARNING, Reason.NOT_GRANTED, adopted
-                )
+                self._off_loop(self.events.emit, pod.ref, WARNING, Reason.NOT_GRANTED, adopted)
             return None
         if adopted is not None:
             self.metrics.prebound.inc()
@@ -273,32 +266,34 @@ class Binder:
         if loop is not None:
             loop.warm(self.settings.bind_workers)
 
-    def _open_loop(self) -> RequestLoop | None:
-        """The request loop the Bindings go out from (opened on first use), if they do."""
-        if self._use_loop and self._loop is None:
-            self._loop = RequestLoop(self.kube, self.settings.bind_workers, name="bind-loop")
-        return self._loop
+    def _open_loop(self) -> Sender | None:
+        """The request loop the Bindings go out from (opened on first use; None once stopped)."""
+        with self._loop_lock:
+            if self._loop is None and not self._stop.is_set():
+                self._loop = self._new_sender()
+            return self._loop
+
+    def _off_loop(self, fn: Callable[..., object], *args: Any) -> None:
+        """Runs a write that stays off the request loop (never a Binding) on the side threads;
+        dropped once the binder stops, as the write would find its leadership over."""
+        try:
+            future = self._side.submit(fn, *args)
+        except RuntimeError:
+            return  # stopped
+        future.add_done_callback(_log_failure)
 
     def start(self) -> None:
         self.active.set()
         if self.finalizers is not None and self.dra is not None:
             self.dra.attach(self.finalizers)
             self.finalizers.start(self.dra.unprotected())
-        if self.settings.bind_processes > 0 and self._procs is None:
-            processes = self.settings.bind_processes
-            self._procs = BindProcesses(
-                connection_of(self.kube),
-                processes,
-                max(1, -(-self.settings.bind_workers // processes)),
-            )
-        else:
-            self._open_loop()
+        self._open_loop()
         self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
         self._thread.start()
 
     def alive(self) -> bool:
-        """The deciding thread runs, and so does the request loop when Bindings go out from it
-        (a loop that failed would fail every Binding: the health check restarts the process)."""
+        """The deciding thread runs, and so does the request loop (a loop that failed would fail
+        every Binding: the health check restarts the process)."""
         loop = self._loop
         return (
             self._thread is not None and self._thread.is_alive() and (loop is None or loop.alive())
@@ -310,27 +305,38 @@ class Binder:
             raise RuntimeError("the binder bound a pod before the key ring was loaded")
         return trust.ring.signer
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Ends this leadership's binding, before its Lease may be released: no decision after
+        it, no Binding written after its drain began, and up to `drain_seconds` for the answers to
+        the Bindings (and Reserves) already written. True when every one was answered: only then
+        does nothing of this leader's reach the apiserver after the Lease is given up."""
         self.report.stop()
         self._stop.set()
         self.queue.close()
         if self.finalizers is not None and self.dra is not None:
             self.dra.attach(None)
             self.finalizers.stop()
-        self._workers.shutdown(cancel=True)
-        procs, self._procs = self._procs, None
-        if procs is not None:
-            procs.close()
-        loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.close()
+        # A claim's write in progress ends on its own; whatever it would send next is refused.
+        self._side.shutdown(wait=False, cancel_futures=True)
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is None:
+            return True
+        drained = loop.drain(self.settings.drain_seconds)
+        if not drained:
+            log.warning(
+                "Bindings still unanswered %.1f s after the leadership ended",
+                self.settings.drain_seconds,
+            )
+        loop.close()
+        return drained
 
     def _run(self) -> None:
         last_flush = time.monotonic()
         while not self._stop.is_set():
             # Woken in time for the next deferred report (a pod still waiting for its claim).
             wait = min(1.0, max(0.0, self.pending.next_due() - time.monotonic()))
-            uid = self.queue.pop(timeout=wait) if self._room_for_one(wait) else None
+            uid = self.queue.pop(timeout=wait)
             self.pending.flush_due()
             if time.monotonic() - last_flush > self.settings.flush_seconds:
                 self.cache.unpark_all(self.cluster().model.maps)
@@ -348,13 +354,6 @@ class Binder:
             except Exception:
                 log.exception("decision failed", extra={"pod": pod.key})
                 self.queue.backoff(uid)
-
-    def _room_for_one(self, timeout: float) -> bool:
-        """Whether the next decision's Binding can go out now: with bind processes, whether they
-        have room for its job (waiting up to `timeout`), so that no job's lease deadline is
-        spent in a queue; the request loop checks the Lease as it writes, and queues freely."""
-        procs = self._procs
-        return procs is None or procs.wait_for_room(timeout)
 
     def _decide(self, uid: str, pod: Pod) -> None:
         if not self.fence():
@@ -406,27 +405,52 @@ class Binder:
                 self.cache.park(cmap, outcome.unservable)
 
     def _dispatch(self, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan | None) -> None:
-        """Sends an assumed decision's writes: from the bind processes (a Binding alone), from
-        the request loop (a Binding, or a claim's one-write Reserve and then the Binding), else
-        on the bind workers (`_bind`: a Reserve that needs more than one write)."""
-        procs, loop = self._procs, self._loop
-        if procs is not None and claim is None:
-            self._hand_over(procs, uid, pod, placement, None)
+        """Sends an assumed decision's writes from the request loop: the Binding, after (dra) the
+        claim's Reserve. A claim that needs writes before its status (an allocation to clear,
+        the finalizer not written yet) gets them on a side thread first."""
+        loop = self._open_loop()
+        if loop is None:
+            self._failed(uid, pod, None, FencedError(0, "Fenced", "the binder stopped"))
             return
-        if loop is not None and claim is None:
-            self._send(loop, uid, pod, placement)
+        if claim is None or claim.done or self.claims is None:
+            self._send(loop, uid, pod, placement, claim)
             return
-        reserve = None
-        if loop is not None and claim is not None and self.claims is not None:
-            reserve = self.claims.reserve_request(claim, pod)
-        if loop is not None and claim is not None and reserve is not None:
+        reserve = self.claims.reserve_request(claim, pod)
+        if reserve is not None:
             self._reserve_and_send(loop, uid, pod, placement, claim, reserve)
             return
-        self._workers.submit(self._bind, uid, pod, placement, claim)
+        self._off_loop(self._prepare_claim, loop, uid, pod, placement, claim)
+
+    def _prepare_claim(
+        self, loop: Sender, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan
+    ) -> None:
+        """dra, on a side thread: the claim's writes before its Reserve; then the Reserve and the
+        Binding from the loop, as for any claim."""
+        assert self.claims is not None
+        try:
+            if self._stop.is_set() or not self.fence():
+                raise FencedError(0, "Fenced", "lease not held")
+            version = self.claims.prepare(claim)
+        except FencedError as exc:
+            self._failed(uid, pod, None, exc)
+            return
+        except APIError as exc:
+            self._claim_refused(uid, pod, exc)
+            return
+        reserve = self.claims.status_request(claim, pod, version)
+        self._reserve_and_send(loop, uid, pod, placement, claim, reserve)
+
+    def _claim_refused(self, uid: str, pod: Pod, exc: APIError) -> None:
+        """The claim changed since the decision (regenerated, deallocated): decided again from
+        what the claims informer shows next."""
+        self.metrics.binds.labels("claim-refused").inc()
+        log.info("claim not allocated: %s", exc, extra={"pod": pod.key})
+        self.cache.forget(uid)
+        self._finish(uid, requeue=True)
 
     def _reserve_and_send(
         self,
-        loop: RequestLoop,
+        loop: Sender,
         uid: str,
         pod: Pod,
         placement: Placement,
@@ -434,36 +458,30 @@ class Binder:
         reserve: Request,
     ) -> None:
         """dra: the claim's status (Reserve, as one write) and then the Binding, both from the
-        request loop; what a refused Reserve or Binding leads to is `_bind`'s."""
+        request loop."""
 
         def reserved(answer: Response | APIError) -> None:
             error = answer_error(answer)
             if error is None:
                 self._send(loop, uid, pod, placement, claim)
-                return
-            if isinstance(error, FencedError):
+            elif isinstance(error, FencedError):
                 self._failed(uid, pod, None, error)
-                return
-            # The claim changed since the decision (regenerated, deallocated): decide again
-            # from what the claims informer shows next.
-            self.metrics.binds.labels("claim-refused").inc()
-            log.info("claim not allocated: %s", error, extra={"pod": pod.key})
-            self.cache.forget(uid)
-            self._finish(uid, requeue=True)
+            else:
+                self._claim_refused(uid, pod, error)
 
         loop.submit(reserve, reserved, guard=self.fence)
 
     def _send(
         self,
-        loop: RequestLoop,
+        loop: Sender,
         uid: str,
         pod: Pod,
         placement: Placement,
         claim: ClaimPlan | None = None,
     ) -> None:
         """The Binding from the request loop, which asks the fence right before writing it; its
-        outcome comes back on the loop's thread, to the same paths as `_bind`'s. A failure that
-        may unreserve a claim (a write) is handled on the bind workers, not on the loop."""
+        outcome comes back on the loop's thread. A failure that may unreserve a claim (a write)
+        is handled on a side thread, not on the loop."""
         body = binding_body(pod, placement, self._signer())
         request = prepare("POST", PODS.item(pod.name, pod.namespace, "binding"), body=body)
 
@@ -471,75 +489,12 @@ class Binder:
             error = answer_error(answer)
             if error is None:
                 self._bound(uid, placement)
-                return
-            if claim is None:
+            elif claim is None:
                 self._failed(uid, pod, None, error)
             else:
-                self._workers.submit(self._failed, uid, pod, claim, error)
+                self._off_loop(self._failed, uid, pod, claim, error)
 
         loop.submit(request, done, guard=self.fence)
-
-    def _bind(
-        self, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan | None = None
-    ) -> None:
-        path = PODS.item(pod.name, pod.namespace, "binding")
-        try:
-            if self._stop.is_set() or not self.fence():
-                raise FencedError(0, "Fenced", "lease not held")
-            if claim is not None and self.claims is not None:
-                try:
-                    self.claims.reserve(claim, pod)  # Reserve: the claim's allocation, then bind
-                except FencedError:
-                    raise
-                except APIError as exc:
-                    # The claim changed since the decision (regenerated, deallocated): decide
-                    # again from what the claims informer shows next.
-                    self.metrics.binds.labels("claim-refused").inc()
-                    log.info("claim not allocated: %s", exc, extra={"pod": pod.key})
-                    self.cache.forget(uid)
-                    self._finish(uid, requeue=True)
-                    return
-            procs = self._procs
-            if procs is not None:
-                self._hand_over(procs, uid, pod, placement, claim)
-                return
-            # Checked again as the request is written, after any wait for a connection.
-            self.kube.create(path, binding_body(pod, placement, self._signer()), guard=self.fence)
-        except APIError as exc:
-            self._failed(uid, pod, claim, exc)
-            return
-        self._bound(uid, placement)
-
-    def _hand_over(
-        self,
-        procs: BindProcesses,
-        uid: str,
-        pod: Pod,
-        placement: Placement,
-        claim: ClaimPlan | None,
-    ) -> None:
-        """Sends the signed Binding to a bind process; its outcome comes back on the pool's
-        result thread, to the same paths as a Binding sent here."""
-        signer = self._signer()
-        annotations = signed_binding(
-            signer.secret, signer.id, pod.uid, pod.namespace, placement.decision
-        )
-        job = BindJob(
-            self.lease_deadline(),
-            pod.name,
-            pod.namespace,
-            pod.uid,
-            placement.decision.node,
-            annotations,
-        )
-
-        def done(error: APIError | None) -> None:
-            if error is None:
-                self._bound(uid, placement)
-            else:
-                self._failed(uid, pod, claim, error)
-
-        procs.submit(job, done)
 
     def _failed(self, uid: str, pod: Pod, claim: ClaimPlan | None, exc: APIError) -> None:
         """The Binding was not stored (or may not have been): the assumed decision is forgotten."""
@@ -629,3 +584,9 @@ class Binder:
 
     def _report(self, pod: Pod, status: Status) -> None:
         self.pending.report(pod, status)
+
+
+def _log_failure(future: Future[object]) -> None:
+    error = future.exception() if not future.cancelled() else None
+    if error is not None:
+        log.error("a write off the request loop failed", exc_info=error)

@@ -17,7 +17,8 @@ change still fails the status write with a conflict.
 
 Contract: `want` and `gone` are called by the claims and pods informer threads, `start` and `stop`
 by the binder (leader only: nothing is queued before `start` or after `stop`), `protect` by the
-bind workers; the writes run on `workers` threads of their own. `_lock` guards `_writes`. Each
+binder's side threads (a Reserve's writes before its status); the early writes run on `workers`
+threads of their own. `_lock` guards `_writes`. Each
 claim version is written at most once: a write queued and not started yet is taken over by
 `protect`, one in flight is waited for.
 """
@@ -28,9 +29,9 @@ import enum
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from controller.workers import Workers
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APIError, FencedError
 from kubeio.paths import RESOURCE_CLAIMS
@@ -88,10 +89,10 @@ class ClaimFinalizers:
         self._serves = serves  # whether a pod uid is one the binder serves
         self._latest = latest  # the claims informer's newest view of a claim
         self._count = count
-        self._workers: Workers | None = None
+        self._executor: ThreadPoolExecutor | None = None
         if submit is None:
-            self._workers = Workers(workers, "claim-finalizer")
-            submit = self._workers.submit
+            self._executor = ThreadPoolExecutor(workers, thread_name_prefix="claim-finalizer")
+            submit = self._submit_to_executor
         self._submit = submit
         self._lock = threading.Lock()
         self._writes: dict[ClaimKey, _Write] = {}
@@ -108,8 +109,16 @@ class ClaimFinalizers:
     def stop(self) -> None:
         with self._lock:
             self._running = False
-        if self._workers is not None:
-            self._workers.shutdown(cancel=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _submit_to_executor(self, fn: Callable[..., object], *args: object) -> None:
+        assert self._executor is not None
+        try:
+            future = self._executor.submit(fn, *args)
+        except RuntimeError:
+            return  # stopped: nothing is written after `stop`
+        future.add_done_callback(_log_failure)
 
     def want(self, claim: ClaimState) -> None:
         """A claim generated from gpuplace's template was seen: queued once if it lacks the
@@ -168,7 +177,7 @@ class ClaimFinalizers:
         self._finish(write, to_version)
         self._count(When.SEEN)
 
-    # -- writing: the bind path (bind workers) ---------------------------------------------------
+    # -- writing: the bind path (the binder's side threads) -----------------------------------
     def protect(self, claim: ClaimState, version: str) -> str:
         """Makes sure the claim, as of `version` (what a Reserve planned from), carries the
         finalizer; returns the version the claim's status write must carry. Raises the APIError
@@ -232,3 +241,9 @@ def add_finalizer(kube: Kube, claim: ClaimState, version: str) -> str:
         },
     )
     return str(written["metadata"]["resourceVersion"])
+
+
+def _log_failure(future: Future[object]) -> None:
+    error = future.exception() if not future.cancelled() else None
+    if error is not None:
+        log.error("a claim finalizer write failed", exc_info=error)

@@ -7,8 +7,9 @@ Contract: `DraTracker` is written by the informer threads (`on_slice`, `on_claim
 thread) with each node whose devices' taints changed. It
 hands every claim generated from gpuplace's template that lacks the delete-protection finalizer
 to the `ClaimFinalizers` attached to it (the leader's binder), which writes the finalizer off the
-Binding path. `ClaimWriter` runs on the bind workers and only writes; what it wrote comes back
-through the claims informer.
+Binding path. `ClaimWriter` only writes or builds the writes the binder sends (`prepare` on the
+binder's side threads, the status write from its request loop); what it wrote comes back through
+the claims informer.
 """
 
 from __future__ import annotations
@@ -350,20 +351,19 @@ class ClaimWriter:
     def _path(self, claim: ClaimState, subresource: str = "") -> str:
         return RESOURCE_CLAIMS.item(claim.name, claim.namespace, subresource)
 
-    def reserve(self, plan: ClaimPlan, pod: Pod) -> None:
-        """Allocates the claim to the plan's devices and reserves it for the pod: one write (the
-        status) when the claim already carries the delete-protection finalizer, which
-        `ClaimFinalizers` normally added when the claim was first seen; else the finalizer first.
+    def prepare(self, plan: ClaimPlan) -> str:
+        """The writes a Reserve needs before the claim's status, blocking: an allocation made
+        otherwise cleared (a map changed during a failover), then the delete-protection finalizer
+        when the claim lacks it (`ClaimFinalizers` normally added it when the claim was first
+        seen). Returns the resourceVersion the status write must carry.
 
         Every write carries the resourceVersion it was planned from, so a claim that changed in
         between (deleted and regenerated, or deallocated by kube-controller-manager) fails with a
         conflict instead of being overwritten; raises the APIError.
         """
-        if plan.done:
-            return
         claim, path = plan.claim, self._path(plan.claim)
         version = claim.resource_version
-        if claim.allocated:  # allocated otherwise (a map changed during a failover): start over
+        if claim.allocated:
             cleared = self.kube.patch(
                 f"{path}/status",
                 {
@@ -379,26 +379,25 @@ class ClaimWriter:
                 version = self.finalizers.protect(claim, version)
             else:
                 version = add_finalizer(self.kube, claim, version)
+        return version
+
+    def status_request(self, plan: ClaimPlan, pod: Pod, version: str) -> Request:
+        """Reserve proper: the claim allocated to the plan's devices and reserved for the pod, as
+        of `version` (sent from the binder's request loop, right before the Binding)."""
         status = allocation_status(
             plan.devices, plan.node, pod.name, pod.uid, self.settings.driver, plan.tolerations
         )
-        self.kube.patch(
-            self._path(plan.claim, "status"),
-            {"metadata": {"resourceVersion": version}, "status": status},
-        )
+        body = {"metadata": {"resourceVersion": version}, "status": status}
+        return prepare("PATCH", self._path(plan.claim, "status"), body=body)
 
     def reserve_request(self, plan: ClaimPlan, pod: Pod) -> Request | None:
-        """`reserve` as the one request it normally is (the claim unallocated and protected by its
-        finalizer already): the status write, with the resourceVersion it was planned from; None
-        when `reserve` has more to do (or nothing: `plan.done`), which the caller leaves to it."""
+        """Reserve as the one request it normally is (the claim unallocated and protected by its
+        finalizer already); None when `prepare` has writes to make first (or, `plan.done`, when
+        there is nothing to write)."""
         claim = plan.claim
         if plan.done or claim.allocated or DELETE_PROTECTION not in claim.finalizers:
             return None
-        status = allocation_status(
-            plan.devices, plan.node, pod.name, pod.uid, self.settings.driver, plan.tolerations
-        )
-        body = {"metadata": {"resourceVersion": claim.resource_version}, "status": status}
-        return prepare("PATCH", self._path(claim, "status"), body=body)
+        return self.status_request(plan, pod, claim.resource_version)
 
     def unreserve(self, plan: ClaimPlan) -> None:
         """Undoes `reserve` after a failed Binding; idempotent, a claim already gone is fine."""

@@ -9,7 +9,7 @@ its own, wired here:
 - `StatusWriter` (statuswriter.py): the maps' status annotation, their Events and gauges;
 - `PodWatch` (podwatch.py): bound pods after binding, drift and rollouts;
 - `KeyWatch` (keywatch.py): the binding key ring;
-- `Binder` (binder.py): the hot path, with its own queue, workers and slot cache;
+- `Binder` (binder.py): the hot path, with its own queue, slot cache and request loop;
 - `DraTracker` and `TemplateKeeper` (dra.py): ResourceSlices, claims and claim templates.
 
 Informer threads only enqueue typed changes (`controller.changes`) or mark maps dirty; the reconcile
@@ -94,7 +94,6 @@ class Controller:
             self._on_bound,
             dra=self.dra,
             fence=self._holds_lease,
-            lease_deadline=self._lease_deadline,
         )
         self.binder.report.on_map = self._on_trust_change
         self.renumber = RenumberTracker(kube, self.events, self.metrics.renumbered.set)
@@ -317,11 +316,6 @@ class Controller:
         write only the leader may make (Bindings, the model, statuses, evictions)."""
         return self.elector.holds()
 
-    def _lease_deadline(self) -> float:
-        """Until when the lease is surely held (time.monotonic): what each job for the bind
-        processes carries."""
-        return self.elector.held_until()
-
     def _leads(self) -> bool:
         return self._leading.is_set() and self._holds_lease()
 
@@ -394,7 +388,10 @@ class Controller:
         self.statuses.update(self.renumber.check_all(inventories))
         return bound
 
-    def _stop_leading(self) -> None:
+    def _stop_leading(self) -> bool:
+        """The leadership ended (the elector no longer counts it held): the binder stops and
+        drains. Returns whether no Binding of this leadership is still unanswered, which the
+        elector waits for before it releases the Lease."""
         self.metrics.leader.set(0)
         with self._term:
             # A start-up still running on its own thread must not start the binder after this.
@@ -402,8 +399,9 @@ class Controller:
             if not self._stop.is_set():
                 self.lost_leadership.set()
             self._leading.clear()
-        self.binder.stop()
+        drained = self.binder.stop()
         self.drift.stop()
+        return drained
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> None:

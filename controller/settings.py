@@ -23,10 +23,10 @@ class BinderSettings:
     #: 891 (alternating on one cluster). They go out from one thread (`kubeio/loop.py`), one
     #: connection each; a connection idle for 90 s is closed.
     bind_workers: int = 256
-    #: 0: the Bindings are sent from the leader's request loop (one thread). N >= 1:
-    #: by N worker processes (`bind_workers` in flight in all), for a leader that one
-    #: interpreter lock caps at about one core; decisions stay on the leader's one thread.
-    bind_processes: int = 0
+    #: When the leadership ends, how long the binder waits for the answers to the Bindings it
+    #: already sent before the Lease may be released (sent after: none). Past it, the Lease is
+    #: left to expire instead of being released.
+    drain_seconds: float = 5.0
     #: Unschedulable pods are re-examined at least this often even with no triggering event.
     flush_seconds: float = 30.0
     #: A pod seen before its ResourceClaim exists (dra enforcement) is reported ClaimPending only

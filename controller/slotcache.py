@@ -4,7 +4,7 @@ Invariants: every `assume` is followed by `confirm` (the pod showed up bound) or
 failed); `release` is idempotent.
 
 Concurrency: the cache is written from three kinds of thread: the decision thread (`assume`), the
-bind workers (`confirm`, `forget`) and the informer threads (`add_bound`, `confirm`, `release`),
+request loop's thread (`confirm`, `forget`, as Bindings are answered) and the informer threads (`add_bound`, `confirm`, `release`),
 and read from the decision thread, the reconcile loop and the status writer. Every method takes
 the one lock, and every reader returns a copy (or an immutable value), so no caller iterates a
 dictionary that another thread is changing. A decision that reads several times is still

@@ -9,12 +9,17 @@ is paused). A standby takes over no sooner than `lease_seconds` after it saw tha
 leader's writes checked against `holds()` stop before another replica's can begin, whatever
 paused the leader (a slow start-up, a stopped process, a partition). Start-up runs on its own
 thread while this one keeps renewing.
+
+Leadership ends before the lease does: when it ends (lost, or given up on `stop`), `holds()` turns
+False first, then `on_stopped` stops the leader's writers and waits, bounded, for what they sent;
+the lease is released only after that, and only when it says that nothing is still in flight
+(otherwise it is left to expire). So no write of the old leader's reaches the apiserver once a
+standby may take the lease at once.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -45,8 +50,8 @@ class LeaderElector:
     Contract: `run` is the only writer of the lease and of `_observed`/`_held_until`, on its own
     thread; `holds()` and `is_leader` are read by any thread (an Event and one float, no lock
     needed). `on_started` runs on a thread of its own once leading; `on_stopped` runs on `run`'s
-    thread when leadership ends, after `is_leader` is cleared. `stop()` ends `run` and releases
-    the lease.
+    thread when leadership ends, after `is_leader` is cleared, and returns whether every write of
+    the leadership has ended. `stop()` ends `run`, which then releases the lease if it did.
     """
 
     def __init__(
@@ -54,7 +59,7 @@ class LeaderElector:
         kube: Kube,
         settings: LeaderSettings,
         on_started: Callable[[], None],
-        on_stopped: Callable[[], None],
+        on_stopped: Callable[[], bool],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
@@ -83,12 +88,6 @@ class LeaderElector:
         """Whether this process may act as the leader right now: check it immediately before
         each write that only the leader may make."""
         return self.is_leader.is_set() and self._clock() < self._held_until
-
-    def held_until(self) -> float:
-        """Until when, on `clock` (time.monotonic: CLOCK_MONOTONIC, the same in every process of
-        the machine), the lease is surely held; -inf when not leading. `holds()` is `clock()`
-        before it, so a write checked against it elsewhere stops when `holds()` would."""
-        return self._held_until if self.is_leader.is_set() else -math.inf
 
     def _renew(self) -> bool:
         started = self._clock()
@@ -129,11 +128,19 @@ class LeaderElector:
                     )
                     break
         finally:
-            self.is_leader.clear()
+            self.is_leader.clear()  # holds() is False from here: no new leader write starts
             self._written = None
+            ended = self.on_stopped()
             if self._stop.is_set():
-                self._release()
-            self.on_stopped()
+                if ended:
+                    self._release()
+                else:
+                    log.warning(
+                        "writes of the leadership still unanswered: the lease is not released, "
+                        "it expires in %.0f s",
+                        self.s.lease_seconds,
+                        extra={"lease": self.s.name},
+                    )
 
     def _spec(self, acquire_time: str | None, transitions: int) -> Obj:
         now = now_micro()

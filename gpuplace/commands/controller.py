@@ -100,15 +100,8 @@ def _add_binder_flags(flags: EnvFlags) -> None:
         "--bind-workers",
         "GPUPLACE_BIND_WORKERS",
         BinderSettings().bind_workers,
-        help="concurrent pods/binding calls (default %(default)s)",
-    )
-    flags.integer(
-        "--bind-processes",
-        "GPUPLACE_BIND_PROCESSES",
-        BinderSettings().bind_processes,
-        metavar="N",
-        help="worker processes that send the Bindings (0, the default: threads of the "
-        "controller's process; N from 1 to 64: past one core's worth of binds a second)",
+        help="pods/binding calls in flight from the leader's request loop, one keep-alive "
+        "connection each (default %(default)s)",
     )
 
 
@@ -162,7 +155,6 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
             legacy=args.legacy,
             require_inventory=args.require_inventory,
             bind_workers=args.bind_workers,
-            bind_processes=args.bind_processes,
         ),
         enforcement=Enforcement(args.enforcement),
         dra=DraSettings(args.dra_driver, args.dra_attribute, args.dra_device_class),
@@ -177,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
     heap.tune()
     settings = settings_from(args)
     logs.configure(settings.log_level, settings.log_json)
-    if not 0 <= settings.binder.bind_processes <= 64:
-        log.error("--bind-processes (GPUPLACE_BIND_PROCESSES) must be from 0 to 64")
+    if settings.binder.bind_workers < 1:
+        log.error("--bind-workers (GPUPLACE_BIND_WORKERS) must be at least 1")
         return 2
     if settings.source == "git" and not settings.git.repo:
         log.error("--source git needs --repo URL (and optionally --branch, --path)")
@@ -202,13 +194,10 @@ def run(args: argparse.Namespace) -> int:
     )
     ops.start()
     log.info(
-        "controller %s starting; metrics on port %d; %d Bindings in flight from %s",
+        "controller %s starting; metrics on port %d; %d Bindings in flight from its request loop",
         settings.identity,
         ops.port,
         settings.binder.bind_workers,
-        f"{settings.binder.bind_processes} bind processes"
-        if settings.binder.bind_processes
-        else "its request loop",
     )
     web = start_web_view(kube, settings, controller)
 

@@ -1,4 +1,5 @@
-"""bench/bindscale.py on a small drain: every path binds every pod, and the table has its rows."""
+"""bench/bindscale.py on a small drain: the request loop binds every pod, and the table has its
+rows."""
 
 from __future__ import annotations
 
@@ -7,29 +8,20 @@ import pytest
 from bench import bindscale
 
 
-def test_a_small_drain_reports_each_path_and_the_ratio() -> None:
+def test_a_small_drain_reports_the_loops_rate_and_cpu() -> None:
     lines: list[str] = []
-    scale = bindscale.Scale(pods=200, processes=(1, 2), latency_ms=1.0, servers=1, in_flight=8)
+    scale = bindscale.Scale(pods=200, latency_ms=1.0, servers=1, in_flight=8)
     figures = {m.metric: m for m in bindscale.bench(scale, 1, lines.append)}
-    labels = (
-        "bind processes 0, threads (the former path)",
-        "bind processes 0 (request loop)",
-        "bind processes 1",
-        "bind processes 2",
-    )
-    for label in labels:
-        assert figures[label].value > 0 and figures[label].unit == "pods/s"
-    ratio = figures["one process: request loop / threads"]
-    assert ratio.target == ">= 1.6 x" and ratio.ok is not None
-    assert figures["bind processes 2 / 1"].ok is None  # reported, no target
-    assert figures["worker processes' CPU per pod, bind processes 2"].detail
-    assert len(lines) == 4
+    rate = figures["request loop"]
+    assert rate.value > 0 and rate.unit == "pods/s" and rate.ok is None  # reported, no target
+    assert figures["leader CPU per pod"].detail
+    assert len(lines) == 1
 
 
-def test_a_bad_process_list_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_counts_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        bindscale.main(["--processes", "1,x"])
-    assert "--processes" in capsys.readouterr().err
+        bindscale.main(["--pods", "x"])
+    assert "--pods" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bindscale.main(["--processes", "0"])
+        bindscale.main(["--in-flight", "0"])
     assert "at least 1" in capsys.readouterr().err

@@ -19,13 +19,10 @@ from bench.placement import (
 
 
 def test_settings_and_shapes_are_read_as_written_and_refused_with_the_text() -> None:
-    assert Setting.parse("2/512") == Setting(2, 512)
-    assert Setting.parse("0/256").environment() == {
-        "GPUPLACE_BIND_PROCESSES": "0",
-        "GPUPLACE_BIND_WORKERS": "256",
-    }
+    assert Setting.parse("512") == Setting(512)
+    assert Setting.parse("256").environment() == {"GPUPLACE_BIND_WORKERS": "256"}
     assert parse_shape("8x128") == Shape(8, 128)
-    for bad in ("256", "a/1", "0/0", "-1/8"):
+    for bad in ("0/256", "a", "0", "-8"):
         with pytest.raises(ValueError, match=bad):
             Setting.parse(bad)
     for bad in ("8", "8x", "0x128"):
@@ -37,9 +34,9 @@ def test_a_wrong_setting_on_the_command_line_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as ended:
-        main(["--settings", "0/256,4"])
+        main(["--settings", "256,0/4"])
     assert ended.value.code == 2
-    assert "'4': a setting is P/W" in capsys.readouterr().err
+    assert "'0/4': a setting is W" in capsys.readouterr().err
     for wrong in (["--age", "-5"], ["--age", "1000", "--ceilings", ""]):
         with pytest.raises(SystemExit) as ended:
             main(wrong)
@@ -66,54 +63,54 @@ def ceiling(rate: float) -> RunResult:
 
 
 def test_each_drain_is_held_against_the_best_ceilings_median() -> None:
-    rounds = Rounds([Setting(0, 256), Setting(2, 256)], [Shape(8, 128), Shape(1, 256)])
-    rounds.runs["drain 0/256"] += [drain(900, 0.2), drain(1000, 0.3), drain(1100, 0.25)]
-    rounds.runs["drain 2/256"] += [drain(800, 0.4, own_ms=0.15)]
+    rounds = Rounds([Setting(256), Setting(512)], [Shape(8, 128), Shape(1, 256)])
+    rounds.runs["drain 256"] += [drain(900, 0.2), drain(1000, 0.3), drain(1100, 0.25)]
+    rounds.runs["drain 512"] += [drain(800, 0.4, own_ms=0.15)]
     rounds.runs["ceiling 8x128"] += [ceiling(1000), ceiling(1200), ceiling(5000)]  # median 1200
     rounds.runs["ceiling 1x256"] += [ceiling(1100)]
     rows = {m.metric: m for m in measurements(Scale(nodes=100, pods=500), [rounds])}
-    assert rows["drain 0/256: pods/s"].value == 1000
-    assert rows["drain 0/256 / ceiling 8x128"].value == pytest.approx(1000 / 1200)
-    assert rows["drain 2/256 / ceiling 8x128"].value == pytest.approx(800 / 1200)
-    assert rows["drain 0/256: binder CPU per pod, first -> last bind"].value == pytest.approx(0.25)
-    # with bind processes, the leader's own share beside the whole binder's
-    assert rows["drain 2/256: binder CPU per pod, first -> last bind"].value == pytest.approx(0.4)
-    own = "drain 2/256: binder's own process CPU per pod, first -> last bind"
+    assert rows["drain 256: pods/s"].value == 1000
+    assert rows["drain 256 / ceiling 8x128"].value == pytest.approx(1000 / 1200)
+    assert rows["drain 512 / ceiling 8x128"].value == pytest.approx(800 / 1200)
+    assert rows["drain 256: binder CPU per pod, first -> last bind"].value == pytest.approx(0.25)
+    # the leader's own process beside the whole binder's (a child's CPU would count apart)
+    assert rows["drain 512: binder CPU per pod, first -> last bind"].value == pytest.approx(0.4)
+    own = "drain 512: binder's own process CPU per pod, first -> last bind"
     assert rows[own].value == pytest.approx(0.15)
     assert rows["ceiling 8x128: kube-apiserver CPU per pod, first -> last bind"].value == 4.0
     # what etcd and kwok spent a pod: details, beside the apiserver's headline figure
-    etcd = rows["drain 0/256: etcd CPU per pod, first -> last bind"]
+    etcd = rows["drain 256: etcd CPU per pod, first -> last bind"]
     assert etcd.value == pytest.approx(1.0) and etcd.detail
-    assert rows["drain 0/256: kwok CPU per pod, first -> last bind"].value == pytest.approx(0.5)
+    assert rows["drain 256: kwok CPU per pod, first -> last bind"].value == pytest.approx(0.5)
     assert "ceiling 8x128: etcd CPU per pod, first -> last bind" not in rows  # it has none
     assert "ceiling 1x256 / ceiling 8x128" not in rows
-    assert rows["drain 0/256: start -> first bind"].detail
+    assert rows["drain 256: start -> first bind"].detail
 
 
 def test_contenders_that_never_ran_are_left_out() -> None:
-    rounds = Rounds([Setting(0, 256)], [Shape(1, 256)])
-    rounds.runs["drain 0/256"].append(drain(900, 0.2))
+    rounds = Rounds([Setting(256)], [Shape(1, 256)])
+    rounds.runs["drain 256"].append(drain(900, 0.2))
     metrics = {m.metric for m in measurements(Scale(nodes=100, pods=500), [rounds])}
-    assert "drain 0/256: pods/s" in metrics
+    assert "drain 256: pods/s" in metrics
     assert not any(m.startswith("ceiling") for m in metrics)
     assert not any(" / ceiling" in m for m in metrics)
 
 
 def test_an_aged_cluster_is_a_phase_of_its_own_held_against_its_own_ceiling() -> None:
-    assert [r.phase for r in phases([Setting(0, 256)], [Shape(1, 256)], 0)] == [""]
-    fresh, aged = phases([Setting(0, 256)], [Shape(8, 128)], 60000)
+    assert [r.phase for r in phases([Setting(256)], [Shape(1, 256)], 0)] == [""]
+    fresh, aged = phases([Setting(256)], [Shape(8, 128)], 60000)
     assert (fresh.phase, aged.phase) == ("fresh cluster", "after 60,000 more pods")
-    fresh.runs["drain 0/256"] += [drain(1000, 0.2)]
+    fresh.runs["drain 256"] += [drain(1000, 0.2)]
     fresh.runs["ceiling 8x128"] += [ceiling(1000)]
-    aged.runs["drain 0/256"] += [drain(600, 0.2)]
+    aged.runs["drain 256"] += [drain(600, 0.2)]
     aged.runs["ceiling 8x128"] += [ceiling(800)]
     rows = {
         (m.benchmark, m.metric): m.value
         for m in measurements(Scale(nodes=100, pods=500), [fresh, aged])
     }
     label = "drains 100 nodes x 8, 500 pods"
-    assert rows[(f"{label}, fresh cluster", "drain 0/256 / ceiling 8x128")] == 1.0
-    assert rows[(f"{label}, after 60,000 more pods", "drain 0/256 / ceiling 8x128")] == 0.75
+    assert rows[(f"{label}, fresh cluster", "drain 256 / ceiling 8x128")] == 1.0
+    assert rows[(f"{label}, after 60,000 more pods", "drain 256 / ceiling 8x128")] == 0.75
     assert rows[(f"{label}, after 60,000 more pods", "ceiling 8x128: pods/s")] == 800
 
 

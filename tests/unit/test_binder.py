@@ -6,15 +6,15 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from controller import podfacts
-from controller.binder import OFF_LOOP_WORKERS, Binder
+from controller.binder import Binder
 from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
-from controller.workers import Workers
 from kubeio.client import Kube
 from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
 from kubeio.events import EventRecorder
@@ -33,6 +33,7 @@ from placement.keyring import TrustView, adoption, key_id, new_ring
 from placement.maps import DeclaredSlot
 from placement.types import Indexing, MapKey, NodeName, SlotKey
 from placement.wake import WakeKey
+from tests.unit.fakesender import InlineSender
 from tests.unit.test_binding_plan import TWO_SLOTS, build, uuid_of
 from tests.unit.test_kubeio_client import Server
 
@@ -106,6 +107,7 @@ def binder_for(api: Apiserver, cluster: Cluster, fence: list[bool] | None = None
         EventRecorder(api, "gpuplace"),  # type: ignore[arg-type]
         lambda: cluster,
         fence=lambda: held[0],
+        sender=lambda: InlineSender(api),
     )
     binder.trust = TrustView.of(new_ring(KEY, "2026-01-01T00:00:00Z"))
     return binder
@@ -119,7 +121,12 @@ def decide(binder: Binder, *pods: dict[str, Any]) -> None:
         uid = binder.queue.pop(timeout=0)
         assert uid == pod["metadata"]["uid"]
         binder._decide(uid, Pod.of(pod))
-    binder._workers.shutdown()
+    settle(binder)
+
+
+def settle(binder: Binder) -> None:
+    """Waits for the writes that stay off the request loop (Events, reports)."""
+    binder._side.shutdown(wait=True)
 
 
 WEB0 = make_pod("web-0").label(MAP_LABEL, "llm").obj
@@ -168,8 +175,11 @@ def test_a_binder_that_lost_its_lease_sends_nothing_and_decides_again_later() ->
     uid = binder.queue.pop(timeout=0)
     assert uid is not None
     fence[0] = False  # the lease is lost between the decision and the write
-    binder.cache.assume(uid, "ml/web-0", _placement_of(binder, WEB0()))
-    binder._bind(uid, Pod.of(WEB0()), _placement_of(binder, WEB0()))
+    placement = _placement_of(binder, WEB0())
+    binder.cache.assume(uid, "ml/web-0", placement)
+    loop = binder._open_loop()
+    assert loop is not None
+    binder._send(loop, uid, Pod.of(WEB0()), placement)
     assert not api.bindings
     assert binder.cache.holding(uid) is None
     assert len(binder.queue) == 1
@@ -181,7 +191,7 @@ def test_a_binder_that_lost_its_lease_sends_nothing_and_decides_again_later() ->
     binder._lease_returned()
     assert binder.queue.pop(timeout=0) == uid
     binder._decide(uid, Pod.of(WEB0()))
-    binder._workers.shutdown()
+    settle(binder)
     [(path, _body)] = api.bindings
     assert path == "/api/v1/namespaces/ml/pods/web-0/binding"
 
@@ -341,21 +351,6 @@ def test_prepare_opens_the_binding_connections_before_the_first_bind(
         binder.stop()
 
 
-@pytest.mark.parametrize(
-    ("processes", "threads"), [(0, OFF_LOOP_WORKERS), (2, 256)], ids=["loop", "bind processes"]
-)
-def test_with_the_bindings_on_the_loop_few_threads_take_what_stays_off_it(
-    keeps: tuple[Server, Kube], processes: int, threads: int
-) -> None:
-    _server, kube = keeps
-    settings = BinderSettings(bind_workers=256, bind_processes=processes)
-    events = EventRecorder(kube, "gpuplace")
-    binder = Binder(kube, settings, ControllerMetrics(), events, lambda: build(TWO_SLOTS))
-    assert binder._workers.count == threads
-    fake = binder_for(Apiserver(), build(TWO_SLOTS))  # no loop: the workers send the Bindings
-    assert fake._workers.count == 2
-
-
 def test_a_freed_slot_is_offered_to_a_maps_waiting_pods_one_decision_at_a_time() -> None:
     api = Apiserver()
     binder = binder_for(api, build(TWO_SLOTS, indexing=Indexing.ALLOCATE))
@@ -370,11 +365,11 @@ def test_a_freed_slot_is_offered_to_a_maps_waiting_pods_one_decision_at_a_time()
 
     def drain() -> None:
         nonlocal decisions
-        binder._workers = Workers(2, "bind")
+        binder._side = ThreadPoolExecutor(2, thread_name_prefix="bind-side")
         while (uid := binder.queue.pop(timeout=0)) is not None:
             decisions += 1
             binder._decide(uid, Pod.of(next(p for p in pods if p["metadata"]["uid"] == uid)))
-        binder._workers.shutdown()
+        settle(binder)
 
     binder.wake([WakeKey.model()])  # a change that cannot help: one of the four is decided
     drain()

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
 import pytest
 
 from controller.binder import Binder
@@ -41,6 +42,7 @@ from placement.keyring import TrustView, new_ring
 from placement.maps import DeclaredSlot
 from placement.reasons import Reason
 from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
+from tests.unit.fakesender import InlineSender
 from tests.unit.test_binding_plan import build
 from tests.unit.test_binding_plan import inventory as plan_inventory
 from tests.unit.webhook_builders import MAP, NS, env_of, make_model, make_pod, patched, review
@@ -426,6 +428,13 @@ def test_only_claims_of_gpuplaces_templates_for_pods_it_serves_are_protected() -
     assert api.writes == [] and counted == []
 
 
+def reserve(writer: ClaimWriter, plan: ClaimPlan, pod: Pod) -> None:
+    """Reserve as the binder sends it: the writes before the status, then the status write."""
+    request = writer.status_request(plan, pod, writer.prepare(plan))
+    assert request.body is not None
+    writer.kube.patch(request.path, orjson.loads(request.body), request.content_type or "")
+
+
 def plan_for(t: DraTracker) -> ClaimPlan:
     plan = t.check(Pod.of(pod()), placement(1), Slots())
     assert isinstance(plan, ClaimPlan)
@@ -437,7 +446,7 @@ def test_reserve_writes_only_the_status_when_the_finalizer_is_there() -> None:
     body = api.add(ours(claim(), finalizers=(DELETE_PROTECTION,)))
     t, _ = tracker(body)
     finalizers, _, counted = protection(api, t)
-    ClaimWriter(api, SETTINGS, finalizers).reserve(plan_for(t), Pod.of(pod()))  # type: ignore[arg-type]
+    reserve(ClaimWriter(api, SETTINGS, finalizers), plan_for(t), Pod.of(pod()))  # type: ignore[arg-type]
     [(what, written)] = api.writes
     assert what == "status" and written["metadata"]["resourceVersion"] == "7"
     assert written["status"]["reservedFor"][0]["uid"] == "u1"
@@ -449,7 +458,7 @@ def test_reserve_writes_the_finalizer_first_for_a_claim_seen_only_at_bind_time()
     body = api.add(ours(claim()))
     t, _ = tracker(body)  # seen while not leading: no early write
     finalizers, _, counted = protection(api, t)
-    ClaimWriter(api, SETTINGS, finalizers).reserve(plan_for(t), Pod.of(pod()))  # type: ignore[arg-type]
+    reserve(ClaimWriter(api, SETTINGS, finalizers), plan_for(t), Pod.of(pod()))  # type: ignore[arg-type]
     assert api.kinds() == ["finalizer", "status"]
     versions = [w["metadata"]["resourceVersion"] for _, w in api.writes]
     assert versions == ["7", "8"]
@@ -457,7 +466,7 @@ def test_reserve_writes_the_finalizer_first_for_a_claim_seen_only_at_bind_time()
     # Without the early writer (as before it existed) it is the same two writes.
     api2 = ClaimApi()
     t2, _ = tracker(api2.add(ours(claim())))
-    ClaimWriter(api2, SETTINGS).reserve(plan_for(t2), Pod.of(pod()))  # type: ignore[arg-type]
+    reserve(ClaimWriter(api2, SETTINGS), plan_for(t2), Pod.of(pod()))  # type: ignore[arg-type]
     assert api2.kinds() == ["finalizer", "status"]
 
 
@@ -470,7 +479,7 @@ def test_reserve_planned_before_the_early_write_uses_the_version_it_made() -> No
     t.on_claim("ADDED", body, None)
     plan = plan_for(t)  # decided from version 7, before the finalizer's echo arrived
     calls.run()
-    ClaimWriter(api, SETTINGS, finalizers).reserve(plan, Pod.of(pod()))  # type: ignore[arg-type]
+    reserve(ClaimWriter(api, SETTINGS, finalizers), plan, Pod.of(pod()))  # type: ignore[arg-type]
     assert api.kinds() == ["finalizer", "status"]
     assert api.writes[1][1]["metadata"]["resourceVersion"] == "8"  # the finalizer's, not a guess
     assert counted == [When.SEEN]
@@ -483,7 +492,7 @@ def test_a_queued_early_write_is_taken_over_by_reserve_and_written_once() -> Non
     finalizers, calls, counted = protection(api, t)
     finalizers.start([])
     t.on_claim("ADDED", body, None)  # queued, not started
-    ClaimWriter(api, SETTINGS, finalizers).reserve(plan_for(t), Pod.of(pod()))  # type: ignore[arg-type]
+    reserve(ClaimWriter(api, SETTINGS, finalizers), plan_for(t), Pod.of(pod()))  # type: ignore[arg-type]
     calls.run()  # the worker finds it taken
     assert api.kinds() == ["finalizer", "status"]
     assert counted == [When.BIND]
@@ -500,7 +509,7 @@ def test_a_claim_changed_after_the_early_write_still_refuses_the_status() -> Non
     calls.run()  # 7 -> 8: the finalizer
     api.bump(body["metadata"]["name"])  # 8 -> 9: someone else's change
     with pytest.raises(APIConflictError):
-        ClaimWriter(api, SETTINGS, finalizers).reserve(plan, Pod.of(pod()))  # type: ignore[arg-type]
+        reserve(ClaimWriter(api, SETTINGS, finalizers), plan, Pod.of(pod()))  # type: ignore[arg-type]
     assert api.kinds() == ["finalizer"]
 
 
@@ -546,7 +555,7 @@ def test_early_writes_racing_reserves_write_each_finalizer_once() -> None:
             uid = body["metadata"]["ownerReferences"][0]["uid"]
             owner = Pod.of({"metadata": {"namespace": NS, "name": uid, "uid": uid}})
             try:
-                writer.reserve(plan, owner)
+                reserve(writer, plan, owner)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -606,6 +615,7 @@ def dra_binder(api: ClaimApi, delay: float) -> Binder:
         EventRecorder(api, "gpuplace"),  # type: ignore[arg-type]
         lambda: CLUSTER,
         dra=t,
+        sender=lambda: InlineSender(api),
     )
     binder.trust = TrustView.of(new_ring(b"k" * 32, "2026-01-01T00:00:00Z"))
     t._wake = binder.wake
@@ -638,7 +648,7 @@ def test_claim_pending_is_reported_only_once_the_claim_is_late() -> None:
     assert binder.pending.flush_due() == 0
     time.sleep(0.2)
     assert binder.pending.flush_due() == 1
-    binder._workers.shutdown()
+    binder._side.shutdown(wait=True)
     assert api.kinds() == ["pod status", "event"]
     condition = api.writes[0][1]["status"]["conditions"][0]
     assert condition["reason"] == Reason.CLAIM_PENDING and condition["status"] == "False"
@@ -655,7 +665,7 @@ def test_a_pod_bound_before_its_claim_is_late_gets_no_report() -> None:
     assert binder.dra is not None
     binder.dra.on_claim("ADDED", body, None)
     decide_once(binder, dra_pod(body["metadata"]["name"]))  # placed: its report is dropped
-    binder._workers.shutdown()  # the status write and the Binding
+    binder._side.shutdown(wait=True)  # the status write and the Binding
     time.sleep(0.25)
     assert binder.pending.flush_due() == 0
     assert api.kinds() == ["status", "binding"]

@@ -4,7 +4,6 @@ stepped clock: acquire, renew, expiry, takeover, fencing, renew failure, release
 from __future__ import annotations
 
 import copy
-import math
 import threading
 from typing import Any
 
@@ -93,7 +92,7 @@ def elector(
         renew_deadline_seconds=10.0,
         retry_seconds=retry,
     )
-    return LeaderElector(leases, settings, lambda: None, lambda: None, clock=clock)  # type: ignore[arg-type]
+    return LeaderElector(leases, settings, lambda: None, lambda: True, clock=clock)  # type: ignore[arg-type]
 
 
 def test_no_lease_is_created_held_by_us_and_fences_after_the_renew_deadline() -> None:
@@ -111,20 +110,19 @@ def test_no_lease_is_created_held_by_us_and_fences_after_the_renew_deadline() ->
     assert me.holds()
 
 
-def test_held_until_is_the_deadline_holds_checks_and_none_when_not_leading() -> None:
+def test_holds_until_the_renewals_start_plus_the_deadline_and_never_when_not_leading() -> None:
     leases, clock = Leases(), Clock()
     me = elector(leases, clock)
-    assert me.held_until() == -math.inf
     assert me._renew()
-    assert me.held_until() == -math.inf  # renewed, but not leading (yet)
+    assert not me.holds()  # renewed, but not leading (yet)
     me.is_leader.set()
-    assert me.held_until() == 1010.0  # the renewal's start + renew_deadline_seconds
-    clock.now = 1009.9
-    assert me.holds() and clock() < me.held_until()
+    clock.now = 1009.9  # the renewal's start + renew_deadline_seconds is 1010
+    assert me.holds()
     clock.now = 1010.0
-    assert not me.holds() and clock() >= me.held_until()
+    assert not me.holds()
+    clock.now = 1005.0
     me.is_leader.clear()
-    assert me.held_until() == -math.inf
+    assert not me.holds()
 
 
 def test_a_fresh_lease_of_another_is_respected_until_it_expires_by_our_clock() -> None:
@@ -212,7 +210,12 @@ def leading_in_thread(
     """An elector leading in a thread of its own, and the event it sets when it stops leading."""
     stopped = threading.Event()
     me = elector(leases, clock, retry=0.01)
-    me.on_stopped = stopped.set
+
+    def on_stopped() -> bool:
+        stopped.set()
+        return True
+
+    me.on_stopped = on_stopped
     return me, stopped, run_in_thread(me)
 
 
@@ -221,7 +224,7 @@ def test_run_leads_then_stops_cleanly_and_releases() -> None:
     events: list[str] = []
     me = elector(leases, clock, retry=0.01)
     me.on_started = lambda: events.append("started")
-    me.on_stopped = lambda: events.append("stopped")
+    me.on_stopped = lambda: events.append("stopped") or True
     thread = run_in_thread(me)
     me.stop()
     thread.join(30)

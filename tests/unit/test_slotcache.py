@@ -1,4 +1,4 @@
-"""The slot cache under the threads that use it: the decision thread, bind workers, informers and
+"""The slot cache under the threads that use it: the decision thread, the request loop, informers and
 the status writer all at once."""
 
 from __future__ import annotations
