@@ -26,7 +26,7 @@ from controller.metrics import ControllerMetrics
 from controller.pendingreport import PendingReports
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
-from controller.slotcache import Holding, SlotCache
+from controller.slotcache import Conflict, Holding, SlotCache
 from controller.trustreport import TrustReport
 from kubeio import bodies
 from kubeio.client import Kube, Obj, Response
@@ -39,7 +39,7 @@ from kubeio.requests import Request, prepare
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, PodFacts, Status, plan
 from placement.keyring import RingKey, TrustView
-from placement.reasons import Reason
+from placement.reasons import EventReason, Reason
 from placement.types import MapKey, SlotKey
 from placement.wake import WakeKey
 
@@ -113,7 +113,7 @@ class Binder:
                 count=lambda when: metrics.claim_finalizers.labels(when.value).inc(),
             )
             self.claims = ClaimWriter(kube, dra.settings, self.finalizers)
-        self.cache = SlotCache()
+        self.cache = SlotCache(self._may_share)
         #: The binding key ring and adoption records (controller/bindingkey.py): set by the
         #: leader before `rebuild`, swapped whole by `retrust` when the Secret changes.
         self.trust: TrustView | None = None
@@ -215,7 +215,7 @@ class Binder:
         if holding is None and self.settings.legacy:
             holding = self._adopt_prebound(bound.uid, bound.pod)
         if holding is not None:
-            self.cache.add_bound(holding)
+            self._report_conflicts(bound.pod, self.cache.add_bound(holding))
             self.on_bound(holding.slot)
         self.report.judged(bound.judged(), podfacts.flagged_unverifiable(bound.pod))
 
@@ -245,6 +245,7 @@ class Binder:
         self.pending.forget(uid)
         holding = self.cache.release(uid)
         if holding is not None:
+            self.metrics.gpus_held_twice.set(len(self.cache.conflicts()))
             self.on_bound(holding.slot)  # the map's bound count moved
             keys = [WakeKey.slot(holding.slot), WakeKey.map(holding.slot.map)]
             keys += [WakeKey.gpu(holding.node, gpu) for gpu in holding.gpus]
@@ -584,6 +585,33 @@ class Binder:
 
     def _report(self, pod: Pod, status: Status) -> None:
         self.pending.report(pod, status)
+
+    # -- a second holder ------------------------------------------------------------------------
+    def _may_share(self, a: Holding, b: Holding, gpu: str) -> bool:
+        """Legacy lines of one map that name the same GPU share it; so, for want of a way to
+        judge, do two pods of one map the model no longer has (pre-bound legacy lines)."""
+        if a.slot.map != b.slot.map:
+            return False
+        cmap = self.cluster().model.maps.get(a.slot.map)
+        return cmap is None or cmap.lines_share(a.slot.index, b.slot.index, gpu)
+
+    def _report_conflicts(self, pod: Pod, conflicts: list[Conflict]) -> None:
+        """A bound pod holds a GPU that another bound pod holds and neither may share: both run
+        there, so both hold it (no third pod is bound onto it), and it is said out loud, in the
+        log, an Event on the pod and `gpuplace_gpus_held_twice`, never recorded silently."""
+        self.metrics.gpus_held_twice.set(len(self.cache.conflicts()))
+        for conflict in conflicts:
+            others = [
+                f"pod {held.pod} (uid {uid})" if (held := self.cache.holding(uid)) else uid
+                for uid in conflict.holders
+                if uid != pod.uid
+            ]
+            message = (
+                f"GPU {conflict.gpu} on node {conflict.node} is also held by {', '.join(others)}: "
+                "their bindings both name it and neither may share it; delete one of the pods"
+            )
+            log.warning("GPU held twice: %s", message, extra={"pod": pod.key})
+            self._off_loop(self.events.emit, pod.ref, WARNING, EventReason.GPU_HELD_TWICE, message)
 
 
 def _log_failure(future: Future[object]) -> None:

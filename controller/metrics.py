@@ -83,6 +83,12 @@ class ControllerMetrics:
             "blocked until `gpuplace key adopt` or the pod is deleted",
             registry=r,
         )
+        self.gpus_held_twice = Gauge(
+            "gpuplace_gpus_held_twice",
+            "GPUs that more than one bound pod holds where one of them holds it exclusively "
+            "(a second holder the slot cache found, reported, never chosen by the binder)",
+            registry=r,
+        )
         self.key_ring_errors = Counter(
             "gpuplace_binding_key_ring_errors",
             "Times the binding key ring's Secret held something unreadable (the last good ring "

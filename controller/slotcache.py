@@ -1,11 +1,15 @@
 """The binder's cache of who holds which slot and GPU, in kube-scheduler's vocabulary.
 
 Invariants: every `assume` is followed by `confirm` (the pod showed up bound) or `forget` (the bind
-failed); `release` is idempotent.
+failed); `release` is idempotent. A GPU is held by one pod, or by several that all share it: a
+holding that breaks this (two bound pods on one exclusive GPU, seen in their bindings) is still
+recorded, since both pods run there, and comes back from `add_bound` as a `Conflict` for its
+caller to report; `conflicts()` lists those standing until one of the holders is released.
 
 Concurrency: the cache is written from three kinds of thread: the decision thread (`assume`), the
-request loop's thread (`confirm`, `forget`, as Bindings are answered) and the informer threads (`add_bound`, `confirm`, `release`),
-and read from the decision thread, the reconcile loop and the status writer. Every method takes
+request loop's thread (`confirm`, `forget`, as Bindings are answered) and the informer threads
+(`add_bound`, `confirm`, `release`), and read from the decision thread, the reconcile loop and the
+status writer. Every method takes
 the one lock, and every reader returns a copy (or an immutable value), so no caller iterates a
 dictionary that another thread is changing. A decision that reads several times is still
 consistent enough: only the decision thread adds holdings for pods it has not seen bound.
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -38,14 +42,34 @@ class Holding:
     revision: str = ""  # revision of the map version that placed the pod, when known
 
 
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """One GPU held by more than one pod where one of them holds it exclusively."""
+
+    node: NodeName
+    gpu: str
+    holders: tuple[str, ...]  # pod uids, sorted
+
+
+#: Whether two holdings may hold one GPU together although one of them holds it exclusively
+#: (legacy lines that share a GPU): called under the cache's lock, so it must not call back.
+MayShare = Callable[[Holding, Holding, str], bool]
+
+
+def _never(_a: Holding, _b: Holding, _gpu: str) -> bool:
+    return False
+
+
 class SlotCache:
-    def __init__(self) -> None:
+    def __init__(self, may_share: MayShare = _never) -> None:
+        self._may_share = may_share
         self._lock = threading.RLock()
         self._by_uid: dict[str, Holding] = {}
         self._slots: dict[SlotKey, str] = {}
         self._by_map: dict[MapKey, dict[int, str]] = defaultdict(dict)
         self._gpus: dict[tuple[NodeName, str], dict[str, Sharing]] = defaultdict(dict)
         self._free = FreeSlotIndex()
+        self._conflicts: dict[tuple[NodeName, str], Conflict] = {}
 
     # SlotView
     def slot_holder(self, slot: SlotKey) -> str | None:
@@ -148,18 +172,57 @@ class SlotCache:
             )
         )
 
-    def add_bound(self, holding: Holding) -> None:
-        self._add(holding)
+    def add_bound(self, holding: Holding) -> list[Conflict]:
+        """Holds what a bound pod's binding says; returns the GPUs it now holds with a pod that
+        may not share them (new conflicts only)."""
+        return self._add(holding)
 
-    def _add(self, holding: Holding) -> None:
+    def conflicts(self) -> list[Conflict]:
         with self._lock:
+            return list(self._conflicts.values())
+
+    def _add(self, holding: Holding) -> list[Conflict]:
+        found = []
+        with self._lock:
+            before = dict(self._conflicts)  # a pod added again is no news
             self.release(holding.uid)
             self._by_uid[holding.uid] = holding
             self._slots[holding.slot] = holding.uid
             self._by_map[holding.slot.map][holding.slot.index] = holding.uid
             self._free.taken(holding.slot)
             for gpu in holding.gpus:
-                self._gpus[(holding.node, gpu)][holding.uid] = holding.sharing
+                users = self._gpus[(holding.node, gpu)]
+                users[holding.uid] = holding.sharing
+                conflict = self._judge(holding.node, gpu, users)
+                if conflict is not None and before.get((holding.node, gpu)) != conflict:
+                    found.append(conflict)
+        return found
+
+    def _judge(self, node: NodeName, gpu: str, users: Mapping[str, Sharing]) -> Conflict | None:
+        """Records (or clears) the conflict on one GPU; returns it, None when there is none."""
+        key = (node, gpu)
+        clashing = self._clashing(gpu, users)
+        if not clashing:
+            self._conflicts.pop(key, None)
+            return None
+        conflict = Conflict(node, gpu, tuple(sorted(clashing)))
+        self._conflicts[key] = conflict
+        return conflict
+
+    def _clashing(self, gpu: str, users: Mapping[str, Sharing]) -> set[str]:
+        """The holders of one GPU in a pair that may not hold it together."""
+        out: set[str] = set()
+        if len(users) < 2 or Sharing.EXCLUSIVE not in users.values():
+            return out
+        uids = sorted(users)
+        for i, a in enumerate(uids):
+            for b in uids[i + 1 :]:
+                if users[a] is Sharing.SHARED and users[b] is Sharing.SHARED:
+                    continue
+                if self._may_share(self._by_uid[a], self._by_uid[b], gpu):
+                    continue
+                out.update((a, b))
+        return out
 
     def confirm(self, uid: str) -> None:
         with self._lock:
@@ -187,6 +250,7 @@ class SlotCache:
                 users = self._gpus.get((holding.node, gpu))
                 if users is not None:
                     users.pop(uid, None)
+                    self._judge(holding.node, gpu, users)
                     if not users:
                         del self._gpus[(holding.node, gpu)]
             return holding

@@ -65,3 +65,5 @@ class EventReason(StrEnum):
     BINDING_VERIFIED = "BindingVerified"
     # grants
     POLICY_INVALID = "PolicyInvalid"
+    # the slot cache: two bound pods hold one GPU that neither may share
+    GPU_HELD_TWICE = "GPUHeldTwice"

@@ -380,3 +380,34 @@ def test_a_freed_slot_is_offered_to_a_maps_waiting_pods_one_decision_at_a_time()
     binder.queue.wake_all()  # the periodic retry: one decision for the map's waiting pods
     drain()
     assert (decisions, len(api.bindings)) == (4, 3)
+
+
+def bound_as(name: str, index: int) -> dict[str, Any]:
+    """Pod `name` bound as slot `index` on gpu-1, GPUs 0 and 1, signed with the ring's key."""
+    pod = make_pod(name).label(MAP_LABEL, "llm").obj()
+    uid = pod["metadata"]["uid"]
+    decision = BindingDecision(
+        MapKey("ml", "llm"), index, NodeName("gpu-1"), (uuid_of(1, 0), uuid_of(1, 1)), "0,1", 1
+    )
+    pod["metadata"]["annotations"] = signed_binding(KEY, key_id(KEY), uid, "ml", decision)
+    pod["metadata"]["creationTimestamp"] = "2026-06-01T00:00:00Z"
+    pod["spec"]["nodeName"] = "gpu-1"
+    pod["status"]["phase"] = "Running"
+    return pod
+
+
+def test_two_bound_pods_on_one_exclusive_gpu_are_reported_not_recorded_silently() -> None:
+    api = Apiserver()
+    binder = binder_for(api, build(MOVED))
+    binder.rebuild([Pod.of(bound_as("web-0", 0)), Pod.of(bound_as("web-1", 1))], set())
+    settle(binder)
+    conflicts = binder.cache.conflicts()
+    assert {c.gpu for c in conflicts} == {uuid_of(1, 0), uuid_of(1, 1)}
+    assert all(c.holders == ("uid-web-0", "uid-web-1") for c in conflicts)
+    assert binder.metrics.gpus_held_twice._value.get() == 2
+    [event, _] = [e for e in api.events if e["reason"] == "GPUHeldTwice"]
+    assert event["involvedObject"]["name"] == "web-1"
+    assert "pod ml/web-0 (uid uid-web-0)" in event["message"]
+    binder.on_pod("DELETED", Pod.of(bound_as("web-0", 0)))
+    assert binder.cache.conflicts() == []
+    assert binder.metrics.gpus_held_twice._value.get() == 0

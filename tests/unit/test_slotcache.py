@@ -229,3 +229,43 @@ def test_shared_gpus_keep_every_user_until_the_last_leaves() -> None:
     assert cache.gpu_holders(NODES[0], GPUS[0]) == {"a": Sharing.SHARED, "b": Sharing.SHARED}
     cache.release("a")
     assert cache.gpu_holders(NODES[0], GPUS[0]) == {"b": Sharing.SHARED}
+
+
+# -- a second holder ------------------------------------------------------------------------------
+
+
+def held(uid: str, index: int, sharing: Sharing = Sharing.EXCLUSIVE) -> Holding:
+    return Holding(
+        uid,
+        f"ml/{uid}",
+        SlotKey(MapKey("ml", "llm"), index),
+        NodeName("gpu-1"),
+        ("GPU-a", f"GPU-{uid}"),
+        sharing,
+        assumed=False,
+    )
+
+
+def test_a_second_holder_of_an_exclusive_gpu_is_a_conflict_until_one_is_released() -> None:
+    cache = SlotCache()
+    assert cache.add_bound(held("p1", 0)) == []
+    [conflict] = cache.add_bound(held("p2", 1))
+    assert (conflict.node, conflict.gpu, conflict.holders) == ("gpu-1", "GPU-a", ("p1", "p2"))
+    assert cache.conflicts() == [conflict]
+    assert cache.gpu_holders(NodeName("gpu-1"), "GPU-a") == {  # both still hold it
+        "p1": Sharing.EXCLUSIVE,
+        "p2": Sharing.EXCLUSIVE,
+    }
+    assert cache.add_bound(held("p2", 1)) == []  # the same pod again: nothing new to report
+    cache.release("p1")
+    assert cache.conflicts() == []
+
+
+def test_pods_that_may_share_a_gpu_are_no_conflict() -> None:
+    shared = SlotCache()
+    shared.add_bound(held("p1", 0, Sharing.SHARED))
+    assert shared.add_bound(held("p2", 1, Sharing.SHARED)) == []
+    assert shared.add_bound(held("p3", 2, Sharing.EXCLUSIVE)) != []  # one of them exclusive
+    lines = SlotCache(may_share=lambda a, b, gpu: gpu == "GPU-a")  # legacy lines that share
+    lines.add_bound(held("p1", 0))
+    assert lines.add_bound(held("p2", 1)) == [] and lines.conflicts() == []
