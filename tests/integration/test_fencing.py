@@ -197,3 +197,51 @@ def test_a_guarded_request_whose_guard_fails_is_not_sent(
     assert cluster.request("GET", f"{path}/fenced")[0] == 404
     kube.create(path, {"metadata": {"name": "sent"}}, guard=lambda: True)
     assert cluster.request("GET", f"{path}/sent")[0] == 200
+
+
+def test_a_leader_stopped_mid_burst_drains_before_it_releases_the_lease(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """SIGTERM while Bindings are in flight: the old leader stops sending, waits for the answers,
+    and only then releases the Lease. The audit log's completion time of each of its Bindings
+    comes before the standby took the Lease over (its acquireTime); a Binding of the old leader's
+    completing after that would be one that a second leader could race."""
+    nodes = gpu_nodes(cluster, unique("drain"), 25, gpus=8)
+    entries = [(i, nodes[i // 8], [i % 8]) for i in range(200)]
+    apply_map(cluster, namespace, "big", map_yaml(namespace, "big", entries))
+    name = unique("gpuplace-drain")
+    a_id, b_id = unique("a"), unique("b")
+    a = ControllerProcess(cluster, a_id, lease=name)
+    wait_for("a leads", lambda: "leading: model generation" in a.log())
+    b = ControllerProcess(cluster, b_id, lease=name)
+    try:
+        create_workload(cluster, statefulset(namespace, "big", "big", 200))
+        wait_for("a binds", lambda: len(bindings_by(cluster, a_id, namespace)) >= 10, interval=0.05)
+        a.stop()  # mid-burst
+        wait_for("a exits", lambda: not a.alive(), timeout=30)
+        wait_for("b takes over", lambda: lease(cluster, name)["holderIdentity"] == b_id)
+        pods = wait_for(
+            "all 200 bound",
+            lambda: (p := bound_pods(cluster, namespace)) and len(p) == 200 and p,
+            timeout=240,
+            interval=1.0,
+        )
+        time.sleep(1)  # the audit log is written as each request completes
+    finally:
+        a.kill()
+        b.stop()
+    completed = [
+        datetime.fromisoformat(e["stageTimestamp"])
+        for e in cluster.audit_events()
+        if e.get("userAgent") == f"gpuplace-controller/{a_id}"
+        and e.get("objectRef", {}).get("subresource") == "binding"
+        and e.get("objectRef", {}).get("namespace") == namespace
+    ]
+    taken_over = datetime.fromisoformat(lease(cluster, name)["acquireTime"])
+    assert completed, "a bound nothing before it was stopped"
+    late = [t for t in completed if t >= taken_over]
+    assert not late, f"{len(late)} Bindings from {a_id} completed after {b_id} took the lease"
+    assert a.proc.returncode == 0
+    assert "the lease is not released" not in a.log()
+    assert bindings_by(cluster, b_id, namespace), "b bound the rest"
+    no_gpu_held_twice(pods)
