@@ -14,7 +14,9 @@ from placement.annotations import (
 )
 from placement.binding import Cluster, PodFacts
 from placement.devices import GpuId
+from placement.gate import Path, identify, judge
 from placement.keyring import TrustView, Verdict
+from placement.nodes import resolve_node
 from placement.types import NodeName, Sharing, SlotKey
 
 
@@ -117,28 +119,45 @@ def flagged_unverifiable(pod: Pod) -> bool:
 
 def prebound_legacy(pod: Pod, cluster: Cluster) -> Holding | str | None:
     """What a pod that another scheduler bound holds, by its `gpu-scheduling-map` line (cut-over
-    from the earlier tools): a Holding; a reason it holds nothing (outside its namespace's
-    grants); or None when it is not such a pod (gpuplace annotations, no line for its index)."""
+    from the earlier tools): a Holding; a reason it holds nothing (the gate refuses it: its line
+    resolves to another node than the one it runs on, or outside its namespace's grants); or
+    None when it is not such a pod (gpuplace annotations, no line for its index)."""
     line = pod.prebound_line()
     if line is None or line.index is None or line.entry is None:
         return None
     entry = line.entry
-    refusal = cluster.model.grants.refusal(pod.namespace, entry.node, entry.devices)
-    if refusal is not None:
-        return refusal
     node = NodeName(pod.node_name)
     state = cluster.inventories.get(node)
-    gpus: list[str] = []
-    for ref in entry.devices:
-        # Kept by UUID, as binder holdings are, whenever the node's inventory names the device.
-        device = state.inventory.find(ref) if state is not None else None
-        gpus.append(GpuId.of_uuid(device.uuid) if device is not None else GpuId.of(ref))
+    inventory = state.inventory if state is not None else None
+    devices = identify(inventory, entry.devices)
+    # The node it runs on exists, and a node's own name wins over any logical name.
+    resolved = (
+        node
+        if entry.node == node
+        else resolve_node(entry.node, cluster.nodes, cluster.aliases, cluster.alias_label).node
+    )
+    refusal = judge(
+        cluster.model.grants,
+        pod.namespace,
+        Path.PREBOUND,
+        resolved,
+        devices,
+        written=entry.node,
+        bound_to=node,
+    )
+    if refusal is not None:
+        return f"pod {pod.key} annotation gpu-scheduling-map: {refusal}"
+    # Kept by UUID, as binder holdings are, whenever the node's inventory names the device.
+    gpus = tuple(
+        GpuId.of_uuid(d.uuid) if d.uuid is not None else GpuId.of(ref)
+        for d, ref in zip(devices, entry.devices, strict=True)
+    )
     return Holding(
         pod.uid,
         pod.key,
         SlotKey(legacy_map_key(pod.namespace, pod.name), line.index),
         node,
-        tuple(gpus),
+        gpus,
         Sharing.EXCLUSIVE,
         assumed=False,
     )

@@ -13,11 +13,13 @@ from enum import StrEnum
 from typing import Protocol
 
 from placement.annotations import LEGACY_NODE_LABEL, BindingDecision, legacy_map_key
-from placement.devices import DeclaredDevices, GpuId
+from placement.devices import DeclaredDevices, GpuId, gpu_ids
 from placement.errors import PlacementError
+from placement.gate import Path as GatePath
+from placement.gate import identify, judge
 from placement.indexing import IndexSource, PodIdentity, resolve_index
 from placement.inventory import NodeInventory, device_problems, taint_problem
-from placement.legacy import pod_line, shared_gpus
+from placement.legacy import LegacyEntry, pod_line, shared_gpus
 from placement.model import CompiledMap, CompiledSlot, Model, Provenance
 from placement.nodes import resolve_node
 from placement.reasons import Reason
@@ -486,15 +488,32 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
             f"legacy slot {slot_key} is held by {_who(slots, holder)}",
             WakeKey.slot(slot_key),
         )
-    refusal = cluster.model.grants.refusal(pod.namespace, entry.node, entry.devices)
-    if refusal is not None:
-        # Waits for the model: a new policy comes with a new model generation.
-        return Status(
-            Code.UNRESOLVABLE,
-            Reason.NOT_GRANTED,
-            f"{source}: {refusal}",
-            frozenset({WakeKey.model()}),
-        )
+    slot = _legacy_slot(source, pod.namespace, index, entry, cluster)
+    if isinstance(slot, Status):
+        return slot
+    # The lines of this pod's text that name each of its GPUs too: their pods share it.
+    partners: dict[str, set[int]] = {}
+    for shared in shared_gpus(entries):
+        if index in shared.indices:
+            gpu = slot.gpus[entry.devices.index(shared.device)] if slot.gpus else ""
+            partners.setdefault(gpu, set()).update(i for i in shared.indices if i != index)
+
+    def lines_share(held: SlotKey, gpu: str) -> bool:
+        return held.map == key and held.index in partners.get(gpu, ())
+
+    outcome = _check_and_place(
+        pod, slot_key, slot, EnvMode.INDEX, Sharing.EXCLUSIVE, 0, cluster, slots, lines_share
+    )
+    if isinstance(outcome, Status):
+        return outcome
+    return _declared_elsewhere(source, slot, cluster.model) or outcome
+
+
+def _legacy_slot(
+    source: str, namespace: str, index: int, entry: LegacyEntry, cluster: Cluster
+) -> CompiledSlot | Status:
+    """A legacy line as a slot: its node resolved, judged by the gate on that node and the GPUs
+    it names there, its devices found in the node's inventory."""
     found = resolve_node(entry.node, cluster.nodes, cluster.aliases, cluster.alias_label)
     node = found.node
     if node is None:
@@ -505,6 +524,23 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
             WakeKey.nodes(),
         )
     inv = cluster.inventories.get(node)
+    # The grants judge the node the line resolves to and the GPUs it names there (`gate`).
+    refusal = judge(
+        cluster.model.grants,
+        namespace,
+        GatePath.LEGACY,
+        node,
+        identify(inv.inventory if inv is not None else None, entry.devices),
+        written=entry.node,
+    )
+    if refusal is not None:
+        # Waits for the model: a new policy comes with a new model generation.
+        return Status(
+            Code.UNRESOLVABLE,
+            Reason.NOT_GRANTED,
+            f"{source}: {refusal}",
+            frozenset({WakeKey.model()}),
+        )
     uuids: list[GpuUuid] = []
     indices: list[int] = []
     if inv is not None:
@@ -528,19 +564,24 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
         tuple(indices) if len(indices) == len(entry.devices) else (),
         DeclaredDevices(tuple(entry.devices)),
     )
-    # The lines of this pod's text that name each of its GPUs too: their pods share it.
-    partners: dict[str, set[int]] = {}
-    for shared in shared_gpus(entries):
-        if index in shared.indices:
-            gpu = slot.gpus[entry.devices.index(shared.device)] if slot.gpus else ""
-            partners.setdefault(gpu, set()).update(i for i in shared.indices if i != index)
+    return slot
 
-    def lines_share(held: SlotKey, gpu: str) -> bool:
-        return held.map == key and held.index in partners.get(gpu, ())
 
-    return _check_and_place(
-        pod, slot_key, slot, EnvMode.INDEX, Sharing.EXCLUSIVE, 0, cluster, slots, lines_share
-    )
+def _declared_elsewhere(source: str, slot: CompiledSlot, model: Model) -> Status | None:
+    """A GPU the model serves to a map's slot is that slot's, held or not: a legacy line (held
+    exclusively) does not take it while the map's pod is away (restarting, evicted)."""
+    ids = [*slot.gpus, *gpu_ids((), slot.device_indices)] if slot.devices else list(slot.gpus)
+    for gpu in dict.fromkeys(ids):
+        declaring = model.declared_by(slot.node, gpu)
+        if declaring:
+            other = declaring[0]
+            return _wait(
+                Reason.DEVICE_BUSY,
+                f"{source}: GPU {gpu} on node {slot.node} is declared by map {other.map} index "
+                f"{other.index}; it stays that slot's while its pod is away",
+                WakeKey.model(),
+            )
+    return None
 
 
 def slot_status(uid: str, slot_key: SlotKey, cluster: Cluster, slots: SlotView) -> Status | None:

@@ -25,6 +25,7 @@ from placement.annotations import CLIQUE_LABEL, LEGACY_NODE_LABEL
 from placement.bulk import without_cycle_collection
 from placement.compileinputs import CompileInputs
 from placement.devices import DeclaredDevices, GpuId, gpu_ids
+from placement.gate import judge_slot
 from placement.grants import GrantView, granted_map
 from placement.inventory import GpuDevice, NodeInventory, untolerated_taints
 from placement.maps import DeclaredSlot, PlacementMap
@@ -88,12 +89,11 @@ class Compiler:
         self.inputs.remove_map(key)
 
     def set_grants(self, grants: GrantView) -> None:
-        """The grants the next model carries (maps outside them are never set here). Maps that
-        declare tolerations compile again: they keep only those the grants let them hold."""
+        """The grants the next model carries; every slot is judged by them again (a slot whose
+        pods would hold a node or GPU they do not grant is blocked: `placement.gate`), and keeps
+        only the tolerations the grants let it hold."""
         if grants != self._grants:
-            self.inputs.dirty |= {
-                key for key, pmap in self._maps.items() if any(s.tolerations for s in pmap.slots)
-            }
+            self.inputs.dirty |= set(self._maps)
         self._grants = grants
 
     def set_node(self, name: NodeName, labels: Mapping[str, str]) -> bool:
@@ -294,6 +294,16 @@ class Compiler:
         if problem:
             work.problems.append(f"index {slot.index}: {problem}")
         work.problems.extend(slot_problems)
+        if node is not None and not compiled.blocked:
+            refused = judge_slot(self._grants, pmap.key.namespace, compiled, inventory, slot.node)
+            if refused is not None:
+                # Judged on the node and GPUs it compiled to: it claims nothing, holds nothing.
+                message = f"index {slot.index}: {refused}"
+                work.problems.append(message)
+                work.base[slot.index] = replace(
+                    compiled, blocked=Reason.NOT_GRANTED, message=message
+                )
+                return True
         work.base[slot.index] = compiled
         slot_key = SlotKey(pmap.key, slot.index)
         claims = self._claims

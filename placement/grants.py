@@ -356,16 +356,25 @@ class GrantView:
     origin: str = f"{POLICY_CONFIGMAP}"
     #: namespace -> node (name or logical name) -> the taints it may tolerate there
     tolerations: Mapping[str, Mapping[str, TaintGrants]] = field(default_factory=dict)
+    #: Logical name -> the node it resolves to (`placement.nodes`: only names that are no node's
+    #: name and are on exactly one node), so that a name as written is judged on its node.
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def allows_everything(self) -> bool:
         return not self.deny_by_default and not self.namespaces
 
+    def node_of(self, written: str) -> str:
+        """The node a map or line means by `written`, as the node resolver picks it."""
+        return self.aliases.get(written, written)
+
     def refusal(
         self, namespace: str, node: str, devices: Iterable[DeviceRef], count: bool = False
     ) -> str | None:
-        """Why `namespace` may not place on `node` (with these devices), or None if it may."""
+        """Why `namespace` may not place on `node` (with these devices, as written), or None if
+        it may. `node` is judged as the node resolver resolves it."""
         grants = self.namespaces.get(namespace)
+        node = self.node_of(node)
         if grants is None:
             if self.deny_by_default:
                 return (
@@ -401,7 +410,8 @@ class GrantView:
         """Why `namespace` may not tolerate what `toleration` tolerates on `node`, or None if
         its grants let it. A toleration without a key tolerates every taint: it needs a grant of
         every key (`anyKey`); one without an effect tolerates every effect: it needs a grant of
-        its key without `effects`."""
+        its key without `effects`. `node` is judged as the node resolver resolves it."""
+        node = self.node_of(node)
         if namespace not in self.namespaces:
             if self.deny_by_default:
                 return (
@@ -440,6 +450,8 @@ class GrantView:
                 for ns, g in sorted(self.namespaces.items())
             },
         }
+        if self.aliases:
+            data["aliases"] = dict(sorted(self.aliases.items()))
         if self.tolerations:
             data["tolerations"] = {
                 ns: {
@@ -469,7 +481,13 @@ class GrantView:
             }
             for ns, nodes in (data.get("tolerations") or {}).items()
         }
-        return cls(bool(data.get("denyByDefault", False)), namespaces, tolerations=tolerations)
+        aliases = {str(k): str(v) for k, v in data.get("aliases", {}).items()}
+        return cls(
+            bool(data.get("denyByDefault", False)),
+            namespaces,
+            tolerations=tolerations,
+            aliases=aliases,
+        )
 
 
 def _tolerable(granted: TaintGrants, toleration: Toleration) -> bool:
@@ -517,10 +535,28 @@ def resolve(
     nodes: Mapping[str, Mapping[str, str]] | None,
     alias_label: str = "gpu-node-name",
 ) -> GrantView:
-    """The view for `nodes` (name -> labels); `nodes=None` resolves offline (names only)."""
+    """The view for `nodes` (name -> labels); `nodes=None` resolves offline (names only).
+
+    A name in a grant means the node the node resolver (`placement.nodes`) picks for it, as a
+    map's or a line's does: a node's own name wins over a logical name that equals it, and a
+    logical name on several nodes grants none of them. The view is keyed by node names and
+    carries the logical names that resolve, so that a check of a name as written agrees with
+    the node a slot compiles onto."""
     view: dict[str, dict[str, frozenset[DeviceRef] | None]] = {}
     unresolved: set[str] = set()
     taints: dict[str, dict[str, dict[str, frozenset[str] | None]]] = {}
+    aliases: dict[str, str] = {}
+    carriers: dict[str, set[str]] = {}
+    if nodes is not None and policy.grants:
+        for name, labels in nodes.items():
+            alias = labels.get(alias_label)
+            if alias:
+                carriers.setdefault(alias, set()).add(name)
+        aliases = {
+            alias: next(iter(names))
+            for alias, names in carriers.items()
+            if len(names) == 1 and alias not in nodes
+        }
 
     def add(namespace: str, node: str, devices: tuple[DeviceRef, ...]) -> None:
         grants = view.setdefault(namespace, {})
@@ -532,29 +568,26 @@ def resolve(
             grants[node] = (grants.get(node) or frozenset()) | frozenset(devices)
 
     for grant in policy.grants:
-        targets: set[str] = set(grant.nodes)
+        targets: set[str] = set()
+        for written in grant.nodes:
+            if nodes is not None and written not in nodes and written in carriers:
+                if written in aliases:
+                    targets.add(aliases[written])
+                continue  # ambiguous: the resolver picks no node for it
+            targets.add(written)  # a node's name (or, offline or not yet there, as written)
         if nodes is not None:
-            # A grant naming a logical name grants the nodes carrying it, by name too.
-            for name, labels in nodes.items():
-                if labels.get(alias_label) in grant.nodes:
-                    targets.add(name)
-                if grant.selector is not None and grant.selector.matches(labels):
-                    targets.add(name)
-                    if labels.get(alias_label):
-                        targets.add(labels[alias_label])
+            if grant.selector is not None:
+                targets.update(n for n, labels in nodes.items() if grant.selector.matches(labels))
         elif grant.selector is not None:
             unresolved.update(grant.namespaces)
-        if nodes is not None:
-            for name in list(targets):
-                alias = (nodes.get(name) or {}).get(alias_label)
-                if alias:
-                    targets.add(alias)
         for namespace in grant.namespaces:
             view.setdefault(namespace, {})
             for node in targets:
                 add(namespace, node, grant.devices)
                 _grant_taints(taints, namespace, node, grant.tolerations)
-    return GrantView(deny_by_default, view, frozenset(unresolved), tolerations=taints)
+    return GrantView(
+        deny_by_default, view, frozenset(unresolved), tolerations=taints, aliases=aliases
+    )
 
 
 def slot_refusal(view: GrantView, namespace: str, slot: DeclaredSlot) -> str | None:

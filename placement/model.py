@@ -30,6 +30,7 @@ from placement.types import (
     NodeName,
     RolloutStrategy,
     Sharing,
+    SlotKey,
 )
 
 MODEL_NAMESPACE = "gpuplace-system"
@@ -166,10 +167,36 @@ class Model:
     maps: Mapping[MapKey, CompiledMap] = field(default_factory=dict)
     #: Which namespaces may place where (the placement policy resolved against the nodes).
     grants: GrantView = field(default_factory=GrantView)
+    #: (node, GPU) -> the served slots that declare it: built on first use (`declared_by`).
+    _declared: dict[tuple[str, str], tuple[SlotKey, ...]] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.maps, MappingProxyType):
             object.__setattr__(self, "maps", MappingProxyType(dict(self.maps)))
+
+    def declared_by(self, node: str, gpu: str) -> tuple[SlotKey, ...]:
+        """The served (not blocked) slots that declare `gpu` (a UUID, or an NVML index as
+        `GpuId`) on `node`, a MIG slot its parent GPU too. The index is built once per model, off
+        the map pods' path: only pods placed outside the model (legacy lines) ask."""
+        index = self._declared
+        if index is None:
+            built: dict[tuple[str, str], list[SlotKey]] = {}
+            for key, cmap in self.maps.items():
+                for slot in cmap.slots.values():
+                    if slot.blocked:
+                        continue
+                    gpus: list[str] = list(slot.gpus)
+                    if slot.device_indices and slot.devices and slot.mig is None:
+                        gpus += gpu_ids((), slot.device_indices)
+                    if slot.mig is not None and slot.mig.parent:
+                        gpus.append(GpuId.of_uuid(slot.mig.parent))
+                    for one in gpus:
+                        built.setdefault((slot.node, one), []).append(SlotKey(key, slot.index))
+            index = {k: tuple(v) for k, v in built.items()}
+            object.__setattr__(self, "_declared", index)
+        return index.get((node, gpu), ())
 
     def slot(self, key: MapKey, index: int) -> CompiledSlot | None:
         cmap = self.maps.get(key)

@@ -30,9 +30,11 @@ from placement.annotations import (
 )
 from placement.dra import POD_CLAIM_NAME, Enforcement, template_name
 from placement.errors import PlacementError
+from placement.gate import Path as GatePath
+from placement.gate import Refusal, identify, judge
 from placement.grants import GrantView
 from placement.indexing import IndexChoice, IndexSource, resolve_index
-from placement.legacy import shared_gpus
+from placement.legacy import LegacyEntry, shared_gpus
 from placement.model import CompiledMap, Model
 from placement.types import EnvMode, Indexing, MapKey
 from webhook.jsonpatch import Operation, add, pointer, remove
@@ -390,7 +392,7 @@ def _admit_legacy(pod: PodView, grants: GrantView) -> Verdict:
             f"pod {pod}: annotation {LEGACY_ANNOTATION} has no line for index {index} (the pod "
             f"name's suffix); it declares {describe_indices(declared)}"
         )
-    refusal = grants.refusal(pod.namespace, entry.node, entry.devices)
+    refusal = _gate_line(pod, entry, grants)
     if refusal is not None:
         return Verdict.deny(f"{source}:{entry.line}:{entry.node_column}: error: {refusal}")
     sharing = [
@@ -400,6 +402,27 @@ def _admit_legacy(pod: PodView, grants: GrantView) -> Verdict:
     ]
     ops, warnings = _wiring(pod, EnvMode.INDEX, None)
     return Verdict(True, patch=ops, warnings=(*sharing, *warnings))
+
+
+def _gate_line(pod: PodView, entry: LegacyEntry, grants: GrantView) -> Refusal | None:
+    """The gate on what the line gives the pod: the node the line's name resolves to (the
+    published grants carry the logical names while a policy applies) and the GPUs it names; a
+    pod created already bound (spec.nodeName) must run on that very node. Without a policy the
+    webhook knows no logical names: a bound pod whose line names another name is left to the
+    controller, which resolves it and counts no hold the gate refuses."""
+    node = grants.node_of(entry.node)
+    bound_to = pod.pod.node_name or None
+    if bound_to is not None and grants.allows_everything and node != bound_to:
+        bound_to = None
+    return judge(
+        grants,
+        pod.namespace,
+        GatePath.PREBOUND if bound_to else GatePath.LEGACY,
+        node,
+        identify(None, entry.devices),
+        written=entry.node,
+        bound_to=bound_to,
+    )
 
 
 def admit_pod(request: AdmissionRequest, model: Model, settings: AdmissionSettings) -> Verdict:

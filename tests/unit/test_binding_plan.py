@@ -251,11 +251,12 @@ def test_legacy_pod_resolves_logical_node_by_alias() -> None:
         {"node1": frozenset({NodeName("gpu-1")}), "node2": frozenset({NodeName("gpu-2")})},
         cluster.inventories,
     )
-    legacy = PodFacts("ml", "webhook-test-1", "u1", {}, None, None, "0=node1:0,1\n1=node2:2\n")
+    # (GPU 3 of gpu-2: no slot of the map declares it.)
+    legacy = PodFacts("ml", "webhook-test-1", "u1", {}, None, None, "0=node1:0,1\n1=node2:3\n")
     result = plan(legacy, cluster, SlotCache())
     assert isinstance(result, Placement)
     assert result.decision.node == "gpu-2"
-    assert result.decision.cuda_visible_devices == "2"
+    assert result.decision.cuda_visible_devices == "3"
     broken = PodFacts("ml", "webhook-test-1", "u2", {}, None, None, "1=node2:x\n")
     status = plan(broken, cluster, SlotCache())
     assert isinstance(status, Status) and status.reason == "MapInvalid"
@@ -359,7 +360,7 @@ def test_legacy_pod_outside_its_grants_is_not_granted() -> None:
     assert isinstance(status, Status) and status.reason == "NotGranted"
     assert status.code is Code.UNRESOLVABLE and status.waits_for == {"model"}
     assert "namespace ml may not place on node gpu-2" in status.message
-    first = PodFacts("ml", "old-0", "u0", {}, None, None, "0=gpu-1:0\n1=gpu-2:2\n")
+    first = PodFacts("ml", "old-0", "u0", {}, None, None, "0=gpu-1:3\n1=gpu-2:2\n")
     assert isinstance(plan(first, granted, SlotCache()), Placement)
 
 

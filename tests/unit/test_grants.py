@@ -121,5 +121,7 @@ def test_model_carries_the_grants() -> None:
     view = resolve(parse_policy(POLICY, "policy.yaml"), True, NODES)
     model = Model(3, {}, view)
     decoded = decode_model(encode_model(model))
-    assert decoded.grants == GrantView(view.deny_by_default, view.namespaces)
+    # The logical names travel too: the webhook judges a line's name on the node it resolves to.
+    assert decoded.grants == GrantView(view.deny_by_default, view.namespaces, aliases=view.aliases)
+    assert decoded.grants.aliases == {"node3": "gpu-b-01", "node7": "gpu-c-07"}
     assert "gpuplace-grants" not in encode_model(Model(3, {}))

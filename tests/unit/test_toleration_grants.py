@@ -184,7 +184,9 @@ def test_the_view_round_trips_through_json_and_the_model() -> None:
     }
     again = GrantView.from_json(view.to_json())
     assert again.tolerations == view.tolerations
-    assert again == GrantView(view.deny_by_default, view.namespaces, tolerations=view.tolerations)
+    assert again == GrantView(
+        view.deny_by_default, view.namespaces, tolerations=view.tolerations, aliases=view.aliases
+    )
     assert decode_model(encode_model(Model(2, {}, view))).grants == again
     # A view that grants no toleration writes none (as before the field existed).
     plain = resolve(
