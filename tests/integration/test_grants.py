@@ -273,3 +273,71 @@ def test_deny_by_default_places_only_what_a_grant_allows(cluster: LocalCluster) 
         controller.stop()
         cluster.request("DELETE", f"/api/v1/namespaces/{SYSTEM}/configmaps/{POLICY_CONFIGMAP}")
         cluster.delete_namespace(namespace)
+
+
+def reasons_of(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
+    status, body = cluster.request(
+        "GET",
+        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{name}",
+    )
+    return [e.get("reason", "") for e in body.get("items", [])] if status == 200 else []
+
+
+def test_a_prebound_pod_squatting_another_teams_gpus_holds_nothing(
+    cluster: LocalCluster,
+    stack: tuple[ControllerProcess, Components],
+    team_and_tenant: tuple[str, str],
+) -> None:
+    """The tenant (edit role) creates a pod already bound to the team's node whose
+    gpu-scheduling-map line names its own node. Without a policy the webhook cannot resolve
+    logical names and admits it, and the controller counts no hold for it; with grants the
+    webhook refuses it. Either way the team's pod gets the GPUs."""
+    team_ns, tenant_ns = team_and_tenant
+    pool = unique("pool")
+    tenant = Tenant(cluster, tenant_ns)
+    mine, theirs = unique("sq-a"), unique("sq-b")
+    cluster.create_nodes(
+        [FakeNode(mine, gpus=4), FakeNode(theirs, gpus=4, labels={"gpuplace-it/pool": pool})]
+    )
+    for node in (mine, theirs):
+        publish_inventory(cluster, inventory_for(node, 4))
+
+    def squat(name: str) -> dict[str, Any]:
+        body = pod(name, schedulerName="gpu-scheduler", nodeName=theirs)
+        body["metadata"]["annotations"] = {LEGACY_ANNOTATION: f"0={mine}:0,1\n"}
+        return body
+
+    # Grants off: admitted, reported, holds nothing.
+    created = tenant.create(squat("squat-0"))
+    assert created.returncode == 0, created.stderr
+    wait_for("squat-0 reported", lambda: "NotGranted" in reasons_of(cluster, tenant_ns, "squat-0"))
+    apply_map(cluster, team_ns, "team", map_yaml(team_ns, "team", [(0, theirs, [0, 1])]))
+    team_pod = {
+        **pod("team-0", schedulerName="gpuplace"),
+        "metadata": {"name": "team-0", "labels": {MAP_LABEL: "team"}},
+    }
+    wait_for(
+        "team-0 admitted",
+        lambda: cluster.request("POST", f"/api/v1/namespaces/{team_ns}/pods", team_pod)[0] == 201,
+    )
+    placed = wait_for(
+        "team-0 bound",
+        lambda: (p := get_pod(cluster, team_ns, "team-0")) and p["spec"].get("nodeName") and p,
+    )
+    assert placed["spec"]["nodeName"] == theirs
+
+    # Grants on: refused at create, naming the node it runs on and the one its line means.
+    put_policy(cluster, policy(tenant_ns, team_ns, pool, [mine]))
+    wait_for(
+        "grants published in the model",
+        lambda: theirs in published_grants(cluster).get("namespaces", {}).get(team_ns, {}),
+    )
+    last: list[str] = []
+
+    def refused() -> bool:
+        result = tenant.create(squat(f"squat{len(last) + 1}-0"))  # each try a pod of its own
+        last.append(result.stderr)
+        return result.returncode != 0
+
+    wait_for(lambda: f"the webhook to refuse the squat by the published grants: {last}", refused)
+    assert f"runs on node {theirs}, but node {mine!r} resolves to node {mine}" in last[-1], last
