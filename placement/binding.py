@@ -557,14 +557,13 @@ def _legacy_slot(
     else:
         indices = [d for d in entry.devices if isinstance(d, int)]
         uuids = [GpuUuid(d) for d in entry.devices if not isinstance(d, int)]
-    slot = CompiledSlot(
+    return CompiledSlot(
         index,
         node,
         tuple(uuids) if len(uuids) == len(entry.devices) else (),
         tuple(indices) if len(indices) == len(entry.devices) else (),
         DeclaredDevices(tuple(entry.devices)),
     )
-    return slot
 
 
 def _declared_elsewhere(source: str, slot: CompiledSlot, model: Model) -> Status | None:
