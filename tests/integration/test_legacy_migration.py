@@ -526,10 +526,15 @@ def test_pending_pod_in_status_and_a_map_bound_count_that_follows_its_pod(
     kubectl_create(cluster, pod)
     wait_for("solo-0 bound", lambda: bound(cluster, ns, "solo-0"))
     wait_for("bound: 1", lambda: (map_status(cluster, ns, "solo") or {})["slots"]["bound"] == 1)
-    # A legacy pod takes the GPU while the map's pod is away; the map's next pod has to wait.
+    # A legacy line does not take the GPU the map declares while the map's pod is away ...
     delete_pods(cluster, ns)
-    kubectl_create(cluster, legacy_pod(ns, "squatter-0", f"0={AKS_NODES[0]}:2\n"))
-    wait_for("squatter bound", lambda: bound(cluster, ns, "squatter-0"))
+    kubectl_create(cluster, legacy_pod(ns, "waiter-0", f"0={AKS_NODES[0]}:2\n"))
+    wait_for("waiter-0 waits", lambda: pending_reason(cluster, ns, "waiter-0") == "DeviceBusy")
+    delete_pods(cluster, ns)
+    # ... but a pod the earlier tools bound there runs on it: the map's next pod has to wait.
+    squatter = legacy_pod(ns, "squatter-0", f"0={AKS_NODES[0]}:2\n")
+    squatter["spec"]["nodeName"] = AKS_NODES[0]
+    kubectl_create(cluster, squatter)
     kubectl_create(cluster, pod)
     wait_for("solo-0 waits", lambda: pending_reason(cluster, ns, "solo-0") == "DeviceBusy")
     wait_for("bound: 0", lambda: (map_status(cluster, ns, "solo") or {})["slots"]["bound"] == 0)
