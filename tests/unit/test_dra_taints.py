@@ -45,6 +45,7 @@ from placement.taints import (
 )
 from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
 from placement.validate import load_maps, parse_map
+from tests.unit.fakesender import InlineSender
 from tests.unit.test_binding_plan import build
 from tests.unit.test_binding_plan import inventory as plan_inventory
 from tests.unit.test_dra import (
@@ -362,6 +363,7 @@ def taint_binder(api: ClaimApi, policy: str, *tolerations: Toleration) -> Binder
         EventRecorder(api, "gpuplace"),  # type: ignore[arg-type]
         lambda: cluster,
         dra=t,
+        sender=lambda: InlineSender(api),
     )
     binder.trust = TrustView.of(new_ring(b"k" * 32, "2026-01-01T00:00:00Z"))
     t._wake = binder.wake
@@ -370,7 +372,7 @@ def taint_binder(api: ClaimApi, policy: str, *tolerations: Toleration) -> Binder
     api.add(claimed)
     t.on_claim("ADDED", claimed, None)
     decide_once(binder, dra_pod(claimed["metadata"]["name"]))
-    binder._workers.shutdown()
+    binder._side.shutdown(wait=True)
     return binder
 
 
