@@ -547,7 +547,7 @@ def resolve(
     taints: dict[str, dict[str, dict[str, frozenset[str] | None]]] = {}
     aliases: dict[str, str] = {}
     carriers: dict[str, set[str]] = {}
-    if nodes is not None and policy.grants:
+    if nodes is not None:
         for name, labels in nodes.items():
             alias = labels.get(alias_label)
             if alias:

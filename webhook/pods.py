@@ -406,14 +406,10 @@ def _admit_legacy(pod: PodView, grants: GrantView) -> Verdict:
 
 def _gate_line(pod: PodView, entry: LegacyEntry, grants: GrantView) -> Refusal | None:
     """The gate on what the line gives the pod: the node the line's name resolves to (the
-    published grants carry the logical names while a policy applies) and the GPUs it names; a
-    pod created already bound (spec.nodeName) must run on that very node. Without a policy the
-    webhook knows no logical names: a bound pod whose line names another name is left to the
-    controller, which resolves it and counts no hold the gate refuses."""
+    published grants carry the logical names, with or without a policy) and the GPUs it names;
+    a pod created already bound (spec.nodeName) must run on that very node."""
     node = grants.node_of(entry.node)
     bound_to = pod.pod.node_name or None
-    if bound_to is not None and grants.allows_everything and node != bound_to:
-        bound_to = None
     return judge(
         grants,
         pod.namespace,
