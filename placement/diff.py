@@ -250,10 +250,7 @@ def format_plan(result: Plan, old_label: str, new_label: str) -> str:
     """The plan as text: one block a map, then errors, then a summary line."""
     lines = [f"Comparing {old_label} -> {new_label}", ""]
     for change in result.changes:
-        lines.append(f"{_MARK[change.kind]} map {change.id} ({change.source}): {_headline(change)}")
-        lines.extend(f"    {s}" for s in change.settings)
-        lines.extend(f"    {s.describe()}" for s in change.slots)
-        lines.extend(f"    {d.format()}" for d in change.diagnostics)
+        lines.extend(change_lines(change))
     if result.changes:
         lines.append("")
     if result.errors:
@@ -266,6 +263,15 @@ def format_plan(result: Plan, old_label: str, new_label: str) -> str:
         lines.append("")
     lines.append(summary(result))
     return "\n".join(lines)
+
+
+def change_lines(change: MapChange) -> list[str]:
+    """One map's block of the plan: its headline, then its settings, slots and errors."""
+    lines = [f"{_MARK[change.kind]} map {change.id} ({change.source}): {_headline(change)}"]
+    lines.extend(f"    {s}" for s in change.settings)
+    lines.extend(f"    {s.describe()}" for s in change.slots)
+    lines.extend(f"    {d.format()}" for d in change.diagnostics)
+    return lines
 
 
 def _headline(change: MapChange) -> str:
