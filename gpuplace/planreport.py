@@ -8,12 +8,11 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from gpuplace.prcomment import MARKER
 from placement.diff import DriftingPod, change_lines
 from placement.errors import Diagnostic
 from placement.review import ClusterPlan, RepoPlan
 
-#: The hidden line that marks the plan's comment, so that a later run edits it in place.
-MARKER = "<!-- gpuplace-plan -->"
 #: Lines of one cluster's section in the comment before the rest is cut.
 SECTION_LINES = 150
 #: A comment's size limit with room to spare (GitHub refuses bodies over 65,536 characters).
@@ -74,7 +73,9 @@ def cluster_lines(cluster: ClusterPlan) -> list[str]:
     lines: list[str] = []
     for change in cluster.plan.changes:
         lines.extend(change_lines(change))
-    for label, found in (("Errors", cluster.errors), ("Warnings", cluster.warnings)):
+    shown = {d for change in cluster.plan.changes for d in change.diagnostics}
+    errors = [d for d in cluster.errors if d not in shown]
+    for label, found in (("Errors", errors), ("Warnings", cluster.warnings)):
         if found:
             lines.append(f"{label}:")
             lines.extend(f"    {d.format()}" for d in found)

@@ -87,11 +87,9 @@ def slot_devices(slot: DeclaredSlot, gpus: Sequence[GpuCell]) -> list[GpuCell | 
     return out
 
 
-def check_slot(slot: DeclaredSlot, gpus: Mapping[str, Sequence[GpuCell]]) -> list[str]:
-    """What in `slot` the GPUs cannot serve (empty when they can)."""
-    node = gpus.get(slot.node)
-    if node is None:
-        return [f"node {slot.node} has no GPU in the inventory"]
+def check_slot(slot: DeclaredSlot, gpus: Sequence[GpuCell]) -> list[str]:
+    """What in `slot` the GPUs of its node cannot serve (empty when they can)."""
+    node = gpus
     problems: list[str] = []
     if slot.count is not None and slot.count > len(node):
         problems.append(f"count {slot.count}: node {slot.node} has {len(node)} GPUs")
@@ -119,14 +117,27 @@ def check_devices(
         if slot.mig is not None:
             continue
         where = slot.location if slot.location.source else Location(source)
+        node = gpus.get(slot.node)
+        if node is None:
+            # A logical name resolves through a node label, which the snapshot does not record.
+            out.append(
+                Diagnostic(
+                    where,
+                    f"map {pmap.key} index {slot.index}: node {slot.node} is not in "
+                    f"{INVENTORY_SNAPSHOT}",
+                    severity="warning",
+                    hint="a node name must match `gpuplace gpus`; a logical name (legacy maps) "
+                    "is resolved in the cluster",
+                )
+            )
+            continue
         out.extend(
             Diagnostic(
                 where,
                 f"map {pmap.key} index {slot.index}: {problem}",
-                hint=f"check the node and devices against `gpuplace gpus`, or refresh "
-                f"{INVENTORY_SNAPSHOT}",
+                hint=f"check the devices against `gpuplace gpus`, or refresh {INVENTORY_SNAPSHOT}",
             )
-            for problem in check_slot(slot, gpus)
+            for problem in check_slot(slot, node)
         )
     return out
 
