@@ -43,11 +43,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="allow",
         help="what namespaces that no grant names may do, as the controller's --grants-default",
     )
+    parser.add_argument(
+        "--no-maps-ok",
+        action="store_true",
+        help="files without a map are fine (the pre-commit hook passes every staged YAML file)",
+    )
     parser.set_defaults(handler=run)
 
 
 def check(
-    paths: list[str], policy: str | None = None, deny_by_default: bool = False
+    paths: list[str],
+    policy: str | None = None,
+    deny_by_default: bool = False,
+    no_maps_ok: bool = False,
 ) -> tuple[Snapshot, list[Diagnostic]]:
     """The snapshot of everything under `paths`, and every diagnostic, sorted by place."""
     files, problems = read_paths(paths)
@@ -55,7 +63,7 @@ def check(
     diagnostics = problems + snapshot.diagnostics
     if policy is not None:
         diagnostics += _grant_diagnostics(snapshot, policy, deny_by_default)
-    if not snapshot.maps and not snapshot.invalid and not problems:
+    if not snapshot.maps and not snapshot.invalid and not problems and not no_maps_ok:
         diagnostics.append(
             Diagnostic(
                 Location(", ".join(paths)),
@@ -82,7 +90,9 @@ def _grant_diagnostics(snapshot: Snapshot, path: str, deny_by_default: bool) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    snapshot, diagnostics = check(args.paths, args.policy, args.grants_default == "deny")
+    snapshot, diagnostics = check(
+        args.paths, args.policy, args.grants_default == "deny", args.no_maps_ok
+    )
     errors = [d for d in diagnostics if d.severity == "error"]
     if args.format == "json":
         json.dump(_json_report(snapshot, diagnostics), sys.stdout, indent=2)
