@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 import git
 from kubernetes.config import ConfigException
 
 from gpuplace import occupancy, planreport
-from gpuplace.cli import version
 from gpuplace.commands._args import documented_command
 from gpuplace.commands.diff import (
     RevisionError,
@@ -219,6 +219,13 @@ def live(result: RepoPlan, args: argparse.Namespace) -> RepoPlan:
         for c in result.clusters
     )
     return RepoPlan(result.base, result.head, clusters, result.errors)
+
+
+def version() -> str:
+    try:
+        return metadata.version("gpuplace")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +173,7 @@ def test_the_plan_names_the_pod_that_would_move_with_a_read_only_identity(
     # The identity the plan ran with can read, never write.
     kube = Kube.connect(ClientSettings(kubeconfig=str(plan_identity)))
     pod_path = f"/api/v1/namespaces/{namespace}/pods"
-    writes = [
+    writes: list[Callable[[], object]] = [
         lambda: kube.delete(f"{pod_path}/x-0"),
         lambda: kube.patch(f"{pod_path}/x-0", {"metadata": {"labels": {"moved": "yes"}}}),
         lambda: kube.create(

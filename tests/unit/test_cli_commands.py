@@ -22,6 +22,7 @@ PRODUCT = [
     "gpus",
     "key",
     "migrate",
+    "plan",
     "preflight",
     "render",
     "status",

@@ -13,6 +13,7 @@ import pytest
 from gpuplace import planreport
 from gpuplace.cli import main
 from gpuplace.commands.plan import contexts_for
+from gpuplace.prcomment import MARKER
 from placement.diff import RunningPod, drifting_pods
 from placement.inventorycheck import waiting_slots
 from placement.occupancy import CellState, GpuCell, Holder
@@ -82,7 +83,7 @@ def test_a_moved_slot_is_planned_in_its_cluster_and_the_unchanged_one_is_hidden(
 
     code, md = plan(repo, capsys, fmt="markdown")
     assert code == 0  # changes, but no --detailed-exitcode
-    assert md.startswith(planreport.MARKER + "\n")
+    assert md.startswith(MARKER + "\n")
     summary_at, section_at = md.index("1 moved"), md.index("<details>")
     assert summary_at < section_at
     assert md.count("<details>") == 1

@@ -85,7 +85,7 @@ def test_the_hook_fails_a_broken_map_and_passes_a_good_one(tmp_path: Path) -> No
     assert "clusters/dev/maps/llm-serving.yaml:18:23: error:" in broken.stdout
     assert "device 1 listed twice" in broken.stdout
 
-    git(maps, "checkout", "--", ".")
+    git(maps, "reset", "-q", "--hard")
     (maps / "clusters/dev/namespaces.yaml").write_text(
         (maps / "clusters/dev/namespaces.yaml").read_text() + "# reviewed\n"
     )
