@@ -3,25 +3,34 @@ the maps with their status and revision, and the pods that wait with their reaso
 
 One page of server-rendered HTML (no script), built from what the informers hold: nothing is read
 from the apiserver per request and nothing can be changed from it; no Secret is read. Off unless
-`--web-address` is set. Reached with `kubectl port-forward` (which the apiserver authorises), it
-needs nothing else; exposed (an Ingress, a LoadBalancer), `--web-authenticate` makes it ask for a
-bearer token and check it as kube-rbac-proxy does: a TokenReview says who it is, a
-SubjectAccessReview whether that user may `get` the `services/proxy` subresource of the view's
-Service, the permission `kubectl proxy` would need to reach it through the apiserver.
+`--web-address` is set. On localhost only, it is reached with `kubectl port-forward` (which the
+apiserver authorises) and needs nothing else; on any other address (a Service, an Ingress), it
+must be started with `--web-authenticate`, which makes it ask for a bearer token and check it as
+kube-rbac-proxy does: a TokenReview says who it is, a SubjectAccessReview whether that user may
+`get` the `services/proxy` subresource of the view's Service, the permission `kubectl proxy` would
+need to reach it through the apiserver.
+
+What a caller can make it do is bounded: the server's connections, heads, time and threads
+(kubeio/boundedserver.py), the verdicts it remembers (`VERDICTS_MAX`, `UNKNOWN_MAX`) and the
+reviews it sends at once (`REVIEWS_IN_FLIGHT`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import html
+import ipaddress
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry
 
 from controller.holders import holder_of
+from kubeio.boundedserver import BoundedServer, Limits, Request, Response, ServerMetrics
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIError
 from kubeio.paths import Resource
@@ -38,6 +47,24 @@ TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", namespac
 ACCESS_REVIEWS = Resource("authorization.k8s.io", "v1", "subjectaccessreviews", namespaced=False)
 #: How long a token's verdict is reused (kube-rbac-proxy caches too; a revoked token lasts this).
 VERDICT_SECONDS = 60.0
+#: Verdicts on tokens the apiserver authenticated, least recently used dropped first.
+VERDICTS_MAX = 1024
+#: Verdicts on tokens it did not, kept apart: random tokens only ever push out each other.
+UNKNOWN_MAX = 256
+#: TokenReviews (each followed by its SubjectAccessReview) in flight at once; beyond, 503.
+REVIEWS_IN_FLIGHT = 2
+#: A page is a few hundred KiB at most; a bearer token in the head can be a few KiB.
+WEB_LIMITS = Limits(connections=64, threads=4, head_bytes=16384)
+
+
+def loopback_only(host: str) -> bool:
+    """Whether a listening host is reachable from this machine (or pod) only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -190,36 +217,81 @@ def page(sources: ViewSources, now: float | None = None) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Verdict:
+    code: int  # 200 allowed; 401, 403, 503 refused
+    why: str  # the user when allowed
+    #: Refused for want of review capacity (not remembered; counted as `busy`).
+    busy: bool = False
+
+
 class Authorizer:
-    """Bearer token -> TokenReview -> SubjectAccessReview, each verdict reused for a minute."""
+    """Bearer token -> TokenReview -> SubjectAccessReview, each verdict reused for a minute.
+
+    Called from the web server's pool threads at once; `_lock` guards both verdict tables, and
+    `_reviews` bounds the reviews in flight. A token is remembered by its SHA-256 only.
+    """
 
     def __init__(self, kube: Kube, namespace: str, service: str) -> None:
         self.kube = kube
         self.namespace = namespace
         self.service = service
-        self._verdicts: dict[str, tuple[float, int, str]] = {}
+        self._known: OrderedDict[str, tuple[float, Verdict]] = OrderedDict()
+        self._unknown: OrderedDict[str, tuple[float, Verdict]] = OrderedDict()
         self._lock = threading.Lock()
+        self._reviews = threading.BoundedSemaphore(REVIEWS_IN_FLIGHT)
 
-    def check(self, header: str | None) -> tuple[int, str]:
-        """(200, user) when allowed; (401 | 403 | 503, why) otherwise."""
+    def check(self, header: str | None) -> Verdict:
+        """Verdict(200, user) when allowed; 401, 403 or 503 with why otherwise."""
         scheme, _, token = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return 401, "a bearer token is required (Authorization: Bearer <token>)"
+            return Verdict(401, "a bearer token is required (Authorization: Bearer <token>)")
         key = hashlib.sha256(token.strip().encode()).hexdigest()
-        with self._lock:
-            cached = self._verdicts.get(key)
-        if cached is not None and time.monotonic() - cached[0] < VERDICT_SECONDS:
-            return cached[1], cached[2]
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        if not self._reviews.acquire(blocking=False):
+            return Verdict(503, "too many tokens are being reviewed; try again", busy=True)
         try:
-            code, why = self._review(token.strip())
+            verdict = self._review(token.strip())
         except APIError as exc:
             log.warning("web view: review failed: %s", exc)
-            return 503, "the apiserver could not review the token; try again"
-        with self._lock:
-            self._verdicts[key] = (time.monotonic(), code, why)
-        return code, why
+            return Verdict(503, "the apiserver could not review the token; try again")
+        finally:
+            self._reviews.release()
+        self._remember(key, verdict)
+        return verdict
 
-    def _review(self, token: str) -> tuple[int, str]:
+    def remembered(self) -> tuple[int, int]:
+        """(verdicts on authenticated tokens, on the others) held now."""
+        with self._lock:
+            return len(self._known), len(self._unknown)
+
+    def _cached(self, key: str) -> Verdict | None:
+        now = time.monotonic()
+        with self._lock:
+            for table in (self._known, self._unknown):
+                entry = table.get(key)
+                if entry is None:
+                    continue
+                if now - entry[0] >= VERDICT_SECONDS:
+                    del table[key]
+                    return None
+                table.move_to_end(key)
+                return entry[1]
+        return None
+
+    def _remember(self, key: str, verdict: Verdict) -> None:
+        table, most = (
+            (self._unknown, UNKNOWN_MAX) if verdict.code == 401 else (self._known, VERDICTS_MAX)
+        )
+        with self._lock:
+            table[key] = (time.monotonic(), verdict)
+            table.move_to_end(key)
+            while len(table) > most:
+                table.popitem(last=False)
+
+    def _review(self, token: str) -> Verdict:
         review = self.kube.create(
             TOKEN_REVIEWS.collection(),
             {
@@ -230,7 +302,7 @@ class Authorizer:
         )
         status = review.get("status") or {}
         if not status.get("authenticated"):
-            return 401, "the token is not valid"
+            return Verdict(401, "the token is not valid")
         user = status.get("user") or {}
         name = str(user.get("username", ""))
         access = self.kube.create(
@@ -254,15 +326,18 @@ class Authorizer:
             },
         )
         if not (access.get("status") or {}).get("allowed"):
-            return 403, (
+            return Verdict(
+                403,
                 f"{name} may not get services/proxy {self.namespace}/{self.service}, which this "
-                "view requires"
+                "view requires",
             )
-        return 200, name
+        return Verdict(200, name)
 
 
 class WebServer:
-    """GET / (the page) and GET /healthz; anything else is 404, any other method 405."""
+    """GET / (the page) and GET /healthz; anything else is 404, any other method 405.
+
+    Refuses to serve beyond localhost without an authorizer (see `loopback_only`)."""
 
     def __init__(
         self,
@@ -270,65 +345,59 @@ class WebServer:
         port: int,
         sources: ViewSources,
         authorizer: Authorizer | None = None,
+        metrics: ServerMetrics | None = None,
+        limits: Limits = WEB_LIMITS,
     ) -> None:
-        outer = self
-
-        class _Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/healthz":
-                    self._send(200, "ok\n", "text/plain")
-                    return
-                if path != "/":
-                    self._send(404, "not found\n", "text/plain")
-                    return
-                if outer.authorizer is not None:
-                    code, why = outer.authorizer.check(self.headers.get("Authorization"))
-                    if code != 200:
-                        self._send(code, f"{why}\n", "text/plain")
-                        return
-                try:
-                    body = page(outer.sources)
-                except Exception:
-                    log.exception("web view: the page failed")
-                    self._send(500, "the page failed; see the controller's log\n", "text/plain")
-                    return
-                self._send(200, body, "text/html; charset=utf-8")
-
-            def _refuse(self) -> None:
-                self._send(405, "read-only: GET only\n", "text/plain")
-
-            do_POST = do_PUT = do_PATCH = do_DELETE = _refuse  # noqa: N815
-
-            def _send(self, code: int, text: str, ctype: str) -> None:
-                body = text.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Cache-Control", "no-store")
-                self.send_header("X-Content-Type-Options", "nosniff")
-                self.send_header(
-                    "Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'"
-                )
-                if code == 401:
-                    self.send_header("WWW-Authenticate", 'Bearer realm="gpuplace"')
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
+        if authorizer is None and not loopback_only(host):
+            raise ValueError(
+                f"the web view would show every namespace's maps and pods to anyone who reaches "
+                f"{host}:{port}: listen on localhost only (127.0.0.1, reached with kubectl "
+                "port-forward) or check callers with --web-authenticate (chart: "
+                "controller.web.authenticate: true)"
+            )
         self.sources = sources
         self.authorizer = authorizer
-        self._server = ThreadingHTTPServer((host, port), _Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="web", daemon=True)
+        self.metrics = metrics or ServerMetrics(CollectorRegistry())
+        self.server = BoundedServer("web", host, port, self.answer, self.metrics, limits)
+        self.port = self.server.port
+
+    def answer(self, request: Request) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return _text(405, "read-only: GET only\n", ("Allow", "GET, HEAD"))
+        if request.path == "/healthz":
+            return _text(200, "ok\n")
+        if request.path != "/":
+            return _text(404, "not found\n")
+        if self.authorizer is not None:
+            verdict = self.authorizer.check(request.headers.get("Authorization"))
+            if verdict.busy:
+                self.metrics.refuse("web", "busy")
+            if verdict.code != 200:
+                extra = (("WWW-Authenticate", 'Bearer realm="gpuplace"'),)
+                return _text(
+                    verdict.code, f"{verdict.why}\n", *(extra if verdict.code == 401 else ())
+                )
+        try:
+            body = page(self.sources)
+        except Exception:
+            log.exception("web view: the page failed")
+            return _text(500, "the page failed; see the controller's log\n")
+        return Response(200, body.encode(), "text/html; charset=utf-8", SAFE_HEADERS)
 
     def start(self) -> WebServer:
-        self._thread.start()
+        self.server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self.server.stop()
+
+
+SAFE_HEADERS = (
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'"),
+)
+
+
+def _text(code: int, text: str, *headers: tuple[str, str]) -> Response:
+    return Response(code, text.encode(), "text/plain; charset=utf-8", (*SAFE_HEADERS, *headers))

@@ -52,6 +52,7 @@ REASONS: Final = (
     "body",  # the request announced a body: 413
     "malformed",  # not an HTTP/1.x request line and headers: 400
     "write_timeout",  # the answer could not be written within write_seconds
+    "busy",  # the handler lacked capacity for the request (e.g. token reviews in flight): 503
 )
 
 
@@ -92,7 +93,7 @@ class ServerMetrics:
             "gpuplace_http_refused_total",
             "Connections and requests refused by a component's own HTTP ports, by server and "
             "reason (connections, evicted, head_timeout, head_too_large, body, malformed, "
-            "write_timeout)",
+            "write_timeout, busy)",
             ["server", "reason"],
             registry=registry,
         )

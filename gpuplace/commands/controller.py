@@ -16,7 +16,7 @@ from controller.gpumetrics import GpuCollector, MapSlotsCollector
 from controller.informers import snapshot
 from controller.manager import Controller
 from controller.settings import BinderSettings, ControllerSettings, GitSourceSettings
-from controller.webview import Authorizer, ViewSources, WebServer
+from controller.webview import Authorizer, ViewSources, WebServer, loopback_only
 from gpuplace.commands._env import (
     EnvFlags,
     add_enforcement_flags,
@@ -25,6 +25,7 @@ from gpuplace.commands._env import (
     add_log_flags,
 )
 from kubeio import logs
+from kubeio.boundedserver import ServerMetrics
 from kubeio.client import ClientSettings, Kube, Obj
 from kubeio.httpserver import OpsServer
 from placement.dra import DraSettings, Enforcement
@@ -61,15 +62,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--web-address",
         "GPUPLACE_WEB_ADDRESS",
         "",
-        help="serve the read-only web view (grid, maps, waiting pods) on HOST:PORT; off when empty",
+        help="serve the read-only web view (grid, maps, waiting pods) on HOST:PORT; off when "
+        "empty. A HOST other than localhost (127.0.0.1, ::1) needs --web-authenticate",
     )
     flags.toggle(
         "--web-authenticate",
         "GPUPLACE_WEB_AUTHENTICATE",
         False,
         help="ask the web view's callers for a bearer token, checked with a TokenReview and a "
-        "SubjectAccessReview (get services/proxy of --web-service); for a view exposed beyond "
-        "kubectl port-forward",
+        "SubjectAccessReview (get services/proxy of --web-service); required for a view that "
+        "listens beyond localhost (reached other than by kubectl port-forward)",
     )
     flags.string("--web-service", "GPUPLACE_WEB_SERVICE", "gpuplace-controller")
     # Test hook (see ControllerSettings.startup_delay_seconds), not for production.
@@ -172,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
     if settings.binder.bind_workers < 1:
         log.error("--bind-workers (GPUPLACE_BIND_WORKERS) must be at least 1")
         return 2
+    if problem := web_view_problem(settings):
+        log.error("%s", problem)
+        return 2
     if settings.source == "git" and not settings.git.repo:
         log.error("--source git needs --repo URL (and optionally --branch, --path)")
         return 2
@@ -199,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         ops.port,
         settings.binder.bind_workers,
     )
-    web = start_web_view(kube, settings, controller)
+    web = start_web_view(kube, settings, controller, ops.metrics)
 
     def shutdown(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: shutting down", signum)
@@ -227,8 +232,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def web_view_problem(settings: ControllerSettings) -> str:
+    """Why `--web-address` cannot be served as set; "" when it can (or is off)."""
+    if not settings.web_address:
+        return ""
+    host, _, port = settings.web_address.rpartition(":")
+    if not port.isdigit():
+        return f"--web-address must be HOST:PORT, got {settings.web_address!r}"
+    if settings.web_authenticate or loopback_only(host):
+        return ""
+    return (
+        f"--web-address {settings.web_address} listens beyond localhost, where any pod could "
+        "read every namespace's maps and pods: add --web-authenticate (GPUPLACE_WEB_AUTHENTICATE; "
+        "chart value controller.web.authenticate: true) or listen on 127.0.0.1 only and reach it "
+        "with kubectl port-forward"
+    )
+
+
 def start_web_view(
-    kube: Kube, settings: ControllerSettings, controller: Controller
+    kube: Kube, settings: ControllerSettings, controller: Controller, metrics: ServerMetrics
 ) -> WebServer | None:
     """The read-only web view on `--web-address`, from this replica's caches; None when off."""
     if not settings.web_address:
@@ -251,7 +273,13 @@ def start_web_view(
         if settings.web_authenticate
         else None
     )
-    web = WebServer(host or "0.0.0.0", int(port), sources, authorizer).start()  # noqa: S104
+    web = WebServer(
+        host or "0.0.0.0",  # noqa: S104 - refused by web_view_problem unless authenticated
+        int(port),
+        sources,
+        authorizer,
+        metrics,
+    ).start()
     log.info(
         "web view on port %d%s",
         web.port,

@@ -4,14 +4,20 @@ the bearer-token check (TokenReview, then SubjectAccessReview) against a recorde
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from controller.webview import Authorizer, ViewSources, WebServer, page
+from controller import webview
+from controller.settings import ControllerSettings
+from controller.webview import Authorizer, ViewSources, WebServer, loopback_only, page
+from gpuplace.commands.controller import web_view_problem
+from kubeio.boundedserver import ServerMetrics
 from kubeio.errors import APIServerError
 from kubeio.pod import Pod
 from placement.annotations import (
@@ -189,3 +195,117 @@ def test_tokens_are_reviewed_and_access_checked_as_kube_rbac_proxy_does() -> Non
         assert request(web.port, path="/healthz")[0] == 200  # probes need no token
     finally:
         web.stop()
+
+
+def test_beyond_localhost_the_view_needs_authenticate() -> None:
+    with pytest.raises(ValueError, match=r"--web-authenticate .*controller\.web\.authenticate"):
+        WebServer("0.0.0.0", 0, SOURCES)
+    assert loopback_only("127.0.0.1") and loopback_only("::1") and loopback_only("localhost")
+    assert not loopback_only("") and not loopback_only("0.0.0.0") and not loopback_only("10.0.0.1")
+
+    def problem(address: str, authenticate: bool = False) -> str:
+        return web_view_problem(
+            ControllerSettings(web_address=address, web_authenticate=authenticate)
+        )
+
+    refused = problem("0.0.0.0:8090")
+    assert "--web-authenticate" in refused and "controller.web.authenticate: true" in refused
+    assert problem(":8090") == refused.replace("0.0.0.0:8090", ":8090")
+    assert problem("0.0.0.0:8090", authenticate=True) == ""
+    assert problem("127.0.0.1:8090") == problem("[::1]:8090") == problem("") == ""
+    assert "HOST:PORT" in problem("127.0.0.1")
+
+
+def test_random_tokens_cannot_grow_the_verdicts_or_push_out_known_ones() -> None:
+    api = ReviewApi({"t-alice": "alice"}, allowed={"alice"})
+    authorizer = Authorizer(api, "gpuplace-system", "gpuplace-controller")  # type: ignore[arg-type]
+    assert authorizer.check("Bearer t-alice").code == 200
+    for i in range(3 * webview.UNKNOWN_MAX):
+        assert authorizer.check(f"Bearer random-{i}").code == 401
+    assert authorizer.remembered() == (1, webview.UNKNOWN_MAX)
+    reviews = len(api.bodies)
+    assert authorizer.check("Bearer t-alice").code == 200  # still remembered: no new review
+    recent = f"Bearer random-{3 * webview.UNKNOWN_MAX - 1}"
+    assert authorizer.check(recent).code == 401  # the newest random one is still remembered
+    assert len(api.bodies) == reviews
+
+
+def test_known_verdicts_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webview, "VERDICTS_MAX", 4)
+    users = {f"t-{i}": f"user-{i}" for i in range(10)}
+    api = ReviewApi(users, allowed=set(users.values()))
+    authorizer = Authorizer(api, "gpuplace-system", "gpuplace-controller")  # type: ignore[arg-type]
+    for token in users:
+        assert authorizer.check(f"Bearer {token}").code == 200
+    assert authorizer.remembered() == (4, 0)
+    reviews = len(api.bodies)
+    assert authorizer.check("Bearer t-9").code == 200  # among the four most recent
+    assert len(api.bodies) == reviews
+    assert authorizer.check("Bearer t-0").code == 200  # dropped: reviewed again
+    assert len(api.bodies) == reviews + 2
+
+
+def test_verdicts_expire(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webview, "VERDICT_SECONDS", 0.0)
+    api = ReviewApi({"t-alice": "alice"}, allowed={"alice"})
+    authorizer = Authorizer(api, "gpuplace-system", "gpuplace-controller")  # type: ignore[arg-type]
+    assert authorizer.check("Bearer t-alice").code == 200
+    assert authorizer.check("Bearer t-alice").code == 200
+    assert len(api.bodies) == 4
+
+
+class SlowReviewApi(ReviewApi):
+    """Holds every TokenReview until released, counting those in flight."""
+
+    def __init__(self) -> None:
+        super().__init__({}, allowed=set())
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most = 0
+
+    def create(self, path: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            self.release.wait(30)
+            return super().create(path, body, **kw)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
+def test_token_reviews_in_flight_are_capped() -> None:
+    api = SlowReviewApi()
+    registry = CollectorRegistry()
+    authorizer = Authorizer(api, "gpuplace-system", "gpuplace-controller")  # type: ignore[arg-type]
+    web = WebServer("127.0.0.1", 0, SOURCES, authorizer, ServerMetrics(registry)).start()
+    results: list[int] = []
+
+    def ask(i: int) -> None:
+        results.append(request(web.port, token=f"random-{i}")[0])
+
+    first = [threading.Thread(target=ask, args=(i,)) for i in range(webview.REVIEWS_IN_FLIGHT)]
+    try:
+        for t in first:
+            t.start()
+        for _ in range(3000):
+            if api.inside == webview.REVIEWS_IN_FLIGHT:
+                break
+            threading.Event().wait(0.01)
+        assert api.inside == webview.REVIEWS_IN_FLIGHT
+        for i in range(5):
+            status, body = request(web.port, token=f"other-{i}")
+            assert status == 503 and "too many tokens" in body
+        busy = registry.get_sample_value(
+            "gpuplace_http_refused_total", {"server": "web", "reason": "busy"}
+        )
+        assert busy == 5
+    finally:
+        api.release.set()
+        for t in first:
+            t.join()
+        web.stop()
+    assert results == [401] * webview.REVIEWS_IN_FLIGHT
+    assert api.most == webview.REVIEWS_IN_FLIGHT
