@@ -123,6 +123,48 @@ SCENARIOS = (
         },
     ),
     Scenario("web-view", {"controller": {"web": {"enabled": True, "authenticate": True}}}),
+    Scenario("web-view-port-forward", {"controller": {"web": {"enabled": True}}}),
+    Scenario(
+        "network-policy",
+        {
+            "networkPolicy": {
+                "enabled": True,
+                "webhook": {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]},
+                "metrics": {
+                    "from": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+                            },
+                            "podSelector": {"matchLabels": {"app": "prometheus"}},
+                        }
+                    ]
+                },
+                "web": {
+                    "from": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "ingress"}
+                            }
+                        }
+                    ]
+                },
+            },
+            "controller": {"web": {"enabled": True, "authenticate": True}},
+        },
+    ),
+    Scenario(
+        "network-policy-closed",
+        {
+            "networkPolicy": {
+                "enabled": True,
+                "webhook": {
+                    "from": [{"ipBlock": {"cidr": "192.168.0.0/16", "except": ["192.168.9.0/24"]}}]
+                },
+            },
+            "controller": {"web": {"enabled": True}},
+        },
+    ),
     Scenario("agent-off", {"agent": {"enabled": False}}),
     Scenario("dra", {"global": {"enforcement": {"mode": "dra"}}}),
     Scenario("nvml-runtime", {"agent": {"nvml": {"hostPath": ""}, "runtimeClassName": "nvidia"}}),

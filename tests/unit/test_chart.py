@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gpuplace.cli import build_parser
+from gpuplace.commands.controller import settings_from, web_view_problem
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
@@ -643,3 +644,133 @@ def test_controller_reads_its_binding_key_by_name_only(
                 if "secrets" in rule["resources"]:
                     assert "gpuplace-binding-key" not in rule.get("resourceNames", [])
                     assert rule.get("resourceNames"), rule
+
+
+# ------------------------------------------------------------------------------- ports
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+def test_the_controller_accepts_the_web_address_the_chart_gives_it(
+    scenario: Scenario, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    args = container(rendered[scenario.name], "controller")["args"]
+    assert web_view_problem(settings_from(build_parser().parse_args(args))) == ""
+
+
+def test_the_web_view_listens_beyond_the_pod_only_with_tokens(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    def web_address(name: str) -> str:
+        args = container(rendered[name], "controller")["args"]
+        return next(a for a in args if a.startswith("--web-address=")).split("=", 1)[1]
+
+    assert web_address("web-view") == "0.0.0.0:8090"
+    assert web_address("web-view-port-forward") == "127.0.0.1:8090"
+    assert (
+        "--no-web-authenticate"
+        in container(rendered["web-view-port-forward"], "controller")["args"]
+    )
+
+
+def _policies(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        p["metadata"]["labels"]["app.kubernetes.io/component"]: p
+        for p in find(objects, "NetworkPolicy")
+    }
+
+
+def _rules(policy: dict[str, Any]) -> list[tuple[int, list[dict[str, Any]]]]:
+    return [(r["ports"][0]["port"], r["from"]) for r in policy["spec"]["ingress"]]
+
+
+def test_no_network_policy_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for name, objects in rendered.items():
+        if not name.startswith("network-policy"):
+            assert not find(objects, "NetworkPolicy"), name
+
+
+def test_network_policies_admit_only_the_named_peers_to_each_port(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["network-policy"]
+    policies = _policies(objects)
+    assert set(policies) == set(COMPONENTS)
+    templates = pod_templates(objects)
+    apiserver = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    monitoring = [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app": "prometheus"}},
+        }
+    ]
+    ingress = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}]
+    for component, policy in policies.items():
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        labels = templates[component]["metadata"]["labels"]
+        assert spec["podSelector"]["matchLabels"].items() <= labels.items()
+        # Selects its own component's pods only.
+        for other, template in templates.items():
+            if other != component:
+                assert not spec["podSelector"]["matchLabels"].items() <= (
+                    template["metadata"]["labels"].items()
+                )
+        for rule in spec["ingress"]:
+            assert [p["protocol"] for p in rule["ports"]] == ["TCP"]
+        ports = {p["containerPort"] for p in container(objects, component)["ports"]}
+        assert {port for port, _ in _rules(policy)} <= ports
+    assert _rules(policies["webhook"]) == [(8443, apiserver), (8443, monitoring)]
+    assert _rules(policies["controller"]) == [(8080, monitoring), (8090, ingress)]
+    assert _rules(policies["agent"]) == [(8081, monitoring)]
+
+
+def test_network_policies_with_no_scrapers_admit_only_the_apiserver(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    policies = _policies(rendered["network-policy-closed"])
+    peer = {"ipBlock": {"cidr": "192.168.0.0/16", "except": ["192.168.9.0/24"]}}
+    assert _rules(policies["webhook"]) == [(8443, [peer])]
+    # The web view without tokens listens inside the pod: no peer may reach its port.
+    assert policies["controller"]["spec"]["ingress"] == []
+    assert policies["agent"]["spec"]["ingress"] == []
+
+
+def test_network_policy_without_the_apiserver_is_refused() -> None:
+    result = helm(
+        "template",
+        "gpuplace",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "networkPolicy.enabled=true",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "networkPolicy.enabled needs networkPolicy.webhook.from" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("peer", "message"),
+    [
+        ('{"ipblock": {"cidr": "10.0.0.0/8"}}', "'ipblock' not allowed"),
+        ('{"ipBlock": {"except": ["10.1.0.0/16"]}}', "/networkPolicy/webhook/from/0/ipBlock"),
+        ("{}", "/networkPolicy/webhook/from/0"),
+    ],
+)
+def test_network_policy_peers_are_checked_by_the_schema(peer: str, message: str) -> None:
+    result = helm(
+        "template",
+        "gpuplace",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set-json",
+        f"networkPolicy.webhook.from=[{peer}]",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr
