@@ -1,8 +1,8 @@
 """The Flask app over TLS from one thread: a selector over the port and every connection.
 
-cheroot gives each request in flight a thread, and in one process most of an admission's CPU goes
-to those threads taking the interpreter lock in turn (futex waits, context switches), not to the
-admission. `LoopServer` accepts, handshakes, reads, calls the app and writes from one thread over
+A server that gives each request in flight a thread spends most of an admission's CPU, in one
+process, on those threads taking the interpreter lock in turn (futex waits, context switches), not
+on the admission. `LoopServer` accepts, handshakes, reads, calls the app and writes from one thread over
 non-blocking sockets, so an admission costs no thread switch. Requests that may take long (a
 placement map's validation, seconds for a large map) run on `SLOW_WORKERS` threads instead, so
 they never hold up pod admissions; their connection reads nothing more until the answer is back.
@@ -211,7 +211,7 @@ class LoopServer:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 # Read at each accept: ServingTLS swaps the context when the certificate changes.
-                context = self._tls.adapter.context
+                context = self._tls.context
                 wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             except (OSError, ValueError) as exc:
                 log.debug("dropped a connection from %s: %r", remote[0], exc)

@@ -15,8 +15,6 @@ DEFAULT_SERVICE_NAME = "gpuplace-webhook"
 DEFAULT_CA_SECRET = "gpuplace-webhook-ca"  # noqa: S105 - the Secret's name
 #: The apiserver sends whole objects; 3 MiB is well above etcd's 1.5 MiB object limit.
 DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
-#: The HTTPS servers `ServerSettings.engine` chooses from.
-SERVER_ENGINES = ("cheroot", "loop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +32,6 @@ class AdmissionSettings:
 class ServerSettings:
     host: str = "0.0.0.0"  # noqa: S104 - a webhook pod must accept the apiserver's connections
     port: int = 8443
-    threads: int = 16
     #: Server processes sharing the port (SO_REUSEPORT), each with its own GIL and model cache;
     #: 1 serves from the command's own process.
     processes: int = 1
@@ -43,9 +40,6 @@ class ServerSettings:
     shutdown_delay_seconds: float = 2.0
     #: Then give in-flight requests this long to finish.
     shutdown_timeout_seconds: int = 10
-    #: `cheroot` (a thread per request in flight) or `loop` (one thread for every connection,
-    #: map validation on a small pool), see `SERVER_ENGINES`.
-    engine: str = "loop"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
-"""The serving certificate behind cheroot's TLS adapter, swapped without a restart.
+"""The serving certificate, swapped without a restart.
 
-cheroot wraps each new connection with `adapter.context`; replacing that attribute with a freshly
-loaded context changes the certificate for new handshakes while open connections keep theirs.
+The server wraps each new connection with `ServingTLS.context`; replacing that attribute with a
+freshly loaded context changes the certificate for new handshakes while open connections keep
+theirs.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-
-from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 from webhook.certs import KeyPair
 
@@ -34,8 +33,9 @@ def read_pair(cert_file: str, key_file: str) -> KeyPair:
 
 
 class ServingTLS:
-    """Owns the adapter cheroot serves with and a private directory for the PEM files
-    (`ssl` loads keys only from paths)."""
+    """Owns the TLS context the server wraps new connections with and a private directory for
+    the PEM files (`ssl` loads keys only from paths). `context` is replaced, never changed: a
+    reader takes it once per connection, without the lock."""
 
     def __init__(self, pair: KeyPair, on_change: Callable[[KeyPair], None] | None = None) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="gpuplace-webhook-tls-"))
@@ -44,11 +44,7 @@ class ServingTLS:
         self._on_change = on_change
         try:
             cert, key = self._write(pair)
-            try:
-                self.adapter = BuiltinSSLAdapter(str(cert), str(key))
-            except (ssl.SSLError, OSError, ValueError) as exc:
-                raise CertificateError(f"certificate and key do not load as a pair: {exc}") from exc
-            self.adapter.context = self._context(cert, key)
+            self.context = self._context(cert, key)
         except CertificateError:
             self.close()
             raise
@@ -85,7 +81,7 @@ class ServingTLS:
                 return False
             cert, key = self._write(pair)
             context = self._context(cert, key)
-            self.adapter.context = context
+            self.context = context
             self.pair = pair
         log.info("serving certificate replaced; expires %s", pair.not_after.isoformat())
         if self._on_change:

@@ -1,6 +1,6 @@
-"""`gpuplace webhook`: the admission webhook over HTTPS (one event-loop thread, or cheroot's
-threads with `--server-engine cheroot`), with its model cache and TLS, served from this process
-or, with `--processes N`, from N processes sharing the port."""
+"""`gpuplace webhook`: the admission webhook over HTTPS (one event-loop thread a process, map
+validation on a few threads), with its model cache and TLS, served from this process or, with
+`--processes N`, from N processes sharing the port."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from functools import partial
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
-
-from flask import Flask
 
 from gpuplace.commands._env import (
     EnvFlags,
@@ -45,7 +43,6 @@ from webhook.processes import (
     write_pair_files,
 )
 from webhook.register import apply_configuration
-from webhook.server import WebhookServer
 from webhook.settings import (
     DEFAULT_CA_SECRET,
     DEFAULT_CONFIGURATION_NAME,
@@ -53,7 +50,6 @@ from webhook.settings import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SERVICE_NAME,
-    SERVER_ENGINES,
     AdmissionSettings,
     RegistrationSettings,
     ServerSettings,
@@ -99,15 +95,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _add_server_flags(flags: EnvFlags) -> None:
     flags.string("--host", "GPUPLACE_WEBHOOK_HOST", "0.0.0.0")  # noqa: S104
     flags.integer("--port", "GPUPLACE_WEBHOOK_PORT", 8443)
-    flags.integer("--threads", "GPUPLACE_WEBHOOK_THREADS", 16)
-    flags.string(
-        "--server-engine",
-        "GPUPLACE_WEBHOOK_SERVER_ENGINE",
-        "loop",
-        choices=SERVER_ENGINES,
-        help="cheroot: a thread per request in flight (--threads); loop: one thread serves "
-        "every connection, map validation runs on a small pool (default %(default)s)",
-    )
     flags.integer(
         "--processes",
         "GPUPLACE_WEBHOOK_PROCESSES",
@@ -191,8 +178,6 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
         server=ServerSettings(
             host=args.host,
             port=args.port,
-            threads=args.threads,
-            engine=_engine(args.server_engine),
             processes=args.processes,
             max_body_bytes=args.max_body_bytes,
             shutdown_delay_seconds=args.shutdown_delay_seconds,
@@ -218,22 +203,6 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
         log_level=args.log_level,
         log_json=args.log_json,
     )
-
-
-def _engine(value: str) -> str:
-    """argparse checks the flag's choices, not a default taken from the environment."""
-    if value not in SERVER_ENGINES:
-        raise SystemExit(
-            f"gpuplace webhook: GPUPLACE_WEBHOOK_SERVER_ENGINE={value!r} is not a server engine; "
-            f"use one of {', '.join(SERVER_ENGINES)}"
-        )
-    return value
-
-
-def _server(app: Flask, tls: ServingTLS, settings: ServerSettings) -> WebhookServer | LoopServer:
-    if settings.engine == "loop":
-        return LoopServer(app, tls, settings).start()
-    return WebhookServer(app, tls, settings).start()
 
 
 def _bootstrap_pair(boot: TLSBootstrap, stop: threading.Event) -> KeyPair | None:
@@ -352,7 +321,7 @@ def _serve(
     if isinstance(serving, int):
         return serving
     try:
-        server = _server(app, serving.tls, settings.server)
+        server = LoopServer(app, serving.tls, settings.server).start()
     except OSError as exc:
         log.error("cannot start: %s", exc)
         serving.tls.close()

@@ -1,4 +1,4 @@
-"""The real webhook (cheroot over HTTPS, our CA) registered with the real apiserver.
+"""The real webhook (over HTTPS, our CA) registered with the real apiserver.
 
 The model is written straight into ConfigMaps with `encode_model`, as the controller would, so
 these tests do not depend on the controller. Everything runs in namespaces labelled for this module

@@ -56,7 +56,6 @@ class Replica:
                 f"--port={self.port}",
                 f"--register=https://127.0.0.1:{self.port}",
                 "--shutdown-delay-seconds=0.2",
-                "--threads=4",
             ],
             stdout=self._out,
             stderr=subprocess.STDOUT,

@@ -100,7 +100,7 @@ def start_command(cluster: LocalCluster, tmp: Path) -> Command:
     argv = [
         sys.executable, "-m", "gpuplace", "webhook", "--kubeconfig", str(cluster.kubeconfig),
         "--namespace", MODEL_NAMESPACE, "--host", "127.0.0.1", "--port", "0",
-        "--processes", "2", "--threads", "8", "--shutdown-delay-seconds", "0",
+        "--processes", "2", "--shutdown-delay-seconds", "0",
         "--tls-cert-file", str(tmp / "tls.crt"), "--tls-key-file", str(tmp / "tls.key"),
     ]  # fmt: skip
     with log.open("wb") as out:
@@ -216,7 +216,7 @@ def test_bootstrapped_tls_is_issued_once_and_served_by_every_process(
         sys.executable, "-m", "gpuplace", "webhook", f"--kubeconfig={cluster.kubeconfig}",
         f"--namespace={namespace}", f"--configuration-name={configuration}", "--bootstrap-tls",
         "--host=127.0.0.1", f"--port={port}", f"--register=https://127.0.0.1:{port}",
-        "--processes=2", "--threads=4", "--shutdown-delay-seconds=0",
+        "--processes=2", "--shutdown-delay-seconds=0",
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

@@ -1,4 +1,4 @@
-"""The real webhook server (cheroot over HTTPS, a CA made for the test) in the test's process."""
+"""The real webhook server (its event loop over HTTPS, a CA made for the test) in the test's process."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from datetime import timedelta
 from gpuplace_dev.localcluster import LocalCluster
 from webhook.app import create_app
 from webhook.certs import KeyPair, issue_serving
+from webhook.loopserver import LoopServer
 from webhook.modelcache import ModelCache
-from webhook.server import WebhookServer
 from webhook.settings import AdmissionSettings, ServerSettings, WebhookSettings
 from webhook.tls import ServingTLS
 
@@ -26,21 +26,19 @@ class RunningWebhook:
     ca: KeyPair
     models: ModelCache
     port: int = 0
-    server: WebhookServer | None = None
+    server: LoopServer | None = None
     tls: ServingTLS | None = None
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
 
     def start(self) -> None:
         settings = WebhookSettings(
             admission=self.admission,
-            server=ServerSettings(
-                host="127.0.0.1", port=self.port, threads=8, shutdown_delay_seconds=0
-            ),
+            server=ServerSettings(host="127.0.0.1", port=self.port, shutdown_delay_seconds=0),
         )
         self.tls = ServingTLS(
             issue_serving(self.ca, ["localhost"], ["127.0.0.1"], timedelta(days=1))
         )
-        self.server = WebhookServer(create_app(settings, self.models), self.tls, settings.server)
+        self.server = LoopServer(create_app(settings, self.models), self.tls, settings.server)
         self.server.start()
         self.port = self.server.port
 
@@ -64,7 +62,7 @@ class RunningWebhook:
 
 
 def free_port() -> int:
-    """A fixed port (not 0): cheroot sets SO_REUSEADDR only then, so a restart can bind again."""
+    """A fixed port (not 0), so a restarted server binds the same one again."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

@@ -92,26 +92,3 @@ def root_logging() -> Iterator[None]:
 def test_tls_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["webhook"]) == 2
     assert "serves TLS only: pass --tls-cert-file and --tls-key-file" in capsys.readouterr().err
-
-
-def test_server_engine_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert parse().server.engine == "loop"
-    assert parse("--server-engine", "cheroot").server.engine == "cheroot"
-    monkeypatch.setenv("GPUPLACE_WEBHOOK_SERVER_ENGINE", "cheroot")
-    assert parse().server.engine == "cheroot"
-    assert parse("--server-engine", "loop").server.engine == "loop"
-
-
-def test_an_unknown_server_engine_is_refused(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit):
-        parse("--server-engine", "uvloop")
-    assert "invalid choice: 'uvloop'" in capsys.readouterr().err
-    monkeypatch.setenv("GPUPLACE_WEBHOOK_SERVER_ENGINE", "threads")
-    with pytest.raises(SystemExit) as exited:
-        parse()
-    assert str(exited.value) == (
-        "gpuplace webhook: GPUPLACE_WEBHOOK_SERVER_ENGINE='threads' is not a server engine; "
-        "use one of cheroot, loop"
-    )

@@ -11,14 +11,12 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 from flask import Flask
 
-from gpuplace.commands.webhook import _server
 from placement.annotations import MAP_LABEL
-from tests.unit.test_webhook_server import read_status
 from tests.unit.webhook_builders import make_configmap, make_model, make_pod, placement_yaml, review
 from webhook import loopserver
 from webhook.app import create_app
@@ -26,7 +24,6 @@ from webhook.certs import KeyPair, generate_ca, issue_serving
 from webhook.http11 import RefusedError, Request, environ, parse_head
 from webhook.loopserver import LoopServer
 from webhook.modelcache import StaticModel
-from webhook.server import WebhookServer
 from webhook.settings import ServerSettings, WebhookSettings
 from webhook.tls import ServingTLS
 
@@ -60,7 +57,6 @@ def settings() -> WebhookSettings:
             max_body_bytes=MAX_BODY,
             shutdown_delay_seconds=0,
             shutdown_timeout_seconds=int(WAIT),
-            engine="loop",
         )
     )
 
@@ -78,7 +74,7 @@ def context_for(ca: KeyPair) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=ca.cert_pem.decode())
 
 
-def connect(server: LoopServer | WebhookServer, ca: KeyPair) -> http.client.HTTPSConnection:
+def connect(server: LoopServer, ca: KeyPair) -> http.client.HTTPSConnection:
     return http.client.HTTPSConnection(
         "127.0.0.1", server.port, context=context_for(ca), timeout=WAIT
     )
@@ -106,6 +102,18 @@ def mutate(conn: http.client.HTTPSConnection, name: str) -> dict[str, Any]:
 def validate_body() -> bytes:
     obj = make_configmap("llm", placement_yaml())
     return json.dumps(review(obj, kind="ConfigMap", resource="configmaps")).encode()
+
+
+def read_status(stream: BinaryIO) -> int:
+    """One HTTP/1.1 answer off a stream that holds several (http.client reads just one)."""
+    status = int(stream.readline().split()[1])
+    length = 0
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    stream.read(length)
+    return status
 
 
 def read_all(sock: ssl.SSLSocket) -> bytes:
@@ -196,6 +204,38 @@ def test_requests_the_server_cannot_frame_are_refused_and_closed(
     conn = connect(server, ca)
     try:
         assert mutate(conn, "after")["uid"] == "uid-after"  # the server goes on
+    finally:
+        conn.close()
+
+
+def test_garbage_after_an_answered_request_gets_a_400_and_the_server_goes_on(
+    server: LoopServer, ca: KeyPair
+) -> None:
+    with raw(server, ca) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\nnot http at all\r\n\r\n")
+        answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b"HTTP/1.1 400 " in answer
+    conn = connect(server, ca)
+    try:
+        assert mutate(conn, "web-0")["uid"] == "uid-web-0"
+    finally:
+        conn.close()
+
+
+def test_connections_closed_half_way_through_a_request_leave_the_server_serving(
+    server: LoopServer, ca: KeyPair
+) -> None:
+    for i in range(6):
+        conn = connect(server, ca)
+        assert mutate(conn, f"web-{i}")["uid"] == f"uid-web-{i}"
+        conn.close()
+        with raw(server, ca) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\nPOST /mutate HTT")
+            assert sock.recv(12).startswith(b"HTTP/1.1 200")
+    conn = connect(server, ca)
+    try:
+        assert mutate(conn, "after")["uid"] == "uid-after"
     finally:
         conn.close()
 
@@ -505,22 +545,6 @@ def test_environ() -> None:
     assert env["SERVER_PROTOCOL"] == "HTTP/1.1"
     assert env["wsgi.url_scheme"] == "https"
     assert env["wsgi.input"].read() == b"{}"
-
-
-@pytest.mark.parametrize(("engine", "kind"), [("loop", LoopServer), ("cheroot", WebhookServer)])
-def test_the_command_serves_with_the_engine_chosen(
-    app: Flask, tls: ServingTLS, ca: KeyPair, engine: str, kind: type[object]
-) -> None:
-    chosen = _server(app, tls, replace(settings().server, engine=engine))
-    try:
-        assert isinstance(chosen, kind)
-        conn = connect(chosen, ca)
-        try:
-            assert mutate(conn, "web-0")["uid"] == "uid-web-0"
-        finally:
-            conn.close()
-    finally:
-        chosen.stop()
 
 
 def test_a_port_in_use_fails_the_start(app: Flask, tls: ServingTLS, server: LoopServer) -> None:

@@ -1,4 +1,4 @@
-"""Certificates, the cheroot HTTPS server with certificate swaps, and the configuration manifests."""
+"""Certificates, the HTTPS server with certificate swaps, and the configuration manifests."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tests.unit.webhook_builders import (
 )
 from webhook.app import create_app
 from webhook.certs import KeyPair, generate_ca, issue_serving, merge_bundle, split_bundle
+from webhook.loopserver import LoopServer
 from webhook.manifests import (
     Endpoint,
     mutating_configuration,
@@ -29,7 +30,6 @@ from webhook.manifests import (
     with_ca_bundle,
 )
 from webhook.modelcache import StaticModel
-from webhook.server import WebhookServer
 from webhook.settings import ServerSettings, TLSSettings, WebhookSettings
 from webhook.state import state_of
 from webhook.tls import CertificateError, MountedFilesWatcher, ServingTLS
@@ -124,13 +124,13 @@ def ca() -> KeyPair:
 
 
 @pytest.fixture
-def running(ca: KeyPair) -> Iterator[tuple[WebhookServer, ServingTLS]]:
+def running(ca: KeyPair) -> Iterator[tuple[LoopServer, ServingTLS]]:
     settings = WebhookSettings(
-        server=ServerSettings(host="127.0.0.1", port=0, threads=4, shutdown_delay_seconds=0)
+        server=ServerSettings(host="127.0.0.1", port=0, shutdown_delay_seconds=0)
     )
     app = create_app(settings, StaticModel(make_model().map("llm").obj()))
     tls = ServingTLS(serving(ca))
-    server = WebhookServer(app, tls, settings.server).start()
+    server = LoopServer(app, tls, settings.server).start()
     try:
         yield server, tls
     finally:
@@ -152,7 +152,7 @@ def https(
         conn.close()
 
 
-def test_https_mutate_and_health(running: tuple[WebhookServer, ServingTLS], ca: KeyPair) -> None:
+def test_https_mutate_and_health(running: tuple[LoopServer, ServingTLS], ca: KeyPair) -> None:
     server, _ = running
     body = json.dumps(review(make_pod("web-0").label(MAP_LABEL, "llm").obj())).encode()
     status, data = https(server.port, ca.cert_pem, "POST", "/mutate", body)
@@ -162,7 +162,7 @@ def test_https_mutate_and_health(running: tuple[WebhookServer, ServingTLS], ca: 
 
 
 def test_https_refuses_bodies_over_the_limit_from_content_length(
-    running: tuple[WebhookServer, ServingTLS], ca: KeyPair
+    running: tuple[LoopServer, ServingTLS], ca: KeyPair
 ) -> None:
     """Refused from the header alone: the server never reads the 4 MiB."""
     server, _ = running
@@ -178,7 +178,7 @@ def test_https_refuses_bodies_over_the_limit_from_content_length(
         conn.close()
 
 
-def test_plain_http_is_refused(running: tuple[WebhookServer, ServingTLS]) -> None:
+def test_plain_http_is_refused(running: tuple[LoopServer, ServingTLS]) -> None:
     server, _ = running
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
@@ -188,11 +188,11 @@ def test_plain_http_is_refused(running: tuple[WebhookServer, ServingTLS]) -> Non
         return  # dropped: fine
     finally:
         conn.close()
-    assert status == 400  # cheroot answers plain HTTP on a TLS port with 400
+    assert status == 400  # answered, if at all, with 400
 
 
 def test_certificate_swap_applies_to_new_connections(
-    running: tuple[WebhookServer, ServingTLS], ca: KeyPair
+    running: tuple[LoopServer, ServingTLS], ca: KeyPair
 ) -> None:
     server, tls = running
     other_ca = generate_ca("rotated", 365 * DAY)
@@ -233,7 +233,7 @@ def test_mismatched_pair_is_refused_at_start(ca: KeyPair) -> None:
         ServingTLS(KeyPair(one.cert_pem, two.key_pem))
 
 
-def test_draining_fails_readiness(running: tuple[WebhookServer, ServingTLS], ca: KeyPair) -> None:
+def test_draining_fails_readiness(running: tuple[LoopServer, ServingTLS], ca: KeyPair) -> None:
     server, _ = running
     assert https(server.port, ca.cert_pem, "GET", "/readyz")[0] == 200
     server.drain()
