@@ -31,6 +31,7 @@ _REASONS = {
     413: "Content Too Large",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    503: "Service Unavailable",
     505: "HTTP Version Not Supported",
 }
 

@@ -30,6 +30,11 @@ class WebhookMetrics:
     certificate_expiry: Gauge
     #: Reviews this process answered: with several processes, one series a pid (the balance).
     process_reviews: Gauge
+    #: What the server refused or cut off, by `webhook.limits.Refusal`.
+    refused: Counter
+    #: Open connections and buffered request bytes, set once a second by the server.
+    connections: Gauge
+    buffered_bytes: Gauge
 
     @classmethod
     def create(cls, models: ModelSource, multiprocess_dir: str | None = None) -> WebhookMetrics:
@@ -69,6 +74,26 @@ class WebhookMetrics:
                 "(label pid with several processes).",
                 registry=own,
                 multiprocess_mode="liveall",
+            ),
+            refused=Counter(
+                "gpuplace_webhook_refused",
+                "Connections and requests the server refused or closed to stay within its bounds, "
+                "by reason (connections, evicted, buffer, handshake_timeout, head_timeout, "
+                "body_timeout, write_timeout, validation_namespace, validation_queue).",
+                ["reason"],
+                registry=own,
+            ),
+            connections=Gauge(
+                "gpuplace_webhook_open_connections",
+                "Open connections (summed over server processes).",
+                registry=own,
+                multiprocess_mode="livesum",
+            ),
+            buffered_bytes=Gauge(
+                "gpuplace_webhook_buffered_request_bytes",
+                "Request bytes buffered, all connections together (summed over server processes).",
+                registry=own,
+                multiprocess_mode="livesum",
             ),
         )
         registry.register(_ModelCollector(models))

@@ -173,3 +173,20 @@ def render_response(uid: str, verdict: Verdict) -> dict[str, Any]:
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
     return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+
+
+def peek(body: bytes) -> tuple[str, str] | None:
+    """The uid and namespace of an AdmissionReview's request, or None if it has no uid; read
+    before the review is queued, to queue it under its namespace (a cluster-scoped or unreadable
+    one under "")."""
+    try:
+        review = orjson.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    request = review.get("request") if isinstance(review, dict) else None
+    if not isinstance(request, dict):
+        return None
+    uid, namespace = request.get("uid"), request.get("namespace")
+    if not isinstance(uid, str) or not uid or len(uid) > MAX_UID_LENGTH:
+        return None
+    return uid, namespace if isinstance(namespace, str) else ""

@@ -15,6 +15,23 @@ DEFAULT_SERVICE_NAME = "gpuplace-webhook"
 DEFAULT_CA_SECRET = "gpuplace-webhook-ca"  # noqa: S105 - the Secret's name
 #: The apiserver sends whole objects; 3 MiB is well above etcd's 1.5 MiB object limit.
 DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
+#: Bytes of requests every connection may buffer without drawing on the shared pool: the head
+#: (at most 64 KiB) and a pod's review fit, so small admissions never wait on a flood of bodies.
+CONNECTION_SHARE_BYTES = 128 * 1024
+#: Defaults for one server process, sized for the chart's 512 MiB limit per webhook pod:
+#: - about 70 MiB before any connection (interpreter, Flask, the model cache of a small model);
+#: - 512 connections x about 30 KiB each open (TLS state, buffers, objects): 15 MiB;
+#: - request bytes: 512 x 128 KiB shares + a 64 MiB pool (twenty-one 3 MiB bodies at once) =
+#:   `DEFAULT_MAX_BUFFERED_BYTES`, 128 MiB; a map being validated keeps its bytes until answered;
+#: - answers a client leaves unread: 512 x (64 KiB + one answer), about 64 MiB at worst;
+#: - the requests being answered: up to 3 (the loop and 2 validation threads) bodies of 3 MiB
+#:   decoded into Python objects, about 90 MiB at worst.
+#: About 360 MiB in all. Each server process (`processes`) has these caps of its own.
+DEFAULT_MAX_CONNECTIONS = 512
+DEFAULT_MAX_BUFFERED_BYTES = DEFAULT_MAX_CONNECTIONS * CONNECTION_SHARE_BYTES + 64 * 1024 * 1024
+DEFAULT_VALIDATION_THREADS = 2
+DEFAULT_VALIDATION_QUEUE_PER_NAMESPACE = 4
+DEFAULT_VALIDATION_QUEUE = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +53,49 @@ class ServerSettings:
     #: 1 serves from the command's own process.
     processes: int = 1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Open connections a process keeps; past it a new one takes the place of a connection that
+    #: never sent a request, or is closed at once.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: Request bytes a process buffers, all connections together: each connection's
+    #: `CONNECTION_SHARE_BYTES`, the rest a pool larger bodies draw on (past it: 503).
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    #: Threads that validate placement maps (seconds each for a large map), off the loop.
+    validation_threads: int = DEFAULT_VALIDATION_THREADS
+    #: Validations queued or running, per namespace and in all; past either: refused at once.
+    validation_queue_per_namespace: int = DEFAULT_VALIDATION_QUEUE_PER_NAMESPACE
+    validation_queue: int = DEFAULT_VALIDATION_QUEUE
+    #: A new connection's TLS handshake must end within this long.
+    handshake_timeout_seconds: float = 10.0
+    #: A request's line and headers must arrive within this long of its first byte.
+    head_timeout_seconds: float = 10.0
+    #: The whole request, body included, must arrive within this long of its first byte.
+    request_timeout_seconds: float = 30.0
+    #: A connection with no request in progress is closed after this long.
+    idle_timeout_seconds: float = 120.0
+    #: An answer the client does not read (no progress) for this long closes its connection.
+    write_timeout_seconds: float = 10.0
     #: After SIGTERM: answer /readyz 503 this long, so endpoints drop the pod before it stops.
     shutdown_delay_seconds: float = 2.0
     #: Then give in-flight requests this long to finish.
     shutdown_timeout_seconds: int = 10
+
+    def __post_init__(self) -> None:
+        if min(self.max_connections, self.validation_threads) < 1:
+            raise ValueError("max connections and validation threads must be at least 1")
+        if min(self.validation_queue_per_namespace, self.validation_queue) < 1:
+            raise ValueError("the validation queue's caps must be at least 1")
+        if self.pool_bytes < self.max_body_bytes - CONNECTION_SHARE_BYTES:
+            least = self.max_connections * CONNECTION_SHARE_BYTES + self.max_body_bytes
+            raise ValueError(
+                f"max buffered bytes {self.max_buffered_bytes} leave no room for one body of "
+                f"max body bytes {self.max_body_bytes} besides the {self.max_connections} "
+                f"connections' shares of {CONNECTION_SHARE_BYTES}: give at least {least}"
+            )
+
+    @property
+    def pool_bytes(self) -> int:
+        """What bodies larger than a connection's share draw on, all connections together."""
+        return self.max_buffered_bytes - self.max_connections * CONNECTION_SHARE_BYTES
 
 
 @dataclass(frozen=True, slots=True)

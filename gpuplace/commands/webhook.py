@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -44,12 +45,18 @@ from webhook.processes import (
 )
 from webhook.register import apply_configuration
 from webhook.settings import (
+    CONNECTION_SHARE_BYTES,
     DEFAULT_CA_SECRET,
     DEFAULT_CONFIGURATION_NAME,
     DEFAULT_LEGACY_SCHEDULER_NAMES,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BUFFERED_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SERVICE_NAME,
+    DEFAULT_VALIDATION_QUEUE,
+    DEFAULT_VALIDATION_QUEUE_PER_NAMESPACE,
+    DEFAULT_VALIDATION_THREADS,
     AdmissionSettings,
     RegistrationSettings,
     ServerSettings,
@@ -103,12 +110,64 @@ def _add_server_flags(flags: EnvFlags) -> None:
         "model cache; 1 serves from this process",
     )
     flags.integer("--max-body-bytes", "GPUPLACE_WEBHOOK_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)
+    _add_bound_flags(flags)
     flags.number(
         "--shutdown-delay-seconds",
         "GPUPLACE_SHUTDOWN_DELAY_SECONDS",
         2.0,
         help="after SIGTERM, fail /readyz this long before closing the port",
     )
+
+
+def _add_bound_flags(flags: EnvFlags) -> None:
+    """Each server process's caps and timeouts (`ServerSettings` says what each one bounds)."""
+    flags.integer(
+        "--max-connections",
+        "GPUPLACE_WEBHOOK_MAX_CONNECTIONS",
+        DEFAULT_MAX_CONNECTIONS,
+        help="open connections a process keeps; past it a new one replaces the oldest that "
+        "never sent a request, or is closed (default %(default)s)",
+    )
+    flags.integer(
+        "--max-buffered-bytes",
+        "GPUPLACE_WEBHOOK_MAX_BUFFERED_BYTES",
+        DEFAULT_MAX_BUFFERED_BYTES,
+        help=f"request bytes a process buffers, all connections together: {CONNECTION_SHARE_BYTES} "
+        "a connection, the rest a pool for larger bodies, past which they are answered 503 "
+        "(default %(default)s)",
+    )
+    flags.integer(
+        "--validation-threads",
+        "GPUPLACE_WEBHOOK_VALIDATION_THREADS",
+        DEFAULT_VALIDATION_THREADS,
+        help="threads that validate placement maps, off the pod admissions' loop",
+    )
+    flags.integer(
+        "--validation-queue-per-namespace",
+        "GPUPLACE_WEBHOOK_VALIDATION_QUEUE_PER_NAMESPACE",
+        DEFAULT_VALIDATION_QUEUE_PER_NAMESPACE,
+        help="map validations of one namespace queued or running; past it they are refused "
+        "at once (429, apply again), while other namespaces' still queue",
+    )
+    flags.integer(
+        "--validation-queue",
+        "GPUPLACE_WEBHOOK_VALIDATION_QUEUE",
+        DEFAULT_VALIDATION_QUEUE,
+        help="map validations queued or running, all namespaces together",
+    )
+    for phase, default, what in (
+        ("handshake", 10.0, "a TLS handshake"),
+        ("head", 10.0, "a request's line and headers, from its first byte"),
+        ("request", 30.0, "a whole request, body included, from its first byte"),
+        ("idle", 120.0, "a connection with no request in progress"),
+        ("write", 10.0, "an answer the client does not read"),
+    ):
+        flags.number(
+            f"--{phase}-timeout-seconds",
+            f"GPUPLACE_WEBHOOK_{phase.upper()}_TIMEOUT_SECONDS",
+            default,
+            help=f"how long {what} may take before its connection is closed",
+        )
 
 
 def _add_tls_flags(flags: EnvFlags) -> None:
@@ -180,6 +239,16 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
             port=args.port,
             processes=args.processes,
             max_body_bytes=args.max_body_bytes,
+            max_connections=args.max_connections,
+            max_buffered_bytes=args.max_buffered_bytes,
+            validation_threads=args.validation_threads,
+            validation_queue_per_namespace=args.validation_queue_per_namespace,
+            validation_queue=args.validation_queue,
+            handshake_timeout_seconds=args.handshake_timeout_seconds,
+            head_timeout_seconds=args.head_timeout_seconds,
+            request_timeout_seconds=args.request_timeout_seconds,
+            idle_timeout_seconds=args.idle_timeout_seconds,
+            write_timeout_seconds=args.write_timeout_seconds,
             shutdown_delay_seconds=args.shutdown_delay_seconds,
         ),
         tls=TLSSettings(
@@ -272,7 +341,11 @@ def _start_tls(
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:  # bounds that contradict each other
+        print(f"gpuplace webhook: {exc}", file=sys.stderr)
+        return 2
     logs.configure(settings.log_level, settings.log_json)
     if not settings.tls.mounted and not settings.tls.bootstrap:
         log.error(

@@ -92,3 +92,29 @@ def root_logging() -> Iterator[None]:
 def test_tls_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["webhook"]) == 2
     assert "serves TLS only: pass --tls-cert-file and --tls-key-file" in capsys.readouterr().err
+
+
+def test_bound_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = parse().server
+    assert (defaults.max_connections, defaults.validation_threads) == (512, 2)
+    assert defaults.pool_bytes == 64 * 1024 * 1024
+    monkeypatch.setenv("GPUPLACE_WEBHOOK_MAX_CONNECTIONS", "100")
+    monkeypatch.setenv("GPUPLACE_WEBHOOK_WRITE_TIMEOUT_SECONDS", "2.5")
+    server = parse(
+        "--max-buffered-bytes=40000000",
+        "--validation-threads=3",
+        "--validation-queue-per-namespace=2",
+        "--validation-queue=9",
+        "--head-timeout-seconds=4",
+    ).server
+    assert server.max_connections == 100
+    assert server.max_buffered_bytes == 40_000_000
+    assert (server.validation_threads, server.validation_queue_per_namespace) == (3, 2)
+    assert server.validation_queue == 9
+    assert (server.head_timeout_seconds, server.write_timeout_seconds) == (4.0, 2.5)
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_a_byte_cap_too_small_for_one_body_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["webhook", "--bootstrap-tls", "--max-buffered-bytes=1000000"]) == 2
+    assert "leave no room for one body" in capsys.readouterr().err

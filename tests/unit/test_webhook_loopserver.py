@@ -452,17 +452,25 @@ def refused_new_connections(server: LoopServer) -> None:
 
 
 @pytest.fixture
-def short_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+def short_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loopserver, "TICK_SECONDS", 0.05)
-    monkeypatch.setattr(loopserver, "IDLE_TIMEOUT_SECONDS", 0.2)
-    monkeypatch.setattr(loopserver, "REQUEST_TIMEOUT_SECONDS", 0.2)
-    monkeypatch.setattr(loopserver, "HANDSHAKE_TIMEOUT_SECONDS", 0.2)
 
 
-@pytest.mark.usefixtures("short_timeouts")
+def short_timeouts() -> ServerSettings:
+    return replace(
+        settings().server,
+        idle_timeout_seconds=0.2,
+        head_timeout_seconds=0.2,
+        request_timeout_seconds=0.2,
+        handshake_timeout_seconds=0.2,
+        write_timeout_seconds=0.2,
+    )
+
+
+@pytest.mark.usefixtures("short_tick")
 def test_silent_connections_are_closed(app: Flask, tls: ServingTLS, ca: KeyPair) -> None:
     """Idle after an answer, half-way through a request's head, and before a handshake."""
-    server = LoopServer(app, tls, settings().server).start()
+    server = LoopServer(app, tls, short_timeouts()).start()
     try:
         with raw(server, ca) as idle:
             idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\n")
