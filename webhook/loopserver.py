@@ -134,6 +134,10 @@ class LoopServer:
         """Open connections now (read from another thread: a moment's value)."""
         return len(self._connections)
 
+    def validations(self, namespace: str) -> int:
+        """Map validations of `namespace` queued or running now."""
+        return self._queue.held(namespace)
+
     @property
     def buffered_bytes(self) -> int:
         """Request bytes buffered now, all connections together (a moment's value)."""

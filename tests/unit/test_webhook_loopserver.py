@@ -25,6 +25,7 @@ from webhook.http11 import RefusedError, Request, environ, parse_head
 from webhook.loopserver import LoopServer
 from webhook.modelcache import StaticModel
 from webhook.settings import ServerSettings, WebhookSettings
+from webhook.state import state_of
 from webhook.tls import ServingTLS
 
 MAX_BODY = 64 * 1024
@@ -469,7 +470,8 @@ def short_timeouts() -> ServerSettings:
 
 @pytest.mark.usefixtures("short_tick")
 def test_silent_connections_are_closed(app: Flask, tls: ServingTLS, ca: KeyPair) -> None:
-    """Idle after an answer, half-way through a request's head, and before a handshake."""
+    """Idle after an answer, half-way through a request's head or body, and before a
+    handshake; each but the idle one counted."""
     server = LoopServer(app, tls, short_timeouts()).start()
     try:
         with raw(server, ca) as idle:
@@ -478,10 +480,17 @@ def test_silent_connections_are_closed(app: Flask, tls: ServingTLS, ca: KeyPair)
         with raw(server, ca) as slowloris:
             slowloris.sendall(b"GET /healthz HTTP/1.1\r\nHost: w\r\n")
             assert read_all(slowloris) == b""
+        with raw(server, ca) as half_body:
+            half_body.sendall(b"POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Length: 9\r\n\r\n{}")
+            assert read_all(half_body) == b""
         with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as plain:
             assert plain.recv(1) == b""
     finally:
         server.stop()
+    registry = state_of(app).metrics.registry
+    for reason in ("head_timeout", "body_timeout", "handshake_timeout"):
+        counted = registry.get_sample_value("gpuplace_webhook_refused_total", {"reason": reason})
+        assert counted == 1, reason
 
 
 # -- the request parser and the WSGI environ, without sockets --------------------------------
