@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: crds test-tools help venv image e2e-chart control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
+.PHONY: docs docs-ref crds test-tools help venv image e2e-chart control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
 
 help:
-	@echo "make test | demo | demo-quick | lint | image | e2e-chart | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
+	@echo "make test | demo | demo-quick | lint | docs | docs-ref | image | e2e-chart | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
 
 # The product (editable) and, from dev/, its development environment (gpuplace cluster|demo).
 $(STAMP): pyproject.toml dev/pyproject.toml
@@ -54,6 +54,15 @@ fakenvml:
 # placement/ (a unit test checks the files match).
 crds: $(STAMP)
 	$(BIN)/gpuplace crds --write charts/gpuplace/crds
+
+# docs/reference: the CLI, chart values and CRD fields, generated from the parser,
+# charts/gpuplace/values.schema.json and the CRD models (a unit test checks the files match).
+docs-ref: $(STAMP)
+	$(BIN)/python -m gpuplace_dev.docsref --write docs/reference
+
+# The documentation site into site/, strict: a broken link or anchor fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -14,7 +14,7 @@ from pathlib import Path
 from gpuplace_dev.localcluster import ClusterState, LocalCluster
 from tests.chartkit import helm_binary
 
-#: README.md, Install: what removes what `helm uninstall` keeps (run by test_chart_keyring.py on a
+#: docs/install.md: what removes what `helm uninstall` keeps (run by test_chart_keyring.py on a
 #: cluster of its own, after a real uninstall).
 UNINSTALL = (
     "helm uninstall gpuplace -n gpuplace-system",

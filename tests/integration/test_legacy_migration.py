@@ -83,7 +83,7 @@ SHARING_WARNING = (
     "and 5 (indices 3 and 4): their pods share it, as the earlier tools did; every other map and "
     "pod is kept off it"
 )
-#: The migration example of the README: nodes labelled gpu-node-name=node1..3.
+#: The migration example of docs/migrating.md: nodes labelled gpu-node-name=node1..3.
 MIGRATION_MAP = REPO / "examples/gitops/clusters/dev/maps/webhook-test.yaml"
 MIGRATION_EXPECTED = {0: (1, "0,1"), 1: (2, "2"), 2: (3, "0,1,2")}
 
@@ -455,7 +455,7 @@ def test_aks_example_as_the_statefulset_controller_creates_it(
 
 
 def migration_pod(namespace: str, index: int) -> dict[str, Any]:
-    """examples/workloads/legacy-webhook-test.yaml as the README's migration says: the annotation
+    """examples/workloads/legacy-webhook-test.yaml as docs/migrating.md says: the annotation
     replaced by the label gpuplace.io/map."""
     spec = {"containers": [{"name": "test", "image": "busybox:1.35"}]}
     return pod_body(namespace, f"webhook-test-{index}", spec, labels={MAP_LABEL: "webhook-test"})

@@ -1,6 +1,8 @@
-"""Every shell command the READMEs show works as written.
+"""Every shell command the READMEs and the user guide show works as written.
 
-The commands are read out of the ```sh blocks of README.md and examples/README.md, and out of
+The commands are read out of the ```sh blocks of README.md, examples/README.md and the user guide's
+pages under docs/ (`GUIDE`: what moved out of the README; the generated references, the
+architecture, the local cluster and the performance pages are not run), and out of
 inline code that starts with `gpuplace`, `make`, `helm`, `kubectl` or `--set`. Each is checked in
 one of these ways (a command no rule covers fails the test, so a new one gets a check):
 
@@ -44,7 +46,19 @@ from tests.integration.shellkit import UNINSTALL, sh
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "examples/README.md")
+#: The user guide's pages, whose commands a user copies.
+GUIDE = (
+    "tutorial",
+    "reviewing",
+    "placementmap",
+    "install",
+    "trust",
+    "enforcement",
+    "observability",
+    "migrating",
+    "troubleshooting",
+)
+DOCS = ("README.md", "examples/README.md", *(f"docs/{page}.md" for page in GUIDE))
 CHART = REPO / "charts" / "gpuplace"
 
 IN_CHECKOUT = {
@@ -93,7 +107,7 @@ def documented() -> tuple[list[str], list[str]]:
 def test_every_fenced_command_has_a_check() -> None:
     fenced, _ = documented()
     known = IN_CHECKOUT | IN_GITOPS_REPO | MAKE_TARGETS | {HELM_INSTALL} | set(UNINSTALL)
-    assert set(fenced) == known, "commands in the READMEs without a check (or checks for none)"
+    assert set(fenced) == known, "commands in the docs without a check (or checks for none)"
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +186,7 @@ def test_helm_install_as_shown_renders_objects_the_apiserver_accepts(
 
 def test_inline_helm_switches_are_keys_of_the_chart() -> None:
     switches = [s for s in documented()[1] if s.startswith("--set ")]
-    assert switches, "the README shows the cert-manager switch"
+    assert switches, "docs/install.md shows the cert-manager switch"
     for switch in switches:
         out = helm("template", "gpuplace", str(CHART), *switch.split()).stdout
         if "certManager" in switch:
