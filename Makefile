@@ -62,7 +62,7 @@ docs-ref: $(STAMP)
 
 # The documentation site into site/, strict: a broken link or anchor fails the build.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
