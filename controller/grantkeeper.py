@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 OPEN_GRANTS = (
     "no placement policy (ConfigMap %s/%s) nor PlacementPolicy %s: every namespace whose users may create ConfigMaps "
     "and pods may place on every node and GPU, first come first served. Fine for a cluster of "
-    "one team; on a shared cluster write a policy (README, Grants) or deny by default "
+    "one team; on a shared cluster write a policy (docs/trust.md, Grants) or deny by default "
     "(--grants-default-deny, chart value global.grants.defaultDeny)"
 )
 

@@ -9,8 +9,8 @@ untracked ones (files ignored by git excepted), as `git diff REV1` does; so a CI
 request runs `gpuplace diff origin/main`.
 
 With --kubeconfig it also names the running pods the change makes drift: pods bound to a slot
-that REV2 moves or removes, or to a map it removes (see `rollout` in the README for what happens
-to them).
+that REV2 moves or removes, or to a map it removes (see `rollout` in docs/placementmap.md for what
+happens to them).
 
 Exit status: 0 when REV2 is valid, 1 when it has errors (the plan is printed either way),
 2 when a revision or the repository cannot be read.

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             "\nGrants: no placement policy (PlacementPolicy gpuplace-policy, or ConfigMap "
             "gpuplace-system/gpuplace-policy): unless the controller denies by default, every "
             "namespace whose users may create maps and pods may place on every node and GPU. "
-            "Write one for a shared cluster (README, Grants)."
+            "Write one for a shared cluster (docs/trust.md, Grants)."
         )
     degraded = inspect.degraded_devices(kube)
     print("\nDegraded devices")

@@ -183,8 +183,8 @@ def test_gpus_no_agent_reports_are_counted_not_labelled() -> None:
 
 def test_series_are_bounded_by_the_gpus_and_the_maps_whatever_the_maps_say() -> None:
     """Thousands of slots over one 8-GPU node, and many maps: 3 series per reported GPU, 7 per
-    map and 2 more, on top of the controller's own families (fixed in number), as the README
-    says."""
+    map and 2 more, on top of the controller's own families (fixed in number), as
+    docs/observability.md says."""
     gpus = 8
     node = NodeInventory(
         A, tuple(GpuDevice(i, GpuUuid(f"GPU-a{i}"), "NVIDIA H100 80GB HBM3") for i in range(gpus))
