@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from bench import Budget, Measurement, above, below, log_to_stderr
+from bench._cli import Benchmark, cli
 from bench._kube import (
     Obj,
     Observed,
@@ -80,33 +81,23 @@ from bench._kube import (
     profiling,
 )
 from bench._proc import BenchError
+from bench._report import rates, ratio, run_details
+from bench._runs import RunResult, Usage, burst_result, drain_result
 from bench._stats import counter_delta, counter_totals, percentile
-from bench.placement import (
+from bench._steps import Contender, PlacementBench, best_concurrency, run_contenders
+from bench._workload import (
     CREATE_THREADS,
     NAMESPACE,
     PROBE,
     SETUP_THREADS,
-    Benchmark,
-    Contender,
-    PlacementBench,
-    RunResult,
     Scale,
-    Usage,
-    _pod,
-    best_concurrency,
+    bench_pod,
     binding,
-    burst_result,
-    cli,
-    drain_result,
     gpu_uuid,
     gpuplace_pod,
     inventory,
     node_name,
     pod_name,
-    rates,
-    ratio,
-    run_contenders,
-    run_details,
 )
 from kubeio.paths import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 from placement.dra import (
@@ -182,7 +173,7 @@ def cel_claim(scale: Scale, pod: int, run: int, settings: DraSettings = SETTINGS
 def _claim_pod(name: str, spec: Obj) -> Obj:
     """A pod whose container uses the claim of the pod's name."""
     spec = {"resourceClaims": [{"name": CLAIM_ENTRY, "resourceClaimName": name}], **spec}
-    return _pod(name, {}, spec, {"claims": [{"name": CLAIM_ENTRY}]})
+    return bench_pod(name, {}, spec, {"claims": [{"name": CLAIM_ENTRY}]})
 
 
 def cel_pod(scale: Scale, pod: int, run: int) -> Obj:

@@ -44,18 +44,10 @@ from bench import (
     print_tables,
 )
 from bench._ceiling import Shape
-from bench.placement import (
-    APISERVER,
-    BINDING_CPU,
-    ETCD,
-    KWOK,
-    LEADER_CPU,
-    Benchmark,
-    PlacementBench,
-    RunResult,
-    Scale,
-    window_cpu,
-)
+from bench._cli import Benchmark
+from bench._runs import APISERVER, BINDING_CPU, ETCD, KWOK, LEADER_CPU, RunResult, window_cpu
+from bench._steps import PlacementBench
+from bench._workload import Scale
 
 NAME = "drains"
 

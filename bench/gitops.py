@@ -33,18 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import Measurement, below, describe, log_to_stderr, machine, print_tables
+from bench._cli import running
 from bench._kube import Obj, call
 from bench._proc import BenchError
-from bench.placement import (
-    NAMESPACE,
-    PlacementBench,
-    Scale,
-    _pod,
-    gpu_uuid,
-    map_name,
-    node_name,
-    running,
-)
+from bench._steps import PlacementBench
+from bench._workload import NAMESPACE, Scale, bench_pod, gpu_uuid, map_name, node_name
 from gpuplace_dev.demo.argocd import ArgoCDSync
 from gpuplace_dev.demo.gitops import GitOpsRepo
 from gpuplace_dev.localargocd.apps import APPLICATIONS, AppState
@@ -125,7 +118,7 @@ def map_text(slots: dict[int, Slot]) -> str:
 
 def statefulset(replicas: int) -> Obj:
     """The workload: `replicas` pods of the map, the placement benchmark's pod as template."""
-    pod = _pod(STATEFULSET, {MAP_LABEL: MAP, "app": STATEFULSET}, {})
+    pod = bench_pod(STATEFULSET, {MAP_LABEL: MAP, "app": STATEFULSET}, {})
     template = {"metadata": {"labels": pod["metadata"]["labels"]}, "spec": pod["spec"]}
     selector = {"matchLabels": {"app": STATEFULSET}}
     spec = {"replicas": replicas, "podManagementPolicy": "Parallel", "serviceName": STATEFULSET}

@@ -30,23 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import Budget, Measurement, below, log_to_stderr
+from bench._cli import Benchmark, cli
 from bench._heartbeats import DEFAULT_INTERVAL
 from bench._kube import HeartbeatLoad, Heartbeats, create_pods
-from bench.placement import (
-    CREATE_THREADS,
-    NAMESPACE,
-    Benchmark,
-    PlacementBench,
-    Results,
-    Scale,
-    cli,
-    contend,
-    gpuplace_pod,
-    node_name,
-)
-from bench.placement import (
-    measurements as placement_measurements,
-)
+from bench._report import measurements as placement_measurements
+from bench._runs import Results
+from bench._steps import PlacementBench, contend
+from bench._workload import CREATE_THREADS, NAMESPACE, Scale, gpuplace_pod, node_name
 from placement.inventory import INVENTORY_NAMESPACE
 
 NAME = "scale"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench._stats import histogram_count
-from bench.placement import NAMESPACE, Scale, node_name
+from bench._workload import NAMESPACE, Scale, node_name
 from bench.scale import ScaleBench
 from kubeio.paths import LEASES, PODS
 from placement.inventory import INVENTORY_NAMESPACE

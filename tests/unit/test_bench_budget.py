@@ -5,20 +5,16 @@ from __future__ import annotations
 
 from typing import cast
 
+import pytest
+
 from bench import Budget, above, table
 from bench._ceiling import Shape
 from bench._kube import MACHINE
+from bench._report import measurements
+from bench._runs import BINDING_CPU, REFERENCE_CPU, Admission, RunResult
+from bench._steps import PlacementBench, contend
+from bench._workload import Scale
 from bench.drains import Setting, contend_phases, phases
-from bench.placement import (
-    BINDING_CPU,
-    REFERENCE_CPU,
-    Admission,
-    PlacementBench,
-    RunResult,
-    Scale,
-    contend,
-    measurements,
-)
 
 SCALE = Scale(nodes=20, pods=100)
 
@@ -59,18 +55,29 @@ def _run(rate: float, **extra: float) -> RunResult:
     return RunResult(rate=rate, seconds=1.0, p50=0.1, p99=0.5, pods=100, extra=extra)
 
 
+#: Where `FakeBench` spends its budget: the search's first ceiling, the first after the drain.
+IN_THE_SEARCH, AFTER_THE_DRAIN = "in the search", "after the drain"
+
+
 class FakeBench:
     """Every step of a placement repeat, recorded; the clock jumps past the budget during the
-    first ceiling after gpuplace's drain, or (`spend_in_search`) during the search's first."""
+    step `spend_on` (a step's name, `IN_THE_SEARCH` or `AFTER_THE_DRAIN`)."""
 
     controller_peak_mib = 100.0
 
-    def __init__(self, clock: Clock, spend_in_search: bool = False) -> None:
+    def __init__(self, clock: Clock, spend_on: str = AFTER_THE_DRAIN) -> None:
         self.clock = clock
-        self.spend_in_search = spend_in_search
+        self.spend_on = spend_on
         self.calls: list[str] = []
 
     def _step(self, name: str) -> None:
+        ceiling = name.startswith("ceiling ")
+        if (
+            name == self.spend_on
+            or (ceiling and self.spend_on == IN_THE_SEARCH)
+            or (ceiling and self.spend_on == AFTER_THE_DRAIN and "gpuplace drain" in self.calls)
+        ):
+            self.clock.now = 1e9
         self.calls.append(name)
 
     def idle(self) -> dict[str, float]:
@@ -83,8 +90,6 @@ class FakeBench:
         return 50.0
 
     def ceiling(self, shape: Shape) -> RunResult:
-        if self.spend_in_search or "gpuplace drain" in self.calls:
-            self.clock.now = 1e9
         self._step(f"ceiling {shape.describe()}")
         extra = {"processes": float(shape.processes), "threads per process": float(shape.threads)}
         return _run(600, **extra)
@@ -107,7 +112,8 @@ class FakeBench:
 
     def admission_at(self, rate: float, count: int) -> Admission:
         self._step(f"{rate:g}/s")
-        return Admission({}, {}, rate=rate)
+        # Each webhook call 3 ms and each etcd write 2 ms, as the apiserver's traces time them.
+        return Admission({}, {}, rate=rate, traced=(0.003,) * 10, creates=10, etcd=(0.002,) * 10)
 
     def reference_admission_at(self, rate: float, count: int) -> Admission:
         self._step(f"reference {rate:g}/s")
@@ -126,38 +132,93 @@ class FakeBench:
         return _run(280, **{BINDING_CPU: 0.003, "start_to_first_bound_s": 2.0})
 
 
+#: The steps of a repeat after its headline's, in order, as `Budget` names them.
+DETAILS = [
+    "kube-scheduler burst",
+    "kube-scheduler drain",
+    "the burst through the reference webhook",
+    "the reference webhook at 50 creates/s",
+    "the creates one at a time",
+    "the creates at 25/s",
+    "the creates at 100/s",
+]
+
+
 def test_a_run_cut_short_after_the_ceiling_still_holds_the_drain_against_it() -> None:
     clock, logged = Clock(), list[str]()
     bench, budget = FakeBench(clock), Budget(300, logged.append, clock)
     results = contend(cast(PlacementBench, bench), 2, logged.append, budget, search=(32,))
-    after_search = bench.calls[bench.calls.index("burst") :]
-    assert after_search == [
-        "burst",
-        "burst without the webhook",
-        "burst through the reference",
-        "one at a time",
-        "25/s",
-        "50/s",
-        "100/s",
-        "reference 50/s",
+    # After the search: the repeat's drain and the ceiling right after it.
+    assert bench.calls[bench.calls.index("gpuplace drain") :] == [
         "gpuplace drain",
         "ceiling 1 process x 32 threads",
     ]
-    assert budget.left_out == ["kube-scheduler burst", "kube-scheduler drain", "repeat 2"]
-    assert "budget of 300 s spent: kube-scheduler burst and what follows not run" in logged
+    assert budget.left_out == [
+        "the bursts through the webhook and without it",
+        "the creates at 50/s",
+        *DETAILS,
+        "repeat 2",
+    ]
+    assert (
+        "budget of 300 s spent: the bursts through the webhook and without it and what follows "
+        "not run" in logged
+    )
     rows = {m.metric: m for m in measurements(SCALE, results)}
     drain = rows["gpuplace drain / ceiling"]
     assert drain.samples == (540 / 600,) and drain.ok is True
-    assert rows["creates/s through the webhook / without it"].samples == (400 / 500,)
-    for left_out in ("kube-scheduler drain: pods/s", "gpuplace / kube-scheduler, drain"):
+    for left_out in (
+        "creates/s through the webhook / without it",
+        "kube-scheduler drain: pods/s",
+        "gpuplace / kube-scheduler, drain",
+    ):
         assert rows[left_out].samples == () and rows[left_out].ok is None, left_out
+    printed = table(list(rows.values()))
+    assert "| gpuplace / kube-scheduler, drain | not run | >= 2 x |  |" in printed
+
+
+def test_a_budget_spent_in_the_headline_leaves_out_the_details_and_measures_the_headline() -> None:
+    clock, logged = Clock(), list[str]()
+    bench, budget = FakeBench(clock, spend_on="50/s"), Budget(300, logged.append, clock)
+    results = contend(cast(PlacementBench, bench), 2, logged.append, budget, search=(32,))
+    assert bench.calls[bench.calls.index("gpuplace drain") :] == [
+        "gpuplace drain",
+        "ceiling 1 process x 32 threads",
+        "burst",
+        "burst without the webhook",
+        "50/s",
+    ]
+    assert budget.left_out == [*DETAILS, "repeat 2"]
+    rows = {m.metric: m for m in measurements(SCALE, results)}
+    headline = {
+        "gpuplace drain / ceiling": 540 / 600,
+        "creates/s through the webhook / without it": 400 / 500,
+        "gpuplace burst: create -> bound p99": 0.5,
+        "webhook p99 / the same creates' etcd write p99 (apiserver's traces) at 50 creates/s": (
+            3 / 2
+        ),
+    }
+    for metric, value in headline.items():
+        measured = rows[metric]
+        assert len(measured.samples) == 1 and measured.value == pytest.approx(value), metric
+    details = [
+        "gpuplace / kube-scheduler, drain",
+        "kube-scheduler burst: pods/s",
+        "burst creates/s through the reference webhook (Go, same patch)",
+        "creates/s through gpuplace's webhook / through the reference webhook",
+        "webhook p99 at 50 creates/s (apiserver's traces), gpuplace's / the reference's",
+        "webhook p99 (apiserver's histogram), one create at a time",
+        "webhook p99 (apiserver's traces) at 25 creates/s",
+        "webhook p99 (apiserver's traces) at 100 creates/s",
+    ]
+    for metric in details:
+        assert rows[metric].samples == () and rows[metric].ok is None, metric
     printed = table(list(rows.values()))
     assert "| gpuplace / kube-scheduler, drain | not run | >= 2 x |  |" in printed
 
 
 def test_a_budget_spent_in_the_search_leaves_out_every_repeat_and_still_gives_a_table() -> None:
     clock, logged = Clock(), list[str]()
-    bench = FakeBench(clock, spend_in_search=True)
+    bench = FakeBench(clock, spend_on=IN_THE_SEARCH)
     budget = Budget(60, logged.append, clock)
     results = contend(cast(PlacementBench, bench), 1, logged.append, budget, search=(32, 64))
     assert all(call.startswith("ceiling ") for call in bench.calls)  # the search ran whole
@@ -201,7 +262,7 @@ def test_the_drains_bench_starts_no_run_and_no_aging_once_its_budget_is_spent() 
     shape = Shape(1, 16)
     rounds = contend_phases(
         cast(PlacementBench, bench),
-        phases([Setting(0, 256)], [shape], 1000),
+        phases([Setting(256)], [shape], 1000),
         1,
         1000,
         budget,
@@ -223,7 +284,7 @@ def test_the_drains_bench_starts_no_run_and_no_aging_once_its_budget_is_spent() 
 def test_a_drains_round_stops_at_the_first_run_its_budget_refuses() -> None:
     clock = Clock()
     bench, budget = FakeDrains(clock, spend_on=1), Budget(100, print, clock)
-    phase = phases([Setting(0, 256)], [Shape(1, 16)], 0)
+    phase = phases([Setting(256)], [Shape(1, 16)], 0)
     rounds = contend_phases(cast(PlacementBench, bench), phase, 2, 0, budget, log=print)
     assert bench.calls == ["drain"]
     assert budget.left_out == ["round 0 ceiling 1x16"]

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from bench._kube import CpuMeter, CpuSampler, process_cpu
-from bench.placement import CLIENT, PlacementBench, Scale, Usage
+from bench._runs import CLIENT, Usage
+from bench._steps import PlacementBench
+from bench._workload import Scale
 
 #: Burns a CPU for this many seconds, then waits to be killed.
 BURN = 0.4

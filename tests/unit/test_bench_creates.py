@@ -3,21 +3,15 @@ without it, and the webhook's p99 at a steady rate against the same creates' etc
 
 from __future__ import annotations
 
-from bench.placement import (
-    APISERVER,
-    CREATE_P99,
-    REFERENCE_CPU,
+from bench._report import (
     TARGET_CREATES_RATIO,
-    TARGET_STEADY_RATE,
     TARGET_WEBHOOK_VS_ETCD_P99,
-    WEBHOOK,
-    Admission,
-    Results,
-    RunResult,
     _traced,
     creates_rows,
     reference_rows,
 )
+from bench._runs import APISERVER, CREATE_P99, REFERENCE_CPU, WEBHOOK, Admission, Results, RunResult
+from bench._workload import TARGET_STEADY_RATE
 
 
 def burst(creates: float) -> RunResult:

@@ -10,6 +10,8 @@ import pytest
 
 from bench import Budget
 from bench._podwatch import Seen
+from bench._runs import RunResult
+from bench._workload import Scale, gpu_uuid, inventory, node_name
 from bench.dra import (
     CLAIM_ENTRY,
     CLAIM_METADATA,
@@ -31,7 +33,6 @@ from bench.dra import (
     with_placement_rate,
     writes_per_pod,
 )
-from bench.placement import RunResult, Scale, gpu_uuid, inventory, node_name
 from placement.dra import REQUEST_NAME, DraSettings, allocation_status, slice_devices, slice_for
 from placement.types import NodeName
 

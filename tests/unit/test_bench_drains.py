@@ -5,17 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench._ceiling import Shape
+from bench._runs import APISERVER, BINDING_CPU, ETCD, KWOK, LEADER_CPU, RunResult, window_cpu
+from bench._workload import Scale
 from bench.drains import Rounds, Setting, line, main, measurements, parse_shape, phases
-from bench.placement import (
-    APISERVER,
-    BINDING_CPU,
-    ETCD,
-    KWOK,
-    LEADER_CPU,
-    RunResult,
-    Scale,
-    window_cpu,
-)
 
 
 def test_settings_and_shapes_are_read_as_written_and_refused_with_the_text() -> None:

@@ -9,8 +9,10 @@ import pytest
 
 from bench._heartbeats import Renewer
 from bench._kube import paced
+from bench._report import _waits
+from bench._runs import Admission
+from bench._workload import gpu_uuid, node_name
 from bench.gitops import MOVES, SCALE, _on, away, home, map_text
-from bench.placement import Admission, _waits, gpu_uuid, node_name
 from kubeio.errors import APIServerError
 from placement.validate import parse_map
 
