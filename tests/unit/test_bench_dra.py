@@ -9,30 +9,28 @@ from dataclasses import replace
 import pytest
 
 from bench import Budget
-from bench._podwatch import Seen
-from bench._runs import RunResult
-from bench._workload import Scale, gpu_uuid, inventory, node_name
-from bench.dra import (
+from bench._dra_workload import (
     CLAIM_ENTRY,
     CLAIM_METADATA,
     FINALIZER_VERBS,
     PLACEMENT_RESOURCES,
-    WIDE,
     DraResults,
     DraRun,
     allocation_errors,
     cel_claim,
     cel_only_pod,
     cel_pod,
-    contend_ratio,
     device_class,
-    measurements,
     placement_rate,
     slot_device,
     uuid_selector,
     with_placement_rate,
     writes_per_pod,
 )
+from bench._podwatch import Seen
+from bench._runs import RunResult
+from bench._workload import Scale, gpu_uuid, inventory, node_name
+from bench.dra import WIDE, contend_ratio, measurements
 from placement.dra import REQUEST_NAME, DraSettings, allocation_status, slice_devices, slice_for
 from placement.types import NodeName
 
