@@ -367,7 +367,15 @@ class Binder:
         claim: ClaimPlan | None = None
         if isinstance(outcome, Placement) and self.dra is not None and facts.map_name is not None:
             tolerations = cluster.model.tolerations(outcome.slot.map, outcome.slot.index)
-            checked = self.dra.check(pod, outcome, self.cache, tolerations)
+            state = cluster.inventories.get(outcome.decision.node)
+            checked = self.dra.check(
+                pod,
+                outcome,
+                self.cache,
+                tolerations,
+                cluster.model.grants,
+                state.inventory if state is not None else None,
+            )
             if isinstance(checked, Status):
                 outcome = checked
             else:
