@@ -12,6 +12,7 @@ from placement.annotations import (
     legacy_map_key,
 )
 from placement.occupancy import Holder
+from placement.podmeta import prebound_line
 from placement.types import NodeName
 
 
@@ -41,7 +42,7 @@ def holder_of(pod: Pod) -> Holder | None:
             () if decision.devices else indices,
             **flags,
         )
-    line = pod.prebound_line()
+    line = prebound_line(pod)
     if line is None or line.index is None or line.entry is None:
         return None
     devices = line.entry.devices

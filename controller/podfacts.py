@@ -17,6 +17,7 @@ from placement.devices import GpuId
 from placement.gate import Path, identify, judge
 from placement.keyring import TrustView, Verdict
 from placement.nodes import resolve_node
+from placement.podmeta import legacy_text_of, map_name_of, prebound_line
 from placement.types import NodeName, Sharing, SlotKey
 
 
@@ -28,8 +29,8 @@ def facts(pod: Pod, legacy: bool) -> PodFacts:
         labels=pod.labels,
         owner_kind=pod.owner_kind,
         generated_name=pod.generated,
-        map_name=pod.map_name,
-        legacy_map=pod.legacy_text if legacy else None,
+        map_name=map_name_of(pod),
+        legacy_map=legacy_text_of(pod) if legacy else None,
     )
 
 
@@ -122,7 +123,7 @@ def prebound_legacy(pod: Pod, cluster: Cluster) -> Holding | str | None:
     from the earlier tools): a Holding; a reason it holds nothing (the gate refuses it: its line
     resolves to another node than the one it runs on, or outside its namespace's grants); or
     None when it is not such a pod (gpuplace annotations, no line for its index)."""
-    line = pod.prebound_line()
+    line = prebound_line(pod)
     if line is None or line.index is None or line.entry is None:
         return None
     entry = line.entry

@@ -38,6 +38,7 @@ from kubeio.pod import Pod
 from placement.annotations import STATUS_ANNOTATION, source_provenance
 from placement.inventory import NodeInventory
 from placement.occupancy import CellState, GpuCell, occupancy, summary
+from placement.podmeta import map_name_of
 from placement.status import MapStatus
 from placement.types import NodeName
 
@@ -119,7 +120,7 @@ def pending_rows(pods: Iterable[Pod]) -> list[tuple[str, str, str, str]]:
         rows.append(
             (
                 pod.key,
-                pod.map_name or "(legacy)",
+                map_name_of(pod) or "(legacy)",
                 waits.reason if waits else "",
                 waits.message if waits else "not examined by the binder yet",
             )

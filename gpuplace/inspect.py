@@ -13,6 +13,7 @@ from kubeio.client import Kube
 from kubeio.errors import APINotFoundError
 from kubeio.paths import CONFIGMAPS, EVENTS, PODS
 from kubeio.pod import Condition, Pod
+from placement import podmeta
 from placement.annotations import (
     CUDA_ANNOTATION,
     DEVICES_ANNOTATION,
@@ -79,7 +80,7 @@ class PodRow:
     def of(cls, pod: Pod) -> PodRow:
         ann = pod.annotations
         map_name = (
-            pod.map_name
+            podmeta.map_name_of(pod)
             or ann.get(MAP_ANNOTATION)
             or ("(legacy)" if LEGACY_ANNOTATION in ann else "")
         )
@@ -123,14 +124,14 @@ def _reason(pod: Pod) -> str:
 def _legacy_line(pod: Pod) -> PodLine | None:
     """The pod's own legacy line, or None where it has none or the text is broken."""
     try:
-        return pod.legacy_line()
+        return podmeta.legacy_line(pod)
     except PlacementError:
         return None
 
 
 def prebound_line(pod: Pod) -> str | None:
     """The devices of a pod bound by the earlier tools (legacy line, no gpuplace binding)."""
-    line = pod.prebound_line() if pod.bound else None
+    line = podmeta.prebound_line(pod) if pod.bound else None
     entry = line.entry if line is not None else None
     return None if entry is None else ",".join(map(str, entry.devices))
 
@@ -363,7 +364,7 @@ def explanation(kube: Kube, namespace: str, name: str) -> Explanation | None:
     ann = pod.annotations
     by_gpuplace = bool(row.node) and CUDA_ANNOTATION in ann
     legacy = ann.get(MAP_ANNOTATION, "").startswith(LEGACY_MAP_PREFIX)
-    map_name = pod.map_name or ""
+    map_name = podmeta.map_name_of(pod) or ""
     map_status = ""
     if map_name:  # a label value is a name, or no map at all
         map_status = mapviews.describe(mapviews.views_of(kube, namespace, map_name))

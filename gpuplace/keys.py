@@ -14,6 +14,7 @@ from controller.slotcache import Holding
 from kubeio.client import Obj
 from kubeio.pod import Pod
 from placement.keyring import Adoption, KeyRing, Trust, TrustView, Verdict, adoption
+from placement.podmeta import has_binding
 from placement.types import MapKey
 
 
@@ -37,7 +38,7 @@ def judge_all(pods: Iterable[Obj], view: TrustView) -> list[BoundPod]:
     out = []
     for obj in pods:
         pod = Pod.of(obj)
-        if not pod.bound or pod.finished or not pod.has_binding():
+        if not pod.bound or pod.finished or not has_binding(pod):
             continue
         read = podfacts.BoundPod(pod, view)
         assert read.verdict is not None

@@ -4,6 +4,9 @@ pod events, the webhook's reviews and the CLI's lists alike.
 `Pod.of` reads an object the apiserver returned (an informer's event, a LIST); `Pod.read` reads
 one that anybody could have sent (an AdmissionReview posted to the webhook) and refuses a field of
 the wrong type, naming it, with `MalformedPodError`. Both give the same view.
+
+The view is Kubernetes' fields only; what gpuplace's own labels and annotations say is read from it
+by `placement.podmeta`.
 """
 
 from __future__ import annotations
@@ -14,10 +17,6 @@ from typing import Any
 
 from kubeio.client import Obj
 from kubeio.events import ObjectRef
-from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, has_binding_annotations
-from placement.errors import PlacementError
-from placement.indexing import PodIdentity
-from placement.legacy import PodLine, pod_line
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -128,21 +127,9 @@ class Pod:
         return self.phase in TERMINAL_PHASES
 
     @property
-    def map_name(self) -> str | None:
-        """Label gpuplace.io/map: the placement map the pod asks for."""
-        return self.labels.get(MAP_LABEL)
-
-    @property
     def generated(self) -> bool:
         """metadata.name came from metadata.generateName."""
         return bool(self.generate_name) and self.name.startswith(self.generate_name)
-
-    def identity(self) -> PodIdentity:
-        return PodIdentity(self.name, self.labels, self.owner_kind, self.generated)
-
-    def has_binding(self) -> bool:
-        """Whether any gpuplace.io/* binding annotation is on the pod."""
-        return has_binding_annotations(self.annotations)
 
     def condition(self, kind: str, status: str = "True") -> Condition | None:
         """The pod's condition `kind` while its status is `status` (PodScheduled False: why the
@@ -166,30 +153,6 @@ class Pod:
             if entry.get("name") == name and entry.get("resourceClaimName"):
                 return str(entry["resourceClaimName"])
         return None
-
-    @property
-    def legacy_text(self) -> str | None:
-        """Annotation gpu-scheduling-map: the earlier tools' map, carried by the pod itself."""
-        return self.annotations.get(LEGACY_ANNOTATION)
-
-    def prebound_line(self) -> PodLine | None:
-        """For a pod the earlier tools placed (its own gpu-scheduling-map text, no gpuplace
-        binding): that text read for it, when it has a line for the pod's index; else None
-        (broken text included: such a pod holds nothing by it)."""
-        if self.legacy_text is None or self.has_binding():
-            return None
-        try:
-            line = self.legacy_line()
-        except PlacementError:
-            return None
-        return line if line.index is not None and line.entry is not None else None
-
-    def legacy_line(self) -> PodLine:
-        """The pod's own gpu-scheduling-map text, parsed for this pod (its name's ordinal picks
-        the line). Raises PlacementError, located in the annotation, when the text is broken."""
-        return pod_line(
-            self.legacy_text or "", self.name, f"pod {self} annotation {LEGACY_ANNOTATION}"
-        )
 
 
 def mapping(value: object, where: str) -> Mapping[str, Any]:

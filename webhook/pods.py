@@ -36,6 +36,7 @@ from placement.grants import GrantView
 from placement.indexing import IndexChoice, IndexSource, resolve_index
 from placement.legacy import LegacyEntry, shared_gpus
 from placement.model import CompiledMap, Model
+from placement.podmeta import identity_of, legacy_line
 from placement.types import EnvMode, Indexing, MapKey
 from webhook.jsonpatch import Operation, add, pointer, remove
 from webhook.review import AdmissionRequest, Verdict
@@ -274,7 +275,7 @@ def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Ve
     key = MapKey(pod.namespace, pod.labels[MAP_LABEL])
     cmap: CompiledMap | None = model.maps.get(key)
     if cmap is None:
-        guess = resolve_index(pod.pod.identity(), Indexing.AUTO)
+        guess = resolve_index(identity_of(pod.pod), Indexing.AUTO)
         index = f" (index {guess.index})" if guess.index is not None else ""
         return Verdict.deny(
             f"pod {pod}{index}: label {MAP_LABEL}={key.name!r} names placement map {key}, which "
@@ -282,7 +283,7 @@ def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Ve
             f"{key.namespace!r} with label {PLACEMENT_MAP_LABEL}=true and key placement.yaml, "
             f"and check its {STATUS_ANNOTATION} annotation"
         )
-    choice = resolve_index(pod.pod.identity(), cmap.indexing)
+    choice = resolve_index(identity_of(pod.pod), cmap.indexing)
     if choice.error:
         return Verdict.deny(f"pod {pod}: placement map {key}: {choice.error}")
     if pod.pod.node_name:
@@ -371,7 +372,7 @@ def claim_wiring(pod: PodView, template: str) -> list[Operation]:
 def _admit_legacy(pod: PodView, grants: GrantView) -> Verdict:
     source = f"pod {pod} annotation {LEGACY_ANNOTATION}"
     try:
-        line = pod.pod.legacy_line()
+        line = legacy_line(pod.pod)
     except PlacementError as exc:
         return Verdict.deny(exc.format(), code=422, reason="Invalid")
     if not line.entries:

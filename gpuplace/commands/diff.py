@@ -34,6 +34,7 @@ from kubeio.paths import PODS
 from kubeio.pod import Pod
 from placement.annotations import INDEX_ANNOTATION, MAP_LABEL
 from placement.diff import DriftingPod, RunningPod, drifting_pods, format_plan, plan
+from placement.podmeta import map_name_of
 from placement.snapshot import is_yaml_path, load_snapshot
 
 #: Paths a `git check-ignore` call: keeps its command line short in a repository of many maps.
@@ -79,9 +80,10 @@ def running_pods(kube: Kube) -> list[RunningPod]:
     for obj in kube.get(PODS.collection(), labelSelector=MAP_LABEL)["items"]:
         pod = Pod.of(obj)
         index = pod.annotations.get(INDEX_ANNOTATION, "")
-        if not pod.bound or not index.isdecimal() or pod.map_name is None:
+        map_name = map_name_of(pod)
+        if not pod.bound or not index.isdecimal() or map_name is None:
             continue
-        out.append(RunningPod(pod.namespace, pod.name, pod.map_name, int(index)))
+        out.append(RunningPod(pod.namespace, pod.name, map_name, int(index)))
     return out
 
 

@@ -1,4 +1,5 @@
-"""kubeio.pod: the one reader of a pod, for the controller, the webhook and the CLI."""
+"""kubeio.pod: the one reader of a pod, for the controller, the webhook and the CLI; and
+placement.podmeta: what gpuplace reads in its labels and annotations."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ from typing import Any
 import pytest
 
 from kubeio.pod import MalformedPodError, Pod
-from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, UNVERIFIABLE_CONDITION
+from placement.annotations import (
+    INDEX_ANNOTATION,
+    LEGACY_ANNOTATION,
+    MAP_LABEL,
+    UNVERIFIABLE_CONDITION,
+)
 from placement.errors import PlacementError
+from placement.podmeta import has_binding, identity_of, legacy_line, map_name_of, prebound_line
 
 
 def pod_obj(**meta: Any) -> dict[str, Any]:
@@ -47,10 +54,10 @@ def test_the_trusted_and_the_checked_reader_give_the_same_view() -> None:
     obj = pod_obj()
     assert Pod.of(obj) == Pod.read(obj)
     pod = Pod.of(obj)
-    assert (pod.key, str(pod), pod.uid, pod.map_name) == ("ml/web-3", "ml/web-3", "u3", "llm")
+    assert (pod.key, str(pod), pod.uid, map_name_of(pod)) == ("ml/web-3", "ml/web-3", "u3", "llm")
     assert pod.owner_kind == "StatefulSet" and pod.generated and pod.bound and not pod.finished
     assert pod.ref.kind == "Pod" and pod.ref.uid == "u3"
-    assert pod.identity().name == "web-3"
+    assert identity_of(pod).name == "web-3"
 
 
 def test_conditions_claims_and_the_legacy_line() -> None:
@@ -60,7 +67,7 @@ def test_conditions_claims_and_the_legacy_line() -> None:
     assert pod.condition("PodScheduled", status="False") is None
     assert pod.has_claim("gpus") and not pod.has_claim("other")
     assert pod.generated_claim("gpus") == "web-3-gpus-x" and pod.generated_claim("x") is None
-    line = pod.legacy_line()
+    line = legacy_line(pod)
     assert line.index == 3 and line.entry is not None and line.entry.node == "node-a"
     assert [e.index for e in line.entries] == [3, 4]
 
@@ -68,8 +75,21 @@ def test_conditions_claims_and_the_legacy_line() -> None:
 def test_a_broken_legacy_line_names_the_pod_and_the_annotation() -> None:
     pod = Pod.of(pod_obj(annotations={LEGACY_ANNOTATION: "3=node-a"}))
     with pytest.raises(PlacementError) as err:
-        pod.legacy_line()
+        legacy_line(pod)
     assert f"pod ml/web-3 annotation {LEGACY_ANNOTATION}:1:" in err.value.format()
+
+
+def test_a_prebound_line_is_read_only_for_a_pod_without_a_gpuplace_binding() -> None:
+    plain = Pod.of(pod_obj())
+    line = prebound_line(plain)
+    assert not has_binding(plain) and line is not None and line.index == 3
+    bound = Pod.of(pod_obj(annotations={LEGACY_ANNOTATION: "3=node-a:0", INDEX_ANNOTATION: "3"}))
+    assert has_binding(bound) and prebound_line(bound) is None
+    broken = Pod.of(pod_obj(annotations={LEGACY_ANNOTATION: "3=node-a"}))
+    assert prebound_line(broken) is None
+    other_index = Pod.of(pod_obj(annotations={LEGACY_ANNOTATION: "4=node-a:0"}))
+    assert prebound_line(other_index) is None
+    assert prebound_line(Pod.of(pod_obj(annotations={}))) is None
 
 
 def test_a_new_pod_without_a_name_reads_as_generated() -> None:
