@@ -1,4 +1,4 @@
-"""The compiled model as the controller last wrote it (the model watch, `kubeio.modelwatch`), narrowed
+"""The compiled model as the controller last wrote it (the model watch, `kubeio.configmapwatch`), narrowed
 to the maps with a slot on this agent's node."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ import logging
 from collections.abc import Callable
 
 from kubeio.client import Kube
+from kubeio.configmapwatch import ConfigMapWatch
 from kubeio.informer import Informer
-from kubeio.modelwatch import ModelWatch as SharedModelWatch
-from placement.model import CompiledMap, CompiledSlot
+from placement.model import MODEL_CONFIGMAPS, CompiledMap, CompiledSlot
 from placement.types import MapKey, NodeName
 
 log = logging.getLogger(__name__)
 
 
 class ModelWatch:
-    """The maps with a slot on this agent's node, from `kubeio.modelwatch.ModelWatch`."""
+    """The maps with a slot on this agent's node, from the model watch (`kubeio.configmapwatch`)."""
 
     def __init__(
         self,
@@ -26,7 +26,7 @@ class ModelWatch:
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.node = node
-        self.watch = SharedModelWatch(kube, namespace)
+        self.watch = ConfigMapWatch(kube, namespace, MODEL_CONFIGMAPS)
         self.watch.add_handler(lambda _event, _obj, _old: on_change())
         self.generation: int | None = None
         self._maps: tuple[CompiledMap, ...] | None = None

@@ -25,14 +25,13 @@ from controller.claimfinalizers import ClaimFinalizers, add_finalizer, needs_pro
 from kubeio.client import Kube, Obj, obj_key
 from kubeio.errors import APIConflictError, APIError, APINotFoundError
 from kubeio.informer import DELETED
-from kubeio.paths import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource
+from kubeio.paths import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from kubeio.pod import Pod
 from kubeio.requests import Request, prepare
 from placement.binding import Code, Placement, SlotView, Status
 from placement.dra import (
     DELETE_PROTECTION,
     POD_CLAIM_NAME,
-    TEMPLATE_LABEL,
     ClaimState,
     DraDevice,
     DraSettings,
@@ -53,14 +52,6 @@ from placement.types import GpuUuid, MapKey, NodeName
 from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
-CLAIMS_PATH = RESOURCE_CLAIMS.collection()
-SLICES_PATH = RESOURCE_SLICES.collection()
-TEMPLATES_PATH = RESOURCE_CLAIM_TEMPLATES.collection()
-#: Alpha in Kubernetes 1.35 (gate DRADeviceTaintRules, API resource.k8s.io/v1alpha3): watched
-#: where served, read as none where not.
-DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1alpha3", "devicetaintrules", namespaced=False)
-TAINT_RULES_PATH = DEVICE_TAINT_RULES.collection()
-TEMPLATE_SELECTOR = f"{TEMPLATE_LABEL}=true"
 DeviceId = tuple[str, str, str]  # (driver, pool, device)
 
 

@@ -7,30 +7,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from controller.dra import (
-    CLAIMS_PATH,
-    SLICES_PATH,
-    TAINT_RULES_PATH,
-    TEMPLATE_SELECTOR,
-    TEMPLATES_PATH,
-)
 from controller.settings import ControllerSettings
 from kubeio.client import Kube, Obj
+from kubeio.configmapwatch import ConfigMapWatch
 from kubeio.informer import Informer
-from kubeio.modelwatch import ModelWatch
 from kubeio.paths import (
     CONFIGMAPS,
+    DEVICE_TAINT_RULES,
     LEASES,
     NODES,
     PLACEMENT_MAPS,
     PLACEMENT_POLICIES,
     PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
     SECRETS,
 )
 from kubeio.pod import Pod
 from placement.annotations import PLACEMENT_MAP_LABEL
-from placement.dra import Enforcement
+from placement.dra import TEMPLATE_SELECTOR, Enforcement
 from placement.grants import POLICY_CONFIGMAP
+from placement.model import MODEL_CONFIGMAPS, Model
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,7 @@ class SharedInformers:
     nodes: Informer
     inventories: Informer
     leases: Informer
-    model: ModelWatch
+    model: ConfigMapWatch[Model]
     policy: Informer
     #: The PlacementPolicy custom resource (a singleton); None when custom resources are off.
     policy_resource: Informer | None
@@ -110,15 +108,20 @@ class SharedInformers:
             dra = DraInformers(
                 Informer(
                     kube,
-                    SLICES_PATH,
+                    RESOURCE_SLICES.collection(),
                     name="resourceslices",
                     field_selector=f"spec.driver={s.dra.driver}",
                 ),
-                Informer(kube, CLAIMS_PATH, name="resourceclaims"),
+                Informer(kube, RESOURCE_CLAIMS.collection(), name="resourceclaims"),
                 Informer(
-                    kube, TEMPLATES_PATH, name="claimtemplates", label_selector=TEMPLATE_SELECTOR
+                    kube,
+                    RESOURCE_CLAIM_TEMPLATES.collection(),
+                    name="claimtemplates",
+                    label_selector=TEMPLATE_SELECTOR,
                 ),
-                Informer(kube, TAINT_RULES_PATH, name="devicetaintrules", optional=True),
+                Informer(
+                    kube, DEVICE_TAINT_RULES.collection(), name="devicetaintrules", optional=True
+                ),
             )
         return cls(
             sources=sources,
@@ -129,7 +132,7 @@ class SharedInformers:
                 kube, CONFIGMAPS.collection(s.inventory_namespace), name="inventories"
             ),
             leases=Informer(kube, LEASES.collection(s.inventory_namespace), name="leases"),
-            model=ModelWatch(kube, s.system_namespace),
+            model=ConfigMapWatch(kube, s.system_namespace, MODEL_CONFIGMAPS),
             policy=Informer(
                 kube,
                 CONFIGMAPS.collection(s.system_namespace),

@@ -54,6 +54,7 @@ from placement.binding import Cluster, Status, slot_status
 from placement.compile import Compiler
 from placement.dra import Enforcement
 from placement.inventory import NodeInventory
+from placement.model import model_data
 from placement.types import MapKey, NodeName, SlotKey
 from placement.wake import WakeKey
 
@@ -367,7 +368,7 @@ class Controller:
     def _compile_from_stored(self) -> None:
         """The first compile of this leader, seeded with the stored model (earlier `count`
         picks stay, sources invalid now keep serving what the stored model served)."""
-        stored = self.informers.model.data()
+        stored = model_data(self.informers.model.objects())
         with self._lock:
             seeded = self.maps.seed(stored)
             # The informers have queued every object they listed: compile them all at once,

@@ -51,6 +51,9 @@ LEASES = Resource("coordination.k8s.io", "v1", "leases")
 RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims")
 RESOURCE_CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates")
 RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", namespaced=False)
+#: Alpha in Kubernetes 1.35 (gate DRADeviceTaintRules, API resource.k8s.io/v1alpha3): watched
+#: where served, read as none where not.
+DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1alpha3", "devicetaintrules", namespaced=False)
 MUTATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", namespaced=False
 )

@@ -36,6 +36,7 @@ DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 #: Set by kube-controller-manager on claims it generates from a pod's template.
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 TEMPLATE_LABEL = "gpuplace.io/claim-template"
+TEMPLATE_SELECTOR = f"{TEMPLATE_LABEL}=true"
 CLAIM_MAP_LABEL = "gpuplace.io/map"
 DEFAULT_DRIVER = "gpu.nvidia.com"
 DEFAULT_ATTRIBUTE = "uuid"

@@ -390,6 +390,23 @@ def read_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
         raise ValueError(f"model ConfigMaps do not decode: {exc!r}") from exc
 
 
+class ModelConfigMaps:
+    """Which ConfigMaps hold the stored model and how they read (`read_model`), for the one watch
+    on them that the controller, the webhook and the agents run (`kubeio.configmapwatch`)."""
+
+    name = "model"
+    label_selector = f"{MODEL_LABEL}=true"
+
+    def decode(self, objects: Iterable[Mapping[str, Any]]) -> Model:
+        return read_model(model_data(objects))
+
+    def describe(self, model: Model) -> str:
+        return f"generation {model.generation}"
+
+
+MODEL_CONFIGMAPS = ModelConfigMaps()
+
+
 def decode_model(configmaps: Mapping[str, Mapping[str, str]]) -> Model:
     """Rebuilds the model from ConfigMap name -> data; raises ValueError if a shard is missing or
     does not match the manifest (a reader saw a write half-way and should wait for the next event)."""

@@ -1,4 +1,4 @@
-"""The compiled model as the webhook sees it: fed by the model watch (`kubeio.modelwatch`); the last
+"""The compiled model as the webhook sees it: fed by the model watch (`kubeio.configmapwatch`); the last
 complete model keeps serving while a write is seen half-way."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kubeio.client import Kube
-from kubeio.modelwatch import ModelWatch
-from placement.model import Model
+from kubeio.configmapwatch import ConfigMapWatch
+from placement.model import MODEL_CONFIGMAPS, Model
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +40,12 @@ class StaticModel:
 
 
 class ModelCache:
-    """The model as `kubeio.modelwatch.ModelWatch` reads it (ConfigMaps labelled
+    """The model as the model watch reads it (ConfigMaps labelled
     `gpuplace.io/model=true` in the system namespace), decoded on a thread of its own, off the
     informer's: a burst of shard events (one model write) collapses into one rebuild."""
 
     def __init__(self, kube: Kube, namespace: str) -> None:
-        self._watch = ModelWatch(kube, namespace)
+        self._watch = ConfigMapWatch(kube, namespace, MODEL_CONFIGMAPS)
         self._watch.add_handler(lambda _event, _obj, _old: self._dirty.set())
         self._dirty = threading.Event()
         self._stop = threading.Event()
