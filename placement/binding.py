@@ -506,7 +506,7 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
     )
     if isinstance(outcome, Status):
         return outcome
-    return _declared_elsewhere(source, slot, cluster.model) or outcome
+    return _declared_elsewhere(source, pod.namespace, slot, cluster.model) or outcome
 
 
 def _legacy_slot(
@@ -566,12 +566,21 @@ def _legacy_slot(
     )
 
 
-def _declared_elsewhere(source: str, slot: CompiledSlot, model: Model) -> Status | None:
+def _declared_elsewhere(
+    source: str, namespace: str, slot: CompiledSlot, model: Model
+) -> Status | None:
     """A GPU the model serves to a map's slot is that slot's, held or not: a legacy line (held
-    exclusively) does not take it while the map's pod is away (restarting, evicted)."""
+    exclusively) does not take it while the map's pod is away (restarting, evicted). The one
+    exception is the same slot written both ways: a line of index i in the namespace of a map whose
+    index i declares that GPU (a map made from the same `gpu-scheduling-map` text, its pods not
+    migrated yet) serves that slot, as the map's own pod would."""
     ids = [*slot.gpus, *gpu_ids((), slot.device_indices)] if slot.devices else list(slot.gpus)
     for gpu in dict.fromkeys(ids):
-        declaring = model.declared_by(slot.node, gpu)
+        declaring = [
+            d
+            for d in model.declared_by(slot.node, gpu)
+            if not (d.map.namespace == namespace and d.index == slot.index)
+        ]
         if declaring:
             other = declaring[0]
             return _wait(

@@ -325,3 +325,23 @@ def test_a_legacy_line_waits_for_a_gpu_an_exclusive_map_declares_while_its_pod_i
     assert f"is declared by map {PROD}/serve index 0" in status.message
     free = PodFacts(TENANT, "fine-0", "u2", {}, legacy_map=f"0={THEIRS}:2")
     assert isinstance(plan(free, cluster, SlotCache()), Placement)
+
+
+def test_a_legacy_line_serves_the_slot_its_own_namespaces_map_declares_at_its_index() -> None:
+    """A map made from the same gpu-scheduling-map text (its pods not migrated yet): the line of
+    index i in the map's namespace serves index i; another index or namespace still waits."""
+    compiler = Compiler()
+    compiler.set_node(THEIRS, {})
+    compiler.set_inventory(inventory(THEIRS))
+    declared = (DeclaredSlot(0, THEIRS, (0, 1)), DeclaredSlot(1, THEIRS, (2,)))
+    compiler.set_map(PlacementMap(MapKey(PROD, "serve"), declared))
+    model, _ = compiler.build()
+    cluster = cluster_of(model, inventory(THEIRS))
+    same = PodFacts(PROD, "serve-0", "u1", {}, legacy_map=f"0={THEIRS}:0,1")
+    assert isinstance(plan(same, cluster, SlotCache()), Placement)
+    other_index = PodFacts(PROD, "serve-1", "u2", {}, legacy_map=f"1={THEIRS}:0")
+    status = plan(other_index, cluster, SlotCache())
+    assert isinstance(status, Status) and status.reason == Reason.DEVICE_BUSY
+    other_namespace = PodFacts(TENANT, "serve-0", "u3", {}, legacy_map=f"0={THEIRS}:0,1")
+    status = plan(other_namespace, cluster, SlotCache())
+    assert isinstance(status, Status) and status.reason == Reason.DEVICE_BUSY
