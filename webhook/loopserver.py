@@ -8,7 +8,8 @@ placement map's validation, seconds for a large map) run on `validation_threads`
 so they never hold up pod admissions; they wait in a queue shared fairly between namespaces
 (`webhook.fairqueue`), and their connection reads nothing more until the answer is back.
 
-Bounded (every cap and timeout is a `ServerSettings` field; each refusal a `Refusal`, counted):
+Bounded (every cap and timeout is a `ServerSettings` field; each refusal a `Refusal`, counted;
+with several processes each keeps its share of the caps, `ServerSettings.per_process`):
 - connections: past `max_connections` a new connection takes the place of the oldest one that
   never sent a request (a flood of idle connections cannot lock the apiserver out), or is closed;
 - request bytes: each connection reads at most `CONNECTION_SHARE_BYTES` of requests on its own; a
@@ -102,14 +103,16 @@ class LoopServer:
         self._metrics = state_of(app).metrics
         for reason in Refusal:
             self._metrics.refused.labels(reason.value)  # every series from the start, at 0
-        self._bytes = BytePool(settings.pool_bytes)
+        #: This process's share of the server's caps.
+        self._caps = caps = settings.per_process()
+        self._bytes = BytePool(caps.pool_bytes)
         self._buffered = 0  # len(inbox) summed over the connections; loop thread only
         self._queue: FairQueue[tuple[_Connection, Request, bool]] = FairQueue(
-            settings.validation_queue_per_namespace, settings.validation_queue
+            caps.validation_queue_per_namespace, caps.validation_queue
         )
         self._workers = [
             threading.Thread(target=self._validate, name=f"https-validate-{n}", daemon=True)
-            for n in range(settings.validation_threads)
+            for n in range(caps.validation_threads)
         ]
         self._lock = threading.Lock()
         self._finished: collections.deque[tuple[_Connection, bytes]] = collections.deque()
@@ -283,7 +286,7 @@ class LoopServer:
     def _room(self) -> bool:
         """Whether a new connection may open: under the cap, or after closing the oldest
         connection that never started a request (its client loses nothing it asked for)."""
-        if len(self._connections) < self._settings.max_connections:
+        if len(self._connections) < self._caps.max_connections:
             return True
         oldest = next(iter(self._fresh), None)
         if oldest is None:

@@ -18,20 +18,41 @@ DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
 #: Bytes of requests every connection may buffer without drawing on the shared pool: the head
 #: (at most 64 KiB) and a pod's review fit, so small admissions never wait on a flood of bodies.
 CONNECTION_SHARE_BYTES = 128 * 1024
-#: Defaults for one server process, sized for the chart's 512 MiB limit per webhook pod:
-#: - about 70 MiB before any connection (interpreter, Flask, the model cache of a small model);
+#: Defaults for the whole server (every process of a pod together), sized for the chart's 512 MiB
+#: limit per webhook pod with one process:
+#: - about 70 MiB a process before any connection (interpreter, Flask, the model cache of a small
+#:   model);
 #: - 512 connections x about 30 KiB each open (TLS state, buffers, objects): 15 MiB;
 #: - request bytes: 512 x 128 KiB shares + a 64 MiB pool (twenty-one 3 MiB bodies at once) =
 #:   `DEFAULT_MAX_BUFFERED_BYTES`, 128 MiB; a map being validated keeps its bytes until answered;
 #: - answers a client leaves unread: 512 x (64 KiB + one answer), about 64 MiB at worst;
-#: - the requests being answered: up to 3 (the loop and 2 validation threads) bodies of 3 MiB
-#:   decoded into Python objects, about 90 MiB at worst.
-#: About 360 MiB in all. Each server process (`processes`) has these caps of its own.
+#: - the requests being answered: up to 3 a process (its loop and 2 validation threads) bodies of
+#:   3 MiB decoded into Python objects, about 90 MiB at worst.
+#: About 360 MiB in all. The caps hold for the server as a whole: with `processes` N each process
+#: gets 1/N of them (`ServerSettings.per_process`). What each further process adds of its own,
+#: its interpreter and model cache and the bodies its loop and validation thread decode, the caps
+#: do not cover: about 130 MiB a process, for the memory limit to allow.
 DEFAULT_MAX_CONNECTIONS = 512
 DEFAULT_MAX_BUFFERED_BYTES = DEFAULT_MAX_CONNECTIONS * CONNECTION_SHARE_BYTES + 64 * 1024 * 1024
 DEFAULT_VALIDATION_THREADS = 2
 DEFAULT_VALIDATION_QUEUE_PER_NAMESPACE = 4
 DEFAULT_VALIDATION_QUEUE = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessCaps:
+    """One server process's share of the server's caps (`ServerSettings.per_process`)."""
+
+    max_connections: int
+    max_buffered_bytes: int
+    validation_threads: int
+    validation_queue_per_namespace: int
+    validation_queue: int
+
+    @property
+    def pool_bytes(self) -> int:
+        """What bodies larger than a connection's share draw on, all connections together."""
+        return self.max_buffered_bytes - self.max_connections * CONNECTION_SHARE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +74,19 @@ class ServerSettings:
     #: 1 serves from the command's own process.
     processes: int = 1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    #: Open connections a process keeps; past it a new one takes the place of a connection that
-    #: never sent a request, or is closed at once.
+    # The caps below hold for the server, all its processes together: each process keeps
+    # 1/`processes` of them (`per_process`), so the pod's worst case does not grow with processes.
+    #: Open connections; past it a new one takes the place of a connection that never sent a
+    #: request, or is closed at once.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
-    #: Request bytes a process buffers, all connections together: each connection's
+    #: Request bytes buffered, all connections together: each connection's
     #: `CONNECTION_SHARE_BYTES`, the rest a pool larger bodies draw on (past it: 503).
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
-    #: Threads that validate placement maps (seconds each for a large map), off the loop.
+    #: Threads that validate placement maps (seconds each for a large map), off the loop; each
+    #: process has at least one.
     validation_threads: int = DEFAULT_VALIDATION_THREADS
     #: Validations queued or running, per namespace and in all; past either: refused at once.
+    #: Each process has at least one of each.
     validation_queue_per_namespace: int = DEFAULT_VALIDATION_QUEUE_PER_NAMESPACE
     validation_queue: int = DEFAULT_VALIDATION_QUEUE
     #: A new connection's TLS handshake must end within this long.
@@ -80,22 +105,41 @@ class ServerSettings:
     shutdown_timeout_seconds: int = 10
 
     def __post_init__(self) -> None:
+        if self.processes < 1:
+            raise ValueError(f"processes must be at least 1, not {self.processes}")
         if min(self.max_connections, self.validation_threads) < 1:
             raise ValueError("max connections and validation threads must be at least 1")
         if min(self.validation_queue_per_namespace, self.validation_queue) < 1:
             raise ValueError("the validation queue's caps must be at least 1")
-        if self.pool_bytes < self.max_body_bytes - CONNECTION_SHARE_BYTES:
-            least = self.max_connections * CONNECTION_SHARE_BYTES + self.max_body_bytes
+        if self.max_connections < self.processes:
+            raise ValueError(
+                f"max connections {self.max_connections} leave none to some of the "
+                f"{self.processes} processes: give at least {self.processes}"
+            )
+        caps = self.per_process()
+        if caps.pool_bytes < self.max_body_bytes - CONNECTION_SHARE_BYTES:
+            least = self.processes * (
+                caps.max_connections * CONNECTION_SHARE_BYTES + self.max_body_bytes
+            )
+            each = "" if self.processes == 1 else f" in each of the {self.processes} processes"
             raise ValueError(
                 f"max buffered bytes {self.max_buffered_bytes} leave no room for one body of "
-                f"max body bytes {self.max_body_bytes} besides the {self.max_connections} "
-                f"connections' shares of {CONNECTION_SHARE_BYTES}: give at least {least}"
+                f"max body bytes {self.max_body_bytes} besides the connections' shares of "
+                f"{CONNECTION_SHARE_BYTES}{each}: give at least {least}"
             )
 
-    @property
-    def pool_bytes(self) -> int:
-        """What bodies larger than a connection's share draw on, all connections together."""
-        return self.max_buffered_bytes - self.max_connections * CONNECTION_SHARE_BYTES
+    def per_process(self) -> ProcessCaps:
+        """What each of the `processes` keeps: the caps divided between them (rounded down, so
+        together they stay within the caps), with at least one validation thread and one place
+        in each validation queue a process."""
+        n = self.processes
+        return ProcessCaps(
+            max_connections=self.max_connections // n,
+            max_buffered_bytes=self.max_buffered_bytes // n,
+            validation_threads=max(1, self.validation_threads // n),
+            validation_queue_per_namespace=max(1, self.validation_queue_per_namespace // n),
+            validation_queue=max(1, self.validation_queue // n),
+        )
 
 
 @dataclass(frozen=True, slots=True)

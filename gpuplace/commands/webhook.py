@@ -120,27 +120,29 @@ def _add_server_flags(flags: EnvFlags) -> None:
 
 
 def _add_bound_flags(flags: EnvFlags) -> None:
-    """Each server process's caps and timeouts (`ServerSettings` says what each one bounds)."""
+    """The server's caps, all processes together (each keeps 1/`--processes`), and timeouts
+    (`ServerSettings` says what each one bounds)."""
     flags.integer(
         "--max-connections",
         "GPUPLACE_WEBHOOK_MAX_CONNECTIONS",
         DEFAULT_MAX_CONNECTIONS,
-        help="open connections a process keeps; past it a new one replaces the oldest that "
-        "never sent a request, or is closed (default %(default)s)",
+        help="open connections, all processes together; past it a new one replaces the oldest "
+        "that never sent a request, or is closed (default %(default)s)",
     )
     flags.integer(
         "--max-buffered-bytes",
         "GPUPLACE_WEBHOOK_MAX_BUFFERED_BYTES",
         DEFAULT_MAX_BUFFERED_BYTES,
-        help=f"request bytes a process buffers, all connections together: {CONNECTION_SHARE_BYTES} "
-        "a connection, the rest a pool for larger bodies, past which they are answered 503 "
-        "(default %(default)s)",
+        help=f"request bytes buffered, all connections and processes together: "
+        f"{CONNECTION_SHARE_BYTES} a connection, the rest a pool for larger bodies, past which "
+        "they are answered 503 (default %(default)s)",
     )
     flags.integer(
         "--validation-threads",
         "GPUPLACE_WEBHOOK_VALIDATION_THREADS",
         DEFAULT_VALIDATION_THREADS,
-        help="threads that validate placement maps, off the pod admissions' loop",
+        help="threads that validate placement maps, off the pod admissions' loop, all "
+        "processes together (at least one each)",
     )
     flags.integer(
         "--validation-queue-per-namespace",
@@ -352,9 +354,6 @@ def run(args: argparse.Namespace) -> int:
             "the webhook serves TLS only: pass --tls-cert-file and --tls-key-file "
             "(e.g. from cert-manager), or --bootstrap-tls"
         )
-        return 2
-    if settings.server.processes < 1:
-        log.error("--processes must be at least 1, not %d", settings.server.processes)
         return 2
     stop = _stop_on_signals()
     if settings.server.processes > 1:

@@ -1,9 +1,13 @@
-"""The chart's `webhook.bounds`: each server process's caps and timeouts, passed as flags."""
+"""The chart's `webhook.bounds`: each replica's caps (shared out between its processes) and
+timeouts, passed as flags."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from gpuplace.commands.webhook import register, settings_from
 from tests.chartkit import CHART, RELEASE, Scenario, helm, render
@@ -62,3 +66,29 @@ def test_unknown_or_impossible_bounds_are_refused_by_the_schema(tmp_path: Path) 
         result = helm("template", RELEASE, str(CHART), "-f", str(values), check=False)
         assert result.returncode != 0, text
         assert "bounds" in result.stderr
+
+
+def test_bounds_too_small_for_the_processes_are_refused_before_install(tmp_path: Path) -> None:
+    """What the command would refuse at start (a crash loop) the chart refuses at render, asking
+    for the least that the command asks for too, and accepts."""
+    processes = ("--set", "webhook.processes=4")
+    few = helm(
+        "template", RELEASE, str(CHART), *processes,
+        "--set", "webhook.bounds.maxConnections=3", check=False,
+    )  # fmt: skip
+    assert few.returncode != 0
+    assert "maxConnections 3 leaves none to some of the 4 webhook.processes" in few.stderr
+    small = helm(
+        "template", RELEASE, str(CHART), *processes,
+        "--set", "webhook.bounds.maxBufferedBytes=70000000", check=False,
+    )  # fmt: skip
+    assert small.returncode != 0
+    least = int(small.stderr.split("give at least ")[1].split()[0])
+    values = {"webhook": {"processes": 4, "bounds": {"maxBufferedBytes": least}}}
+    args = list(container(render(Scenario("least", values), tmp_path), "webhook")["args"])
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    server = settings_from(parser.parse_args([*args, "--bootstrap-tls"])).server
+    assert (server.processes, server.max_buffered_bytes) == (4, least)
+    with pytest.raises(ValueError, match=f"give at least {least}"):
+        replace(server, max_buffered_bytes=70000000)

@@ -97,7 +97,7 @@ def test_tls_is_required(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bound_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = parse().server
     assert (defaults.max_connections, defaults.validation_threads) == (512, 2)
-    assert defaults.pool_bytes == 64 * 1024 * 1024
+    assert defaults.per_process().pool_bytes == 64 * 1024 * 1024
     monkeypatch.setenv("GPUPLACE_WEBHOOK_MAX_CONNECTIONS", "100")
     monkeypatch.setenv("GPUPLACE_WEBHOOK_WRITE_TIMEOUT_SECONDS", "2.5")
     server = parse(

@@ -31,7 +31,7 @@ def test_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fewer_than_one_process_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["webhook", "--self-signed", "--processes", "0"])
     assert code == 2
-    assert "--processes must be at least 1, not 0" in capsys.readouterr().err
+    assert "processes must be at least 1, not 0" in capsys.readouterr().err
 
 
 def test_a_bad_environment_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
