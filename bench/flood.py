@@ -135,10 +135,12 @@ def admissions(
     return into, thread
 
 
-async def open_body(port: int, context: ssl.SSLContext, size: int) -> asyncio.StreamWriter | None:
+async def open_body(
+    port: int, context: ssl.SSLContext, size: int, host: str = HOST
+) -> asyncio.StreamWriter | None:
     try:
         _, writer = await asyncio.wait_for(
-            asyncio.open_connection(HOST, port, ssl=context), timeout=10
+            asyncio.open_connection(host, port, ssl=context), timeout=10
         )
         writer.write(
             b"POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
@@ -155,10 +157,12 @@ async def open_body(port: int, context: ssl.SSLContext, size: int) -> asyncio.St
         return None
 
 
-async def open_idle(port: int, context: ssl.SSLContext) -> asyncio.StreamWriter | None:
+async def open_idle(
+    port: int, context: ssl.SSLContext, host: str = HOST
+) -> asyncio.StreamWriter | None:
     try:
         _, writer = await asyncio.wait_for(
-            asyncio.open_connection(HOST, port, ssl=context), timeout=10
+            asyncio.open_connection(host, port, ssl=context), timeout=10
         )
         return writer
     except (OSError, TimeoutError, ssl.SSLError):
@@ -176,8 +180,8 @@ async def in_batches(make: Sequence[Opening], batch: int) -> list[asyncio.Stream
     return opened
 
 
-def refusals(port: int, context: ssl.SSLContext) -> dict[str, float]:
-    conn = http.client.HTTPSConnection(HOST, port, context=context, timeout=10)
+def refusals(port: int, context: ssl.SSLContext, host: str = HOST) -> dict[str, float]:
+    conn = http.client.HTTPSConnection(host, port, context=context, timeout=10)
     try:
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()

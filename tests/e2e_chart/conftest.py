@@ -10,10 +10,12 @@ Every test here is marked ``chart`` and ``real_node``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,8 +38,12 @@ class Installed:
     nvml: Path
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+@contextlib.contextmanager
+def chart_on_the_real_node(
+    tmp_path_factory: pytest.TempPathFactory, values: Sequence[Mapping[str, Any]] = ()
+) -> Iterator[Installed]:
+    """A cluster with the real node and the chart installed from the image built here, with
+    `values` over the local ones; stopped on exit."""
     image = chart.build_image()
     cluster = LocalCluster(
         tmp_path_factory.mktemp("chart-cluster"),
@@ -50,10 +56,16 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         cluster.start()
         chart.import_image(cluster, image)
         nvml = chart.nvml_directory(cluster, chart.fake_nvml(4))
-        chart.install(cluster, image, nvml)
+        chart.install(cluster, image, nvml, values=values)
         yield Installed(cluster, image, nvml)
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    with chart_on_the_real_node(tmp_path_factory) as running:
+        yield running
 
 
 @pytest.fixture
