@@ -82,7 +82,8 @@ unit: $(STAMP) tools fakenvml test-tools
 integration: $(STAMP) control-plane node tools fakenvml
 	$(BIN)/pytest tests/integration -q
 
-e2e: $(STAMP) control-plane node fakenvml
+# tools: the demo renders the chart's ClusterRole gpuplace-plan with helm for `gpuplace plan`.
+e2e: $(STAMP) control-plane node tools fakenvml
 	$(BIN)/pytest tests/e2e -q
 
 test: $(STAMP) control-plane node tools fakenvml test-tools

@@ -21,7 +21,13 @@ def test_demo_runs_every_step_and_every_check_passes() -> None:
     assert "checks passed" in result.stdout
     for step in (
         "sync of",
+        # gpuplace plan before the commits: its prediction, then what happened.
+        "the plan says 1 pod would move (inference/llm-serving-1)",
+        "the unchanged cluster prod is counted, not shown",
+        "the controller marks Drifted exactly the pods the plan named: inference/llm-serving-1",
         "llm-serving-1 now runs on gpu-node-4",
+        "exactly the pods the plan predicted moved (inference/llm-serving-1)",
+        "gpuplace plan exits 1 with the error at clusters/dev/maps/llm-serving.yaml:",
         "rejected by the validating webhook",
         "the running placement is unchanged",
         "names file, line and column",

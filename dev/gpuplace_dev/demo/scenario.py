@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import inspect
-from gpuplace_dev.demo import realnode
+from gpuplace_dev.demo import plan, realnode
 from gpuplace_dev.demo.argocd import (
     APPLICATION,
     APPLICATIONSET,
@@ -394,12 +394,14 @@ class Demo:
     def _move_step(self, repo: GitOpsRepo, commit: str) -> str:
         """Move one slot in git and recreate its pod; returns the commit that moved it."""
         assert self.cluster is not None
-        self.step("Commit a change that moves llm-serving index 1 to gpu-node-4, GPU 2")
+        self.step("Plan, then commit, a change that moves llm-serving index 1 to gpu-node-4, GPU 2")
         repo.edit(
             LLM_MAP,
             "      node: gpu-node-2\n      devices: [0, 1]",
             "      node: gpu-node-4\n      devices: [2]",
         )
+        predicted = self._plan_move(repo)
+        before = {k: (p.node, p.devices) for k, p in self.pods().items()}
         moved = repo.commit("Move llm-serving index 1 to gpu-node-4")
         diff = run_cli(
             "diff", f"{commit}", f"{moved}", f"--repo={repo.path}", f"--path={CLUSTER_DIR}"
@@ -412,10 +414,18 @@ class Demo:
         result = self._sync(repo, moved)
         self.check(result.ok, f"sync of {moved} applied")
         self.wait("the model to move the slot", self._model_has_move)
-        self.cluster.kubectl("-n", "inference", "delete", "pod", "llm-serving-1", "--wait=false")
-        self.out(
-            "    kubectl -n inference delete pod llm-serving-1  (the StatefulSet recreates it)"
+        drifted = self.wait("the controller to mark the moved slot's pod Drifted", self._drifted)
+        self.check(
+            drifted == predicted,
+            f"the controller marks Drifted exactly the pods the plan named: {_names(drifted)}",
         )
+        for key in sorted(drifted):  # rollout: manual, the default: an operator replaces them
+            namespace, name = key.split("/")
+            self.cluster.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
+            self.out(
+                f"    kubectl -n {namespace} delete pod {name}  (Drifted; the StatefulSet "
+                "recreates it)"
+            )
         pods = self.wait(
             "llm-serving-1 re-placed",
             lambda: (
@@ -430,19 +440,80 @@ class Demo:
             and pods["inference/llm-serving-1"].cuda_visible_devices == "2",
             "llm-serving-1 now runs on gpu-node-4 with CUDA_VISIBLE_DEVICES=2",
         )
+        after = {k: (p.node, p.devices) for k, p in self.pods().items()}
+        changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+        self.check(
+            changed == predicted,
+            f"exactly the pods the plan predicted moved ({_names(changed)}), none of the other "
+            f"{len(before.keys() - predicted)} placed pods",
+        )
         return moved
 
+    def _plan_move(self, repo: GitOpsRepo) -> set[str]:
+        """The plan of the move before it is committed, as a pull request's check shows it,
+        reading the cluster with the read-only identity; returns the pods it says would move."""
+        assert self.cluster is not None
+        kubeconfig = plan.read_only_identity(
+            self.cluster, self.kube, self.workdir, chart_installed=self.in_cluster
+        )
+        role = "the installed chart's" if self.in_cluster else "charts/gpuplace's, helm template"
+        self.out(
+            f"    ServiceAccount {plan.NAMESPACE}/{plan.ACCOUNT} bound to ClusterRole {plan.ROLE} "
+            f"({role}: get and list only); its token in {kubeconfig}"
+        )
+        run = plan.run(
+            repo.path,
+            self.workdir,
+            f"--kubeconfig={kubeconfig}",
+            f"--context=dev={plan.CONTEXT}",
+            "--format=markdown",
+        )
+        self.out(f"    $ {run.command}\n" + _indent(run.output.rstrip()))
+        self.check(
+            run.returncode == 2 and run.report.get("valid") is True,
+            "gpuplace plan exits 2 (--detailed-exitcode: the change does something, no errors)",
+        )
+        predicted = run.moving
+        self.check(
+            run.read_live
+            and not run.live_errors
+            and predicted == run.drifting == {"inference/llm-serving-1"}
+            and "1 pod would move" in run.output
+            and not run.waiting,
+            f"read with that identity, the plan says 1 pod would move ({_names(predicted)}) "
+            "and no slot would wait",
+        )
+        self.check(
+            "_1 unchanged cluster not shown._" in run.output and "<b>prod</b>" not in run.output,
+            "the unchanged cluster prod is counted, not shown",
+        )
+        return predicted
+
     def _broken_map_step(self, repo: GitOpsRepo) -> None:
-        self.step("Commit a broken map: the sync is refused with its line and column")
+        self.step(
+            "Plan, then commit, a broken map: both name its line and column; the sync is refused"
+        )
         before = self.pods()
         repo.edit(LLM_MAP, "      devices: [2, 3]", "      devices: [2, 2]")
+        line, column = plan.position((repo.path / LLM_MAP).read_text(), "[2, 2]")
+        column += 4  # the second 2
+        run = plan.run(repo.path, self.workdir)
+        self.out(f"    $ {run.command}\n" + _indent(run.output.rstrip()))
+        where = f"{LLM_MAP}:{line}:{column}"
+        self.check(
+            run.returncode == 1
+            and f"{where}: error:" in run.output
+            and "listed twice" in run.output
+            and (LLM_MAP, line, column) in run.sarif_locations(),
+            f"before the commit, gpuplace plan exits 1 with the error at {where} (text and SARIF)",
+        )
         broken = repo.commit("A typo: device 2 twice")
         result = self._sync(repo, broken, rejected=True)
         self.out(_indent(result.output.strip()))
         self.check(not result.ok, f"sync of {broken} was rejected by the validating webhook")
         self.check(
-            "placement.yaml:" in result.output and "listed twice" in result.output,
-            "the rejection names file, line and column",
+            f"placement.yaml:{line}:{column}:" in result.output and "listed twice" in result.output,
+            f"the rejection names file, line and column ({line}:{column}, as the plan did)",
         )
         if self.argocd is not None:
             state = self.argocd.state()
@@ -984,6 +1055,10 @@ class Demo:
         rows = [r for r in self.pods().values() if r.namespace == "ml-training"]
         return len(rows) == 2 and all(r.node and r.phase == "Running" for r in rows)
 
+    def _drifted(self) -> set[str]:
+        """The placed pods the controller marks Drifted (bound off their map's current slot)."""
+        return {k for k, row in self.pods().items() if row.reason.startswith("Drifted")}
+
     def _model_has_move(self) -> bool:
         cm = self.kube.get(
             CONFIGMAPS.collection(MODEL_NAMESPACE), labelSelector=f"{MODEL_LABEL}=true"
@@ -1077,6 +1152,10 @@ def _runs(values: Any) -> list[str]:
         if not out or out[-1] != value:
             out.append(value)
     return out
+
+
+def _names(keys: set[str]) -> str:
+    return ", ".join(sorted(keys)) or "none"
 
 
 def _indent(text: str) -> str:

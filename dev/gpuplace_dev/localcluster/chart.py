@@ -189,6 +189,24 @@ def install(
     return out
 
 
+def plan_cluster_role() -> dict[str, Any]:
+    """The chart's ClusterRole gpuplace-plan (what `gpuplace plan` may read), as `helm template`
+    renders it with the default values, for clusters where the chart itself is not installed."""
+    template = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    result = subprocess.run(
+        [str(helm_binary()), *template, "--show-only", "templates/plan-clusterrole.yaml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env=helm_env(),
+    )
+    if result.returncode != 0:
+        raise ChartError(f"helm template: {result.stderr.strip()}")
+    role: dict[str, Any] = yaml.safe_load(result.stdout)
+    return role
+
+
 def uninstall(cluster: LocalCluster) -> str:
     return Helm(cluster)("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
 
