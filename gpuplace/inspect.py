@@ -155,10 +155,30 @@ def mig_inventories(
     return {i.node: i for i in _inventories(kube, namespace) if i.node in nodes}
 
 
+POD_HEADERS = (
+    "NAMESPACE",
+    "POD",
+    "MAP",
+    "INDEX",
+    "NODE",
+    "GPU UUIDS",
+    "CUDA_VISIBLE_DEVICES",
+    "PHASE",
+    "REASON",
+)
+
+
 def pod_table(
     rows: Iterable[PodRow], inventories: Mapping[str, NodeInventory] | None = None
 ) -> str:
     """The pods; a MIG instance as `gpu 0 / 3g.40gb (MIG-…)` where `inventories` has its node."""
+    return table(POD_HEADERS, pod_cells(rows, inventories))
+
+
+def pod_cells(
+    rows: Iterable[PodRow], inventories: Mapping[str, NodeInventory] | None = None
+) -> list[tuple[str, ...]]:
+    """The rows of `pod_table` (headers: POD_HEADERS)."""
     invs = inventories or {}
 
     def devices(row: PodRow) -> str:
@@ -167,33 +187,20 @@ def pod_table(
             return row.devices
         return ",".join(mig_shown(inventory, d) for d in row.devices.split(",") if d)
 
-    return table(
+    return [
         (
-            "NAMESPACE",
-            "POD",
-            "MAP",
-            "INDEX",
-            "NODE",
-            "GPU UUIDS",
-            "CUDA_VISIBLE_DEVICES",
-            "PHASE",
-            "REASON",
-        ),
-        [
-            (
-                r.namespace,
-                r.name,
-                r.map,
-                r.index,
-                r.node or "-",
-                devices(r) or "-",
-                r.cuda_visible_devices or "-",
-                r.phase,
-                r.reason or "-",  # last column, in full: it names what the pod waits for
-            )
-            for r in rows
-        ],
-    )
+            r.namespace,
+            r.name,
+            r.map,
+            r.index,
+            r.node or "-",
+            devices(r) or "-",
+            r.cuda_visible_devices or "-",
+            r.phase,
+            r.reason or "-",  # last column, in full: it names what the pod waits for
+        )
+        for r in rows
+    ]
 
 
 def map_statuses(kube: Kube) -> list[tuple[str, MapStatus | None]]:

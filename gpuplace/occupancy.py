@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import yaml
 
 from controller.holders import holder_of
+from gpuplace.fleet import Reading, unreachable_text
 from kubeio.client import Kube
 from kubeio.paths import CONFIGMAPS, PODS
 from kubeio.pod import Pod
@@ -109,25 +110,40 @@ def grid(cells: Sequence[GpuCell], filters: Filters = Filters(), colour: bool = 
     simply held."""
     if not cells:
         return "no GPUs: no node inventory (is the agent running?) and no bound pod"
-    indices = sorted({c.index for c in cells if c.index is not None})
+    return _draw([Reading("", list(cells))], filters, colour, fleet=False)
+
+
+def fleet_grid(
+    readings: Sequence[Reading[list[GpuCell]]], filters: Filters = Filters(), colour: bool = False
+) -> str:
+    """The grid of several clusters in one table, a CLUSTER column first: each cluster's nodes,
+    or one row that says it is unreachable (with the reason below the table) or has no GPUs."""
+    return _draw(readings, filters, colour, fleet=True)
+
+
+_Row = list[tuple[str, CellState | None]]
+
+
+def _draw(
+    readings: Sequence[Reading[list[GpuCell]]], filters: Filters, colour: bool, fleet: bool
+) -> str:
+    every = [c for r in readings for c in r.value or ()]
+    indices = sorted({c.index for c in every if c.index is not None})
     columns: list[int | None] = [*indices]
-    if any(c.index is None for c in cells):
+    if any(c.index is None for c in every):
         columns.append(None)
-    rows: dict[NodeName, dict[int | None, list[GpuCell]]] = {}
-    for cell in cells:
-        rows.setdefault(cell.node, {}).setdefault(cell.index, []).append(cell)
-    headers = ["NODE", *(f"GPU{i}" if i is not None else "?" for i in columns)]
-    table: list[list[tuple[str, CellState | None]]] = []
-    for node in sorted(rows):
-        line: list[tuple[str, CellState | None]] = [(node, None)]
-        for column in columns:
-            here = rows[node].get(column, [])
-            if not here:
-                line.append(("", None))
-                continue
-            worst = min((c.state for c in here), key=list(CellState).index)
-            line.append((", ".join(cell_text(c, filters) for c in here), worst))
-        table.append(line)
+    headers = [*(("CLUSTER",) if fleet else ()), "NODE"]
+    headers += [f"GPU{i}" if i is not None else "?" for i in columns]
+    table: list[_Row] = []
+    for reading in readings:
+        lead: _Row = [(reading.cluster, None)] if fleet else []
+        if not reading.reachable:
+            table.append([*lead, ("UNREACHABLE", CellState.MISSING)] + [("", None)] * len(columns))
+            continue
+        if not reading.value:
+            table.append([*lead, ("(no GPUs)", None)] + [("", None)] * len(columns))
+            continue
+        table.extend([*lead, *row] for row in _node_rows(reading.value, columns, filters))
     widths = [max(len(h), *(len(r[i][0]) for r in table)) for i, h in enumerate(headers)]
     out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     for line in table:
@@ -138,27 +154,94 @@ def grid(cells: Sequence[GpuCell], filters: Filters = Filters(), colour: bool = 
                 padded = f"\x1b[{_COLOURS[state]}m{padded}\x1b[0m"
             parts.append(padded)
         out.append("  ".join(parts).rstrip())
-    counts = summary(cells)
-    out.append("")
-    out.append(", ".join(f"{n} {state}" for state, n in counts.items() if n) + " GPU(s)")
-    details = [c for c in cells if c.state is not CellState.FREE]
+    return "\n".join([*out, *_footer(readings, filters, fleet)])
+
+
+def _footer(readings: Sequence[Reading[list[GpuCell]]], filters: Filters, fleet: bool) -> list[str]:
+    """Below the grid: each cluster's counts (or why it was not read), then one line per GPU
+    that is not free."""
+    out = [""]
+    for reading in readings:
+        prefix = f"{reading.cluster}: " if fleet else ""
+        if not reading.reachable:
+            out.append(f"{prefix}{unreachable_text(reading)}")
+        elif reading.value or not fleet:
+            out.append(prefix + _counts(reading.value or []))
+        else:
+            out.append(f"{prefix}no GPUs: no node inventory and no bound pod")
+    details = [
+        (r.cluster, c) for r in readings for c in r.value or () if c.state is not CellState.FREE
+    ]
     if details:
         out.append("")
-        for cell in details:
-            where = f"{cell.node} GPU{cell.index if cell.index is not None else '?'} {cell.uuid}"
-            pods = ", ".join(
-                f"{h.namespace}/{h.pod} ({h.slot})" if filters.holder_matches(h) else "(other)"
-                for h in cell.holders
-            )
-            why = f": {cell.reason}" if cell.reason else ""
-            out.append(f"{where}  {cell.state.value}{why}" + (f"  held by {pods}" if pods else ""))
-    return "\n".join(out)
+        for cluster, cell in details:
+            out.append((f"{cluster}: " if fleet else "") + _detail(cell, filters))
+    return out
+
+
+def _node_rows(
+    cells: Sequence[GpuCell], columns: Sequence[int | None], filters: Filters
+) -> list[_Row]:
+    rows: dict[NodeName, dict[int | None, list[GpuCell]]] = {}
+    for cell in cells:
+        rows.setdefault(cell.node, {}).setdefault(cell.index, []).append(cell)
+    table: list[_Row] = []
+    for node in sorted(rows):
+        line: _Row = [(node, None)]
+        for column in columns:
+            here = rows[node].get(column, [])
+            if not here:
+                line.append(("", None))
+                continue
+            worst = min((c.state for c in here), key=list(CellState).index)
+            line.append((", ".join(cell_text(c, filters) for c in here), worst))
+        table.append(line)
+    return table
+
+
+def _counts(cells: Sequence[GpuCell]) -> str:
+    counts = summary(cells)
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n) + " GPU(s)"
+
+
+def _detail(cell: GpuCell, filters: Filters) -> str:
+    where = f"{cell.node} GPU{cell.index if cell.index is not None else '?'} {cell.uuid}"
+    pods = ", ".join(
+        f"{h.namespace}/{h.pod} ({h.slot})" if filters.holder_matches(h) else "(other)"
+        for h in cell.holders
+    )
+    why = f": {cell.reason}" if cell.reason else ""
+    return f"{where}  {cell.state.value}{why}" + (f"  held by {pods}" if pods else "")
 
 
 def render(cells: Sequence[GpuCell], output: str, filters: Filters, colour: bool) -> str:
     if output == "text":
         return grid(cells, filters, colour)
     data = {"gpus": [c.to_dict() for c in cells], "summary": summary(cells)}
+    if output == "json":
+        return json.dumps(data, indent=2)
+    return yaml.safe_dump(data, sort_keys=False).rstrip()
+
+
+def render_fleet(
+    readings: Sequence[Reading[list[GpuCell]]], output: str, filters: Filters, colour: bool
+) -> str:
+    """`render` of several clusters: one grid with a CLUSTER column, or (json, yaml) every GPU
+    with its `cluster`, and per cluster whether it was read, why not, and its summary."""
+    if output == "text":
+        return fleet_grid(readings, filters, colour)
+    data = {
+        "clusters": [
+            {
+                "cluster": r.cluster,
+                "reachable": r.reachable,
+                "error": r.error,
+                "summary": summary(r.value or []) if r.reachable else None,
+            }
+            for r in readings
+        ],
+        "gpus": [{"cluster": r.cluster, **c.to_dict()} for r in readings for c in r.value or ()],
+    }
     if output == "json":
         return json.dumps(data, indent=2)
     return yaml.safe_dump(data, sort_keys=False).rstrip()

@@ -8,10 +8,12 @@ from the parsed flags alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from gpuplace import fleet
 from kubeio.client import ClientSettings, Kube
 from placement.dra import DEFAULT_ATTRIBUTE, DEFAULT_DEVICE_CLASS, DEFAULT_DRIVER, Enforcement
 
@@ -127,9 +129,54 @@ def add_cluster_flags(flags: EnvFlags) -> None:
     )
 
 
+def add_fleet_flags(flags: EnvFlags) -> None:
+    """`--kubeconfig`, `--context` (repeatable: one cluster each) and `--all-contexts`, for the
+    commands that read one cluster or several at once (`gpuplace.fleet`)."""
+    add_kubeconfig_flag(flags)
+    flags.repeated(
+        "--context",
+        "GPUPLACE_CONTEXT",
+        [],
+        metavar="CONTEXT",
+        help="kubeconfig context (default: current-context); repeat it to read several clusters "
+        "into one table with a CLUSTER column",
+    )
+    flags.parser.add_argument(
+        "--all-contexts",
+        action="store_true",
+        help="read every context of the kubeconfig (one cluster each)",
+    )
+    flags.number(
+        "--request-timeout",
+        "GPUPLACE_REQUEST_TIMEOUT",
+        30.0,
+        metavar="SECONDS",
+        help="how long to wait for a cluster's answer; in a fleet read, one that does not answer "
+        "is shown unreachable (default %(default)s)",
+    )
+
+
+def fleet_contexts(args: argparse.Namespace) -> list[str] | None:
+    """The contexts `add_fleet_flags` named, when the command reads a fleet (several
+    `--context`, or `--all-contexts`); None when it reads one cluster (`connect`)."""
+    contexts: list[str] = list(dict.fromkeys(args.context))
+    if args.all_contexts or len(contexts) > 1:
+        return [
+            c for c in fleet.contexts_to_read(args.kubeconfig, contexts, args.all_contexts) if c
+        ]
+    return None
+
+
 def connect(args: argparse.Namespace) -> Kube:
-    """A client for the cluster `add_cluster_flags` named."""
-    return Kube.connect(ClientSettings(kubeconfig=args.kubeconfig, context=args.context))
+    """A client for the cluster `add_cluster_flags` (or `add_fleet_flags`, one context) named."""
+    context = args.context
+    if isinstance(context, list):
+        context = context[0] if context else None
+    settings = ClientSettings(kubeconfig=args.kubeconfig, context=context)
+    timeout = getattr(args, "request_timeout", None)
+    if timeout:
+        settings = dataclasses.replace(settings, timeout_seconds=timeout)
+    return Kube.connect(settings)
 
 
 def add_log_flags(flags: EnvFlags, level: str | None = "info", **level_kwargs: Any) -> None:

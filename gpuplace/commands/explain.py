@@ -1,14 +1,18 @@
-"""`gpuplace explain POD`: why a pod is where it is, or why it is Pending."""
+"""`gpuplace explain POD`: why a pod is where it is, or why it is Pending.
+
+Several clusters (`--context a --context b`, `--all-contexts`): the pod is looked up in each at
+once; every cluster that has it explains it under its name, one that does not answer says so."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import yaml
 
-from gpuplace import inspect
-from gpuplace.commands._env import EnvFlags, add_cluster_flags, connect
+from gpuplace import fleet, inspect
+from gpuplace.commands._env import EnvFlags, add_fleet_flags, connect, fleet_contexts
 from gpuplace.commands.gpus import OUTPUTS
 
 
@@ -16,22 +20,69 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("explain", help="why a pod is where it is, or why it is Pending")
     p.add_argument("pod", help="POD or NAMESPACE/POD")
     p.add_argument("-n", "--namespace", default="default")
-    add_cluster_flags(EnvFlags(p))
+    add_fleet_flags(EnvFlags(p))
     p.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="default text")
     p.set_defaults(handler=run)
+
+
+def _dump(data: object, output: str) -> None:
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False).rstrip())
 
 
 def run(args: argparse.Namespace) -> int:
     namespace, _, name = str(args.pod).rpartition("/")
     namespace = namespace or args.namespace
+    try:
+        contexts = fleet_contexts(args)
+    except ValueError as exc:
+        print(f"gpuplace explain: error: {exc}", file=sys.stderr)
+        return 1
+    if contexts is not None:
+        return run_fleet(args, contexts, namespace, name)
     found = inspect.explanation(connect(args), namespace, name)
     if found is None:
         print(f"pod {namespace}/{name} not found")
         return 1
-    if args.output == "json":
-        print(json.dumps(found.to_dict(), indent=2))
-    elif args.output == "yaml":
-        print(yaml.safe_dump(found.to_dict(), sort_keys=False).rstrip())
-    else:
+    if args.output == "text":
         print("\n".join(found.lines()))
+    else:
+        _dump(found.to_dict(), args.output)
     return 0
+
+
+def run_fleet(args: argparse.Namespace, contexts: list[str], namespace: str, name: str) -> int:
+    """Exit 0 when some cluster has the pod, 1 when none that answered has it."""
+    readings = fleet.read_all(
+        args.kubeconfig,
+        contexts,
+        lambda kube: inspect.explanation(kube, namespace, name),
+        args.request_timeout,
+    )
+    if args.output != "text":
+        _dump(
+            {
+                "clusters": [
+                    {
+                        "cluster": r.cluster,
+                        "reachable": r.reachable,
+                        "error": r.error,
+                        "found": r.value is not None,
+                        "explanation": r.value.to_dict() if r.value is not None else None,
+                    }
+                    for r in readings
+                ]
+            },
+            args.output,
+        )
+    else:
+        for r in readings:
+            if not r.reachable:
+                print(f"[{r.cluster}] {fleet.unreachable_text(r)}")
+            elif r.value is None:
+                print(f"[{r.cluster}] pod {namespace}/{name} not found")
+            else:
+                print("\n".join(f"[{r.cluster}] {line}" for line in r.value.lines()))
+    return 0 if any(r.value is not None for r in readings) else 1

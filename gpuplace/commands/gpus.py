@@ -5,6 +5,11 @@ A node x GPU grid: for each GPU the map and index of the pod holding it, or free
 GPUs several pods share show each. Below the grid, one line per GPU that is not free, with the
 pods holding it and why when it is not simply held. Read from
 the nodes' inventories (the agents) and the bound pods' binding annotations, with one LIST each.
+
+Several clusters: `--context a --context b` (or `--all-contexts`) reads each cluster at once and
+draws one grid with a CLUSTER column (`-o json`: every GPU with its `cluster`, and per cluster
+whether it was read); a cluster that does not answer is a row marked UNREACHABLE, with the
+reason below the grid, and the others are shown as usual.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuplace import occupancy
+from gpuplace import fleet, occupancy
 from gpuplace.commands._args import documented_command
-from gpuplace.commands._env import EnvFlags, add_cluster_flags, connect
+from gpuplace.commands._env import EnvFlags, add_fleet_flags, connect, fleet_contexts
 from kubeio.client import Kube
+from placement.occupancy import GpuCell
 
 OUTPUTS = ("text", "json", "yaml")
 
@@ -45,7 +51,7 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = documented_command(subparsers, "gpus", "show which pod holds which GPU (a grid)", __doc__)
-    add_cluster_flags(EnvFlags(p))
+    add_fleet_flags(EnvFlags(p))
     add_grid_flags(p)
     p.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="default text")
     p.set_defaults(handler=run)
@@ -59,15 +65,33 @@ def filters_of(args: argparse.Namespace) -> occupancy.Filters:
     )
 
 
+def cells_of(kube: Kube, args: argparse.Namespace) -> list[GpuCell]:
+    schedulers = tuple(args.schedulers or occupancy.DEFAULT_SCHEDULERS)
+    return occupancy.read_cells(kube, filters_of(args), schedulers)
+
+
 def show(kube: Kube, args: argparse.Namespace, output: str) -> str:
-    filters = filters_of(args)
-    cells = occupancy.read_cells(
-        kube, filters, tuple(args.schedulers or occupancy.DEFAULT_SCHEDULERS)
+    colour = occupancy.use_colour(sys.stdout.isatty())
+    return occupancy.render(cells_of(kube, args), output, filters_of(args), colour)
+
+
+def show_fleet(args: argparse.Namespace, contexts: list[str], output: str) -> str:
+    """The grid of every cluster in `contexts`, read concurrently."""
+    readings = fleet.read_all(
+        args.kubeconfig, contexts, lambda kube: cells_of(kube, args), args.request_timeout
     )
-    return occupancy.render(cells, output, filters, occupancy.use_colour(sys.stdout.isatty()))
+    colour = occupancy.use_colour(sys.stdout.isatty())
+    return occupancy.render_fleet(readings, output, filters_of(args), colour)
 
 
 def run(args: argparse.Namespace) -> int:
-    kube = connect(args)
-    print(show(kube, args, args.output))
+    try:
+        contexts = fleet_contexts(args)
+    except ValueError as exc:
+        print(f"gpuplace gpus: error: {exc}", file=sys.stderr)
+        return 1
+    if contexts is not None:
+        print(show_fleet(args, contexts, args.output))
+        return 0
+    print(show(connect(args), args, args.output))
     return 0
