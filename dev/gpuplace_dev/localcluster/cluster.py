@@ -748,6 +748,16 @@ class LocalCluster:
         self._processes.remove(scheduler)
         self._write_state()
 
+    def stop_apiserver(self) -> None:
+        """Stops kube-apiserver alone (an outage as clients see it: connections refused); etcd,
+        the controller manager and kwok keep running. A stopped apiserver stays stopped."""
+        apiserver = next((p for p in self._processes if p.name == "kube-apiserver"), None)
+        if apiserver is None:
+            raise ClusterError("stop_apiserver needs a cluster started by this process")
+        stop_all([apiserver])
+        self._processes.remove(apiserver)
+        self._write_state()
+
     def _phase(self, name: str, began: float) -> None:
         self.startup_phases[name] = round(time.monotonic() - began, 3)
 
