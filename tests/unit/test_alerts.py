@@ -6,6 +6,7 @@ installed by `make unit`/`make test`; a missing promtool fails here."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -265,7 +266,10 @@ def test_the_dashboard_is_grafana_json_whose_queries_parse(
 ) -> None:
     data = dashboard(objects)
     assert data["uid"] == "gpuplace" and data["schemaVersion"] >= 30
-    assert [v["name"] for v in data["templating"]["list"]] == ["datasource"]
+    assert [v["name"] for v in data["templating"]["list"]] == ["datasource", "cluster"]
+    cluster = data["templating"]["list"][1]
+    # Every cluster by default; a single cluster without the label matches ".*" too.
+    assert cluster["includeAll"] and cluster["multi"] and cluster["allValue"] == ".*"
     ids = [p["id"] for p in data["panels"]]
     assert len(ids) == len(set(ids))
     for panel in data["panels"]:
@@ -273,6 +277,12 @@ def test_the_dashboard_is_grafana_json_whose_queries_parse(
         assert set(panel["gridPos"]) == {"x", "y", "w", "h"}
         assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
         assert panel["targets"], panel["title"]
+    for title, expr in dashboard_queries(data):
+        # Every series selected by the Cluster variable, and no aggregation merges two clusters.
+        selectors = re.findall(r"gpuplace_\w+(\{[^}]*\})?", expr)
+        assert selectors and all('cluster=~"$cluster"' in sel for sel in selectors), title
+        groups = re.findall(r"\b(?:sum|max|count|min|avg)\b( by \(([^)]*)\))?", expr)
+        assert all("cluster" in labels for _, labels in groups), (title, expr)
     titles = " ".join(p["title"] for p in data["panels"]).lower()
     for topic in ("holds", "wait", "drift", "degraded", "bind latency", "webhook", "leader"):
         assert topic in titles, topic
@@ -284,4 +294,82 @@ def test_the_dashboard_is_grafana_json_whose_queries_parse(
     path = tmp_path / "dashboard-queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
     result = run_promtool("check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+FLEET = Scenario(
+    "alerts-fleet",
+    {
+        "global": {
+            "cluster": "east",
+            "prometheusRule": {"enabled": True},
+            "serviceMonitor": {"enabled": True},
+        }
+    },
+)
+
+
+def with_cluster(inputs: list[dict[str, str]], cluster: str) -> list[dict[str, str]]:
+    return [
+        {**s, "series": s["series"].replace("{", f'{{cluster="{cluster}", ', 1)} for s in inputs
+    ]
+
+
+def test_in_a_fleet_every_series_is_labelled_and_every_alert_names_its_cluster(
+    tmp_path: Path,
+) -> None:
+    """global.cluster: the ServiceMonitors add the label `cluster`; the rules select that
+    cluster's series only (one Prometheus may scrape several clusters) and keep the label, and
+    each summary ends with the cluster."""
+    objects = render(FLEET, tmp_path)
+    monitors = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    assert len(monitors) == 3
+    for monitor in monitors:
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["relabelings"][-1] == {
+            "action": "replace",
+            "targetLabel": "cluster",
+            "replacement": "east",
+        }
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": one(objects, "PrometheusRule")["spec"]["groups"]}))
+    assert run_promtool("check", "rules", str(rules)).returncode == 0
+    tests: list[dict[str, Any]] = []
+    for alert, inputs, minute, labels, summary in SCENARIOS:
+        east = {"alertname": alert, **labels, "cluster": "east"}
+        tests.append(
+            {
+                "interval": "1m",
+                # The same trouble in another cluster scraped by the same Prometheus: not ours.
+                "input_series": with_cluster(inputs, "east")
+                + [
+                    {**s, "series": s["series"].replace("east", "west")}
+                    for s in with_cluster(inputs, "east")
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": f"{minute}m",
+                        "alertname": alert,
+                        "exp_alerts": [
+                            {
+                                "exp_labels": east,
+                                "exp_annotations": {
+                                    "summary": f"{summary} (cluster east)",
+                                    "description": next(
+                                        r["annotations"]["description"]
+                                        for r in yaml.safe_load(rules.read_text())["groups"][0][
+                                            "rules"
+                                        ]
+                                        if r["alert"] == alert
+                                    ),
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    spec = tmp_path / "tests.yaml"
+    spec.write_text(yaml.safe_dump({"rule_files": [str(rules)], "tests": tests}))
+    result = run_promtool("test", "rules", str(spec))
     assert result.returncode == 0, result.stdout + result.stderr
