@@ -82,7 +82,7 @@ def test_a_broken_copy_fails_with_the_right_lines(
         f"{legacy}:{legacy_line}:{legacy_col + 8}: error: spec.map: device 'two' is neither an "
         "index nor a GPU UUID (expected '<index>=<node>:<device>[,<device>...]', e.g. "
         "'0=node1:0,1')",
-        "Found 2 errors in 2 files (5 valid maps (16 slots) in 12 files).",
+        "Found 2 errors in 2 files (5 valid maps (16 slots) in 15 files).",
     ]
 
 
