@@ -10,7 +10,9 @@ directory, and every declared device against the directory's inventory snapshot,
 With a kubeconfig (--kubeconfig, --context [CLUSTER=]CONTEXT) the live cluster is asked too, with
 get and list only (the chart's ClusterRole gpuplace-plan): the running pods the change would
 move or leave without a slot, and the slots it adds or moves that would wait on a busy, missing
-or unhealthy GPU. A context without CLUSTER= serves the only cluster planned.
+or unhealthy GPU. A context without CLUSTER= serves the only cluster planned. Several clusters
+are each read against the kubeconfig context of the cluster directory's name (a fleet names
+them alike, docs/fleet.md) unless --context CLUSTER=CONTEXT says otherwise, all at once.
 
 Formats: text (default), json, markdown (the pull request's comment, marked with
 <!-- gpuplace-plan --> so a bot edits it in place), sarif (2.1.0, each error at its file, line and
@@ -25,6 +27,7 @@ inventory lacks, a revision or cluster that cannot be read), 2 when something ch
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -33,7 +36,7 @@ from pathlib import Path
 import git
 from kubernetes.config import ConfigException
 
-from gpuplace import occupancy, planreport
+from gpuplace import fleet, occupancy, planreport
 from gpuplace.commands._args import documented_command
 from gpuplace.commands.diff import (
     RevisionError,
@@ -116,10 +119,16 @@ def parse_outputs(values: Sequence[str]) -> list[tuple[str, Path]]:
 
 
 def contexts_for(
-    clusters: Sequence[ClusterPlan], kubeconfig: str | None, given: Sequence[str]
+    clusters: Sequence[ClusterPlan],
+    kubeconfig: str | None,
+    given: Sequence[str],
+    available: Sequence[str] = (),
 ) -> dict[str, str | None]:
     """Cluster directory -> kubeconfig context (None: the kubeconfig's current one) of the
-    clusters to read live; none without --kubeconfig or --context."""
+    clusters to read live; none without --kubeconfig or --context. In order: a context named
+    with CLUSTER=; else the kubeconfig's context (`available`) of the cluster's own name, as the
+    fleet names them (docs/fleet.md); else one bare context, or the current one, for the only
+    cluster left. Once some cluster has its context, the others are planned offline only."""
     if kubeconfig is None and not given:
         return {}
     named: dict[str, str | None] = {}
@@ -135,15 +144,23 @@ def contexts_for(
             raise ValueError(f"--context {value}: no cluster directory {cluster!r}")
     if len(bare) > 1:
         raise ValueError("more than one --context without CLUSTER=")
-    if bare or not named:
-        rest = [c.directory for c in clusters if c.directory not in named]
+    contexts = set(available)
+    matched = {
+        c.directory: c.name
+        for c in clusters
+        if c.directory not in named and c.name in contexts and c.name not in bare
+    }
+    rest = [
+        c.directory for c in clusters if c.directory not in named and c.directory not in matched
+    ]
+    if rest and (bare or not (named or matched)):
         if len(rest) > 1:
             raise ValueError(
                 f"{len(rest)} clusters to read live ({', '.join(rest)}): name each one's "
-                "context as --context CLUSTER=CONTEXT"
+                "context as --context CLUSTER=CONTEXT, or name a kubeconfig context after each"
             )
-        named.update(dict.fromkeys(rest, bare[0] if bare else None))
-    return named
+        named[rest[0]] = bare[0] if bare else None
+    return named | dict(matched)
 
 
 def read_live(cluster: ClusterPlan, kubeconfig: str | None, context: str | None) -> ClusterPlan:
@@ -211,13 +228,19 @@ def _join(directory: str, name: str) -> str:
 
 
 def live(result: RepoPlan, args: argparse.Namespace) -> RepoPlan:
-    contexts = contexts_for(result.clusters, args.kubeconfig, args.context)
+    available = fleet.kubeconfig_contexts(args.kubeconfig) if len(result.clusters) > 1 else []
+    contexts = contexts_for(result.clusters, args.kubeconfig, args.context, available)
     if not contexts:
         return result
-    clusters = tuple(
-        read_live(c, args.kubeconfig, contexts[c.directory]) if c.directory in contexts else c
-        for c in result.clusters
-    )
+
+    def read(cluster: ClusterPlan) -> ClusterPlan:
+        if cluster.directory not in contexts:
+            return cluster
+        return read_live(cluster, args.kubeconfig, contexts[cluster.directory])
+
+    # Each cluster its own apiserver: read them at once.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(contexts))) as pool:
+        clusters = tuple(pool.map(read, result.clusters))
     return RepoPlan(result.base, result.head, clusters, result.errors)
 
 

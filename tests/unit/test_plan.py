@@ -225,6 +225,31 @@ def test_live_contexts_must_name_their_cluster_when_several_are_planned(repo: Pa
         contexts_for([cluster], None, ["staging=x"])
 
 
+def test_each_cluster_reads_the_kubeconfig_context_of_its_own_name(repo: Path) -> None:
+    """A fleet names contexts after its cluster directories: no --context needed; one given
+    with CLUSTER= still wins."""
+    dev = plan_cluster("clusters/dev", {}, {})
+    prod = plan_cluster("clusters/prod", {}, {})
+    both = ["dev", "prod", "other"]
+    assert contexts_for([dev, prod], "kc", [], both) == {
+        "clusters/dev": "dev",
+        "clusters/prod": "prod",
+    }
+    assert contexts_for([dev, prod], "kc", ["prod=other"], both) == {
+        "clusters/dev": "dev",
+        "clusters/prod": "other",
+    }
+    # A bare context serves the one cluster that has no context of its name.
+    assert contexts_for([dev, prod], "kc", ["other"], ["dev"]) == {
+        "clusters/dev": "dev",
+        "clusters/prod": "other",
+    }
+    # As with --context dev=...: the cluster without a context is planned offline only.
+    assert contexts_for([dev, prod], "kc", [], ["dev"]) == {"clusters/dev": "dev"}
+    with pytest.raises(ValueError, match="name each one's context"):
+        contexts_for([dev, prod], "kc", [], ["staging"])
+
+
 def test_an_unreadable_revision_is_an_error(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "nope", "--repo", str(repo), "--detailed-exitcode"])
     assert code == 1
