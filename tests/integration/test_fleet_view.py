@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import git
 import pytest
 
 from gpuplace_dev.localcluster import LocalCluster
@@ -114,6 +115,43 @@ def test_one_view_of_two_clusters_each_placed_by_its_own_controller(
         assert grid[0].split()[:2] == ["CLUSTER", "NODE"]
         assert grid[1].split()[:3] == ["east", nodes["east"], "free"]
         assert grid[2].split()[:3] == ["west", nodes["west"], "llm#0"]
+
+        # `gpuplace plan` reads each cluster directory against the context of its name.
+        root = tmp_path / "repo"
+        repo = git.Repo.init(root, initial_branch="main")
+        for message, moved in (("before", False), ("after", True)):
+            for name in fleet:
+                ns, (first, *rest) = namespaces[name], declared[name]
+                index, node, devices = first
+                if moved:  # slot 0 onto the GPU after its own: its running pod would drift
+                    first = (index, node, [max(d for _, _, ds in declared[name] for d in ds) + 1])
+                directory = root / "clusters" / name
+                directory.mkdir(parents=True, exist_ok=True)
+                (directory / "llm.yaml").write_text(map_yaml(ns, "llm", [first, *rest]))
+                (directory / "kustomization.yaml").write_text(
+                    "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                    "resources: [llm.yaml]\n"
+                )
+            repo.git.add(A=True)
+            repo.index.commit(message)
+        repo.close()
+        planned = json.loads(
+            gpuplace(
+                "plan",
+                "HEAD~1",
+                "HEAD",
+                "--repo",
+                str(root),
+                "--kubeconfig",
+                config,
+                "--format",
+                "json",
+            )
+        )
+        drifting = {
+            c["cluster"]: [d["pod"] for d in c["live"]["drifting"]] for c in planned["clusters"]
+        }
+        assert drifting == {"east": [f"{east_ns}/web-0"], "west": [f"{west_ns}/web-0"]}
 
         status = gpuplace("status", "--kubeconfig", config, "--context=east", "--context=west")
         rows = [line.split()[:3] for line in status.splitlines()]
