@@ -127,9 +127,7 @@ def test_inside_each_maps_application_the_fleet_does_what_one_cluster_does() -> 
     assert "name" not in fleet["template"]["spec"]["destination"]
 
 
-def test_a_directory_without_a_cluster_gets_an_application_that_names_it_and_deploys_nothing() -> (
-    None
-):
+def test_every_directory_is_checked_against_a_cluster_of_its_name_and_deploys_nothing() -> None:
     spec = appset("cluster-directories")["spec"]
     (generator,) = spec["generators"]
     maps = appset("placement-maps")["spec"]["generators"][0]["matrix"]["generators"][1]
@@ -141,7 +139,8 @@ def test_a_directory_without_a_cluster_gets_an_application_that_names_it_and_dep
             {"path.basename": path.name, "path.path": str(path.relative_to(REPO))},
         )
         assert app["metadata"]["name"] == f"gpuplace-directory-{path.name}"
-        # ArgoCD resolves the destination by name: no such cluster, an InvalidSpecError naming it.
+        # ArgoCD resolves the destination by name: for no such cluster the ApplicationSet's
+        # condition names it (tests/e2e_argocd/test_argocd_fleet.py).
         assert app["spec"]["destination"]["name"] == path.name
         include = app["spec"]["source"]["directory"]["include"]
         files = [p.name for p in path.rglob("*") if p.is_file()]

@@ -55,6 +55,40 @@ def _configmap(name: str, data: Mapping[str, str] | None = None) -> dict[str, An
     }
 
 
+def cluster_secret(
+    name: str,
+    cluster: LocalCluster,
+    labels: Mapping[str, str] | None = None,
+    server: str | None = None,
+) -> dict[str, Any]:
+    """The cluster Secret `argocd cluster add` writes for `cluster` under `name`. That command
+    creates a ServiceAccount with cluster-admin; a client certificate in system:masters gives the
+    same rights without a token controller round trip."""
+    client = cluster.ca.issue_client("argocd-manager", organizations=("system:masters",))
+    config = {
+        "tlsClientConfig": {
+            "caData": _b64(cluster.ca.cert_pem),
+            "certData": _b64(client.cert_pem),
+            "keyData": _b64(client.key_pem),
+        }
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": f"cluster-{name}",
+            "namespace": NAMESPACE,
+            "labels": {CLUSTER_KIND_LABEL: "cluster", **PART_OF, **dict(labels or {})},
+        },
+        "type": "Opaque",
+        "stringData": {
+            "name": name,
+            "server": server or cluster.server,
+            "config": json.dumps(config),
+        },
+    }
+
+
 class LocalArgoCD:
     """Starts Redis and the three ArgoCD components against ``cluster``; `stop` ends them.
 
@@ -222,36 +256,22 @@ class LocalArgoCD:
                 },
             },
         ]
-        # `argocd cluster add` creates a ServiceAccount with cluster-admin; a client certificate in
-        # system:masters gives the same rights without a token controller round trip.
-        client = cluster.ca.issue_client("argocd-manager", organizations=("system:masters",))
-        config = {
-            "tlsClientConfig": {
-                "caData": _b64(cluster.ca.cert_pem),
-                "certData": _b64(client.cert_pem),
-                "keyData": _b64(client.key_pem),
-            }
-        }
-        for name in self.destinations:
-            objects.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {
-                        "name": f"cluster-{name}",
-                        "namespace": NAMESPACE,
-                        "labels": {CLUSTER_KIND_LABEL: "cluster", **PART_OF},
-                    },
-                    "type": "Opaque",
-                    "stringData": {
-                        "name": name,
-                        "server": cluster.server,
-                        "config": json.dumps(config),
-                    },
-                }
-            )
+        objects += [cluster_secret(name, cluster) for name in self.destinations]
         manifest = "\n".join(json.dumps(o) for o in objects)
         cluster.kubectl("apply", "--server-side", "-f", "-", input=manifest)
+
+    def register(
+        self,
+        name: str,
+        cluster: LocalCluster,
+        labels: Mapping[str, str] | None = None,
+        server: str | None = None,
+    ) -> None:
+        """Registers `cluster` (another control plane, or this one) as destination `name`, its
+        cluster Secret carrying `labels` (e.g. gpuplace.io/enabled: "true" for the fleet's
+        ApplicationSets); `server`: another address of its apiserver than `cluster.server`."""
+        secret = cluster_secret(name, cluster, labels, server)
+        self.cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(secret))
 
     def _established(self, crd: str) -> bool:
         status, body = self.cluster.request("GET", CUSTOM_RESOURCE_DEFINITIONS.item(crd))
