@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +103,11 @@ class Fleet:
                 self.refresh(name)
             return None
 
-        what = lambda: f"{name} Synced @ {revision[:7]}: {self.app(name)}"  # noqa: E731
-        return wait_for(what, done, 600, interval=5)
+        def what() -> str:
+            return f"{name} Synced @ {revision[:7]}: {self.app(name)}"
+
+        state: AppState = wait_for(what, done, 600, interval=5)
+        return state
 
 
 def write_tree(directory: Path) -> None:
@@ -173,6 +177,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         hub.stop()
 
 
+def two_bound(cluster: LocalCluster) -> dict[str, dict[str, Any]] | None:
+    pods = bound_pods(cluster, NAMESPACE)
+    return pods if len(pods) == 2 else None
+
+
 def test_one_commit_changes_the_maps_of_both_clusters_each_placed_by_its_own_controller(
     fleet: Fleet,
 ) -> None:
@@ -193,11 +202,7 @@ def test_one_commit_changes_the_maps_of_both_clusters_each_placed_by_its_own_con
         for cluster in fleet.clusters.values():
             create_workload(cluster, statefulset(NAMESPACE, "web", "llm", 2))
         for name, cluster in fleet.clusters.items():
-            pods = wait_for(
-                lambda c=cluster: f"2 bound in {c.server}",
-                lambda c=cluster: len(b := bound_pods(c, NAMESPACE)) == 2 and b,
-                120,
-            )
+            pods = wait_for(f"2 pods bound in {name}", partial(two_bound, cluster), 120)
             for index, node, devices in declared[name]:
                 annotations = pods[f"web-{index}"]["metadata"]["annotations"]
                 assert pods[f"web-{index}"]["spec"]["nodeName"] == node
@@ -220,7 +225,7 @@ def test_one_commit_changes_the_maps_of_both_clusters_each_placed_by_its_own_con
                 devices = pod["metadata"]["annotations"].get("gpuplace.io/devices") if pod else ""
                 return devices == gpu_uuid(node, 3)
 
-            wait_for(lambda n=name: f"{n} web-1 on GPU 3", rebound, 120)
+            wait_for(f"{name} web-1 on GPU 3", rebound, 120)
 
 
 def test_a_labelled_cluster_without_a_directory_and_a_directory_without_a_cluster_are_named(
@@ -235,7 +240,9 @@ def test_a_labelled_cluster_without_a_directory_and_a_directory_without_a_cluste
             text = " ".join([*state.conditions, state.operation_message])
             return text if all(w in text for w in words) else ""
 
-        what = lambda: f"{app} reports {words}: {fleet.app(app)}"  # noqa: E731
+        def what() -> str:
+            return f"{app} reports {words}: {fleet.app(app)}"
+
         return str(wait_for(what, found, 300, interval=2))
 
     # The ApplicationSet refuses to generate an Application for a cluster that does not exist,

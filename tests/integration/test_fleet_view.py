@@ -159,8 +159,9 @@ def test_one_view_of_two_clusters_each_placed_by_its_own_controller(
         assert ["west", f"{west_ns}/llm", "Valid"] in rows
 
     west.stop_apiserver()
-    grid = gpuplace("gpus", "--kubeconfig", config, "--context=east", "--context=west", *only)
-    lines = grid.splitlines()
+    lines = gpuplace(
+        "gpus", "--kubeconfig", config, "--context=east", "--context=west", *only
+    ).splitlines()
     assert lines[1].split()[:2] == ["east", nodes["east"]]
     assert lines[2].split() == ["west", "UNREACHABLE"]
     assert any(line.startswith("west: unreachable: ") for line in lines)

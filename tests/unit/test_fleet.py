@@ -88,7 +88,7 @@ def test_each_cluster_is_read_at_once_and_one_that_fails_does_not_fail_the_other
 
 
 def test_the_fleet_grid_has_a_cluster_column_and_an_unreachable_row() -> None:
-    readings = [
+    readings: list[fleet.Reading[list[GpuCell]]] = [
         fleet.Reading("east", cells("gpu-1", 2, held=1)),
         fleet.Reading("west", error="connection refused"),
         fleet.Reading("north", []),
@@ -105,7 +105,7 @@ def test_the_fleet_grid_has_a_cluster_column_and_an_unreachable_row() -> None:
 
 def test_fleet_json_is_each_clusters_own_json_with_its_name() -> None:
     east, west = cells("gpu-1", 2, held=0), cells("gpu-1", 4)  # same node name, two clusters
-    readings = [
+    readings: list[fleet.Reading[list[GpuCell]]] = [
         fleet.Reading("east", east),
         fleet.Reading("west", west),
         fleet.Reading("south", error="timed out"),
