@@ -1,7 +1,7 @@
 """`python -m bench.flood [--bodies N] [--idle N] [--hold S] [--port P --ca FILE --pid PID]`: floods
 a webhook on 127.0.0.1 and prints what it held and how pod admissions fared meanwhile.
 
-Without `--port` it starts the webhook's own server (the product's app and `LoopServer`, default
+Without `--port` it starts the webhook's own server (the product's app and `https_server`, default
 bounds, a static model, a CA made for the run) in a process of its own. The flood, loopback only
 and bounded in time:
 1. `--bodies` connections (300) each send the head of a POST with a body of the server's largest
@@ -40,8 +40,8 @@ from placement.model import CompiledMap, CompiledSlot, Model
 from placement.types import GpuUuid, MapKey, NodeName
 from webhook.app import create_app
 from webhook.certs import generate_ca, issue_serving
-from webhook.loopserver import LoopServer
 from webhook.modelcache import StaticModel
+from webhook.server import https_server
 from webhook.settings import ServerSettings, WebhookSettings
 from webhook.tls import ServingTLS
 
@@ -88,7 +88,7 @@ def _serve(port_out: multiprocessing.Queue[int], ca_file: str, stop: Event) -> N
     settings = WebhookSettings(server=ServerSettings(host=HOST, port=0, shutdown_delay_seconds=0))
     app = create_app(settings, StaticModel(model()))
     tls = ServingTLS(issue_serving(ca, ["localhost"], [HOST], timedelta(days=1)))
-    server = LoopServer(app, tls, settings.server).start()
+    server = https_server(app, tls, settings.server).start()
     port_out.put(server.port)
     stop.wait()
     server.stop()

@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass
+from enum import StrEnum
 from typing import Generic, TypeVar
 
-from webhook.limits import Refusal
+from kubeio.pool import Full
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Full:
-    """Why `put` refused: the cap that was reached and what it holds now."""
+class QueueRefusal(StrEnum):
+    """Why `put` refused (`Full.reason`), counted with the server's own refusals."""
 
-    refusal: Refusal
-    cap: int
+    #: Past the cap of the key (a namespace's map validations).
+    NAMESPACE = "validation_namespace"
+    #: Past the cap of all keys together.
+    QUEUE = "validation_queue"
 
 
 class FairQueue(Generic[T]):
@@ -47,9 +48,9 @@ class FairQueue(Generic[T]):
         """Queues `item` for `key`; what refused it when a cap is reached (nothing queued)."""
         with self._lock:
             if self._held[key] >= self.per_key:
-                return Full(Refusal.VALIDATION_NAMESPACE, self.per_key)
+                return Full(QueueRefusal.NAMESPACE, self.per_key)
             if self._count >= self.total:
-                return Full(Refusal.VALIDATION_QUEUE, self.total)
+                return Full(QueueRefusal.QUEUE, self.total)
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = collections.deque()

@@ -30,7 +30,8 @@ class WebhookMetrics:
     certificate_expiry: Gauge
     #: Reviews this process answered: with several processes, one series a pid (the balance).
     process_reviews: Gauge
-    #: What the server refused or cut off, by `webhook.limits.Refusal`.
+    #: What the server refused or cut off, by `kubeio.bounds.Refusal` or
+    #: `webhook.fairqueue.QueueRefusal`.
     refused: Counter
     #: Open connections and buffered request bytes, set once a second by the server.
     connections: Gauge
@@ -79,7 +80,8 @@ class WebhookMetrics:
                 "gpuplace_webhook_refused",
                 "Connections and requests the server refused or closed to stay within its bounds, "
                 "by reason (connections, evicted, buffer, handshake_timeout, head_timeout, "
-                "body_timeout, write_timeout, validation_namespace, validation_queue).",
+                "body_timeout, write_timeout, head_too_large, body, malformed, "
+                "validation_namespace, validation_queue).",
                 ["reason"],
                 registry=own,
             ),

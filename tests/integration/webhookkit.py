@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from gpuplace_dev.localcluster import LocalCluster
+from kubeio.server import Server
 from webhook.app import create_app
 from webhook.certs import KeyPair, issue_serving
-from webhook.loopserver import LoopServer
 from webhook.modelcache import ModelCache
+from webhook.server import https_server
 from webhook.settings import AdmissionSettings, ServerSettings, WebhookSettings
 from webhook.tls import ServingTLS
 
@@ -26,7 +27,7 @@ class RunningWebhook:
     ca: KeyPair
     models: ModelCache
     port: int = 0
-    server: LoopServer | None = None
+    server: Server | None = None
     tls: ServingTLS | None = None
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
 
@@ -38,7 +39,7 @@ class RunningWebhook:
         self.tls = ServingTLS(
             issue_serving(self.ca, ["localhost"], ["127.0.0.1"], timedelta(days=1))
         )
-        self.server = LoopServer(create_app(settings, self.models), self.tls, settings.server)
+        self.server = https_server(create_app(settings, self.models), self.tls, settings.server)
         self.server.start()
         self.port = self.server.port
 

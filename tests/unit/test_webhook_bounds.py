@@ -19,14 +19,15 @@ from typing import Any
 import pytest
 from flask import Flask, request
 
-from tests.unit.test_webhook_loopserver import WAIT, connect, context_for, mutate, settings
+from kubeio.bounds import Refusal
+from kubeio.server import Server
+from tests.unit.test_webhook_server import WAIT, connect, context_for, mutate, settings
 from tests.unit.webhook_builders import make_configmap, make_model, placement_yaml, review
 from webhook.app import create_app
 from webhook.certs import KeyPair, generate_ca, issue_serving
-from webhook.fairqueue import FairQueue
-from webhook.limits import Refusal
-from webhook.loopserver import LoopServer
+from webhook.fairqueue import FairQueue, QueueRefusal
 from webhook.modelcache import StaticModel
+from webhook.server import ValidationPool, https_server
 from webhook.settings import CONNECTION_SHARE_BYTES
 from webhook.state import state_of
 from webhook.tls import ServingTLS
@@ -55,7 +56,7 @@ def tls(ca: KeyPair) -> Iterator[ServingTLS]:
     serving.close()
 
 
-def refused(app: Flask, reason: Refusal) -> float:
+def refused(app: Flask, reason: Refusal | QueueRefusal) -> float:
     value = state_of(app).metrics.registry.get_sample_value(
         "gpuplace_webhook_refused_total", {"reason": reason.value}
     )
@@ -72,12 +73,12 @@ def wait_for(what: Any) -> None:
     raise AssertionError("waited too long")
 
 
-def open_tls(server: LoopServer, ca: KeyPair) -> ssl.SSLSocket:
+def open_tls(server: Server, ca: KeyPair) -> ssl.SSLSocket:
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
     return context_for(ca).wrap_socket(sock, server_hostname="127.0.0.1")
 
 
-def unfinished_body(server: LoopServer, ca: KeyPair) -> ssl.SSLSocket | None:
+def unfinished_body(server: Server, ca: KeyPair) -> ssl.SSLSocket | None:
     """A connection sending most of a body of `MAX_BODY`, never the rest; None if the server
     refused it (a 503, then closed) while it was being sent."""
     sock = open_tls(server, ca)
@@ -94,11 +95,11 @@ def unfinished_body(server: LoopServer, ca: KeyPair) -> ssl.SSLSocket | None:
 
 
 @pytest.fixture
-def bounded(tls: ServingTLS) -> Iterator[tuple[Flask, LoopServer]]:
+def bounded(tls: ServingTLS) -> Iterator[tuple[Flask, Server]]:
     app = create_app(
         replace(settings(), server=BOUNDED), StaticModel(make_model().map("llm").obj())
     )
-    server = LoopServer(app, tls, BOUNDED).start()
+    server = https_server(app, tls, BOUNDED).start()
     try:
         yield app, server
     finally:
@@ -106,7 +107,7 @@ def bounded(tls: ServingTLS) -> Iterator[tuple[Flask, LoopServer]]:
 
 
 def test_a_flood_of_bodies_and_idle_connections_stays_within_the_caps(
-    bounded: tuple[Flask, LoopServer], ca: KeyPair
+    bounded: tuple[Flask, Server], ca: KeyPair
 ) -> None:
     app, server = bounded
     bodies = [unfinished_body(server, ca) for _ in range(6)]
@@ -132,7 +133,7 @@ def test_a_flood_of_bodies_and_idle_connections_stays_within_the_caps(
 
 
 def test_past_the_cap_a_new_connection_is_closed_when_every_open_one_is_in_use(
-    bounded: tuple[Flask, LoopServer], ca: KeyPair
+    bounded: tuple[Flask, Server], ca: KeyPair
 ) -> None:
     app, server = bounded
     started = [open_tls(server, ca) for _ in range(CONNECTIONS)]
@@ -200,7 +201,8 @@ def test_a_namespace_flooding_validations_waits_on_its_own_queue(
     )
     app = create_app(replace(settings(), server=fair), StaticModel(make_model().map("llm").obj()))
     gate = Gate(app)
-    server = LoopServer(app, tls, fair).start()
+    pool = ValidationPool(fair)
+    server = https_server(app, tls, fair, pool).start()
     floods = [connect(server, ca) for _ in range(5)]
     other = connect(server, ca)
     try:
@@ -208,15 +210,15 @@ def test_a_namespace_flooding_validations_waits_on_its_own_queue(
             send_validation(conn, "flood", n)
             if n < 2:  # both threads hold one of them; the next two queue
                 assert gate.entered.acquire(timeout=WAIT)
-        wait_for(lambda: server.validations("flood") == 4)
+        wait_for(lambda: pool.held("flood") == 4)
         send_validation(floods[4], "flood", 4)  # the namespace's fifth: refused at once
         busy = answer(floods[4])
         assert busy["allowed"] is False
         assert busy["status"]["code"] == 429
         assert "busy with 4 placement maps of namespace flood" in busy["status"]["message"]
-        assert refused(app, Refusal.VALIDATION_NAMESPACE) == 1
+        assert refused(app, QueueRefusal.NAMESPACE) == 1
         send_validation(other, "team-b", 0)
-        wait_for(lambda: server.validations("team-b") == 1)
+        wait_for(lambda: pool.held("team-b") == 1)
         # Two permits: one held validation ends and its thread takes the flood's next; that one
         # ends too, and the thread's next turn is team-b's, ahead of the flood's last.
         gate.permits.release(2)
@@ -236,11 +238,11 @@ def test_the_queue_takes_namespaces_in_turn_within_their_caps() -> None:
     for item in ("a1", "a2", "a3"):
         assert queue.put("a", item) is None
     full = queue.put("a", "a4")
-    assert full is not None and (full.refusal, full.cap) == (Refusal.VALIDATION_NAMESPACE, 3)
+    assert full is not None and (full.reason, full.cap) == (QueueRefusal.NAMESPACE, 3)
     assert queue.put("b", "b1") is None
     assert queue.put("c", "c1") is None
     full = queue.put("d", "d1")
-    assert full is not None and full.refusal is Refusal.VALIDATION_QUEUE
+    assert full is not None and full.reason is QueueRefusal.QUEUE
     order = []
     for _ in range(5):
         taken = queue.get()

@@ -9,10 +9,13 @@ import ssl
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 from cryptography import x509
+from flask import Flask
 
+from kubeio.server import Server
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
 from tests.unit.webhook_builders import (
     POD_CREATE_RULES,
@@ -22,7 +25,6 @@ from tests.unit.webhook_builders import (
 )
 from webhook.app import create_app
 from webhook.certs import KeyPair, generate_ca, issue_serving, merge_bundle, split_bundle
-from webhook.loopserver import LoopServer
 from webhook.manifests import (
     Endpoint,
     mutating_configuration,
@@ -30,6 +32,7 @@ from webhook.manifests import (
     with_ca_bundle,
 )
 from webhook.modelcache import StaticModel
+from webhook.server import drain, https_server
 from webhook.settings import ServerSettings, TLSSettings, WebhookSettings
 from webhook.state import state_of
 from webhook.tls import CertificateError, MountedFilesWatcher, ServingTLS
@@ -124,13 +127,13 @@ def ca() -> KeyPair:
 
 
 @pytest.fixture
-def running(ca: KeyPair) -> Iterator[tuple[LoopServer, ServingTLS]]:
+def running(ca: KeyPair) -> Iterator[tuple[Server, ServingTLS]]:
     settings = WebhookSettings(
         server=ServerSettings(host="127.0.0.1", port=0, shutdown_delay_seconds=0)
     )
     app = create_app(settings, StaticModel(make_model().map("llm").obj()))
     tls = ServingTLS(serving(ca))
-    server = LoopServer(app, tls, settings.server).start()
+    server = https_server(app, tls, settings.server).start()
     try:
         yield server, tls
     finally:
@@ -152,7 +155,7 @@ def https(
         conn.close()
 
 
-def test_https_mutate_and_health(running: tuple[LoopServer, ServingTLS], ca: KeyPair) -> None:
+def test_https_mutate_and_health(running: tuple[Server, ServingTLS], ca: KeyPair) -> None:
     server, _ = running
     body = json.dumps(review(make_pod("web-0").label(MAP_LABEL, "llm").obj())).encode()
     status, data = https(server.port, ca.cert_pem, "POST", "/mutate", body)
@@ -162,7 +165,7 @@ def test_https_mutate_and_health(running: tuple[LoopServer, ServingTLS], ca: Key
 
 
 def test_https_refuses_bodies_over_the_limit_from_content_length(
-    running: tuple[LoopServer, ServingTLS], ca: KeyPair
+    running: tuple[Server, ServingTLS], ca: KeyPair
 ) -> None:
     """Refused from the header alone: the server never reads the 4 MiB."""
     server, _ = running
@@ -178,7 +181,7 @@ def test_https_refuses_bodies_over_the_limit_from_content_length(
         conn.close()
 
 
-def test_plain_http_is_refused(running: tuple[LoopServer, ServingTLS]) -> None:
+def test_plain_http_is_refused(running: tuple[Server, ServingTLS]) -> None:
     server, _ = running
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
@@ -192,7 +195,7 @@ def test_plain_http_is_refused(running: tuple[LoopServer, ServingTLS]) -> None:
 
 
 def test_certificate_swap_applies_to_new_connections(
-    running: tuple[LoopServer, ServingTLS], ca: KeyPair
+    running: tuple[Server, ServingTLS], ca: KeyPair
 ) -> None:
     server, tls = running
     other_ca = generate_ca("rotated", 365 * DAY)
@@ -233,12 +236,13 @@ def test_mismatched_pair_is_refused_at_start(ca: KeyPair) -> None:
         ServingTLS(KeyPair(one.cert_pem, two.key_pem))
 
 
-def test_draining_fails_readiness(running: tuple[LoopServer, ServingTLS], ca: KeyPair) -> None:
+def test_draining_fails_readiness(running: tuple[Server, ServingTLS], ca: KeyPair) -> None:
     server, _ = running
+    app = cast(Flask, server._app)
     assert https(server.port, ca.cert_pem, "GET", "/readyz")[0] == 200
-    server.drain()
+    drain(app, state_of(app).settings.server)
     assert https(server.port, ca.cert_pem, "GET", "/readyz")[0] == 503
-    assert state_of(server._app).draining.is_set()
+    assert state_of(app).draining.is_set()
 
 
 # --- webhook configurations -------------------------------------------------------------------

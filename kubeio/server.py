@@ -1,28 +1,28 @@
-"""The Flask app over TLS from one thread: a selector over the port and every connection.
+"""One HTTP/1.1 server for every port a component opens: a WSGI app, over TLS or not, served
+from one thread, a selector over the port and every connection.
 
-A server that gives each request in flight a thread spends most of an admission's CPU, in one
+A server that gives each request in flight a thread spends most of a quick request's CPU, in one
 process, on those threads taking the interpreter lock in turn (futex waits, context switches), not
-on the admission. `LoopServer` accepts, handshakes, reads, calls the app and writes from one thread over
-non-blocking sockets, so an admission costs no thread switch. Requests that may take long (a
-placement map's validation, seconds for a large map) run on `validation_threads` threads instead,
-so they never hold up pod admissions; they wait in a queue shared fairly between namespaces
-(`webhook.fairqueue`), and their connection reads nothing more until the answer is back.
+on the request. `Server` accepts, handshakes, reads, calls the app and writes from one thread over
+non-blocking sockets, so a pod admission costs no thread switch. Requests that may take long run
+on a fixed pool of threads instead, chosen by an `Offload` policy (`kubeio.pool`), so they never
+hold up the others; their connection reads nothing more until the answer is back.
 
-Bounded (every cap and timeout is a `ServerSettings` field; each refusal a `Refusal`, counted;
-with several processes each keeps its share of the caps, `ServerSettings.per_process`):
+Bounded (every cap and timeout is a `Bounds` field; each refusal counted through `refused`):
 - connections: past `max_connections` a new connection takes the place of the oldest one that
-  never sent a request (a flood of idle connections cannot lock the apiserver out), or is closed;
-- request bytes: each connection reads at most `CONNECTION_SHARE_BYTES` of requests on its own; a
+  never sent a request (a flood of idle connections cannot lock the apiserver or the kubelet's
+  probe out), or is closed;
+- request bytes: each connection reads at most `connection_share_bytes` of requests on its own; a
   body larger than that reserves the rest from one pool when its head arrives, or is answered 503
-  and closed: a flood of large unfinished bodies holds the pool, not the pod admissions, whose
-  reviews fit in a connection's share. Bytes are read only up to what is reserved.
+  and closed: a flood of large unfinished bodies holds the pool, not the small requests, which
+  fit in a connection's share. Bytes are read only up to what is reserved.
 - time: the handshake, a request's head, the whole request, idleness and an answer left unread
   each have a timeout; a connection past one is closed.
+- threads: the loop's, and the pool's `Offload.threads`.
 
-Threads: the loop's thread owns the selector, every connection and the byte pool. A validation
-thread only calls the app and hands `(connection, answer)` back through `_finished` (under
-`_lock`) and a wake-up byte. `start`, `drain` and `stop` are called by the owner, once each, in
-that order.
+Threads: the loop's thread owns the selector, every connection and the byte pool. A pool thread
+only calls the app and hands `(connection, answer)` back through `_finished` (under `_lock`) and
+a wake-up byte. `start` and `stop` are called by the owner, once each, in that order.
 """
 
 from __future__ import annotations
@@ -35,33 +35,21 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Protocol
 
-import orjson
-from flask import Flask
+from kubeio.bounds import Bounds, BytePool, Refusal
+from kubeio.http11 import CONTINUE, Head, RefusedError, Request, call, environ, parse_head
+from kubeio.pool import Job, Offload
 
-from webhook.fairqueue import FairQueue, Full
-from webhook.http11 import (
-    CONTINUE,
-    Head,
-    RefusedError,
-    Request,
-    call,
-    encode,
-    environ,
-    parse_head,
-)
-from webhook.limits import BytePool, Refusal
-from webhook.review import Verdict, peek, render_response
-from webhook.settings import CONNECTION_SHARE_BYTES, ServerSettings
-from webhook.state import state_of
-from webhook.tls import ServingTLS
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication
 
 log = logging.getLogger(__name__)
 
-#: (method, path) answered off the loop: map validation takes seconds for a 1 MiB map.
-SLOW_ROUTES = frozenset({("POST", "/validate")})
-#: How often connections are checked against the timeouts and the gauges are set.
+#: How often connections are checked against the timeouts and the load is reported.
 TICK_SECONDS = 1.0
 _READ_SIZE = 64 * 1024
 #: Past this many answer bytes waiting for a client that does not read, its next requests wait
@@ -71,9 +59,21 @@ _LISTENER = "listener"
 _WAKE = "wake"
 
 
+class ContextSource(Protocol):
+    """Where the TLS context comes from; read at each accept, so a new certificate serves new
+    connections while open ones keep theirs (`webhook.tls.ServingTLS`)."""
+
+    @property
+    def context(self) -> ssl.SSLContext: ...
+
+
+def _no_count(reason: str) -> None:
+    pass
+
+
 @dataclass(eq=False, slots=True)
 class _Connection:
-    sock: ssl.SSLSocket
+    sock: socket.socket  # an ssl.SSLSocket over TLS
     remote: tuple[str, int]
     since: float  # accepted, the last answer written, or the current request's first byte
     handshaken: bool = False
@@ -90,29 +90,51 @@ class _Connection:
     closed: bool = False
 
 
-class LoopServer:
-    def __init__(self, app: Flask, tls: ServingTLS, settings: ServerSettings) -> None:
+class Server:
+    """Serves `app` on host:port within `bounds`; `name` names its threads.
+
+    `tls`: None serves plain HTTP. `offload`: which requests go to the pool (None: none; every
+    request is answered on the loop). `refused(reason)` counts each refusal, `load(connections,
+    buffered_bytes)` is told the load once a tick; both on the loop's thread. `reuse_port`: several
+    processes bind the port (SO_REUSEPORT) and the kernel spreads connections over them.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        app: WSGIApplication,
+        host: str,
+        port: int,
+        bounds: Bounds,
+        *,
+        tls: ContextSource | None = None,
+        offload: Offload | None = None,
+        refused: Callable[[str], None] = _no_count,
+        load: Callable[[int, int], None] | None = None,
+        reuse_port: bool = False,
+    ) -> None:
+        self.name = name
         self._app = app
+        self._host = host
+        self._requested_port = port
+        self._bounds = bounds
         self._tls = tls
-        self._settings = settings
+        self._offload = offload
+        self._count = refused
+        self._load = load
+        self._reuse_port = reuse_port
+        self._scheme = "http" if tls is None else "https"
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._metrics = state_of(app).metrics
-        for reason in Refusal:
-            self._metrics.refused.labels(reason.value)  # every series from the start, at 0
-        #: This process's share of the server's caps.
-        self._caps = caps = settings.per_process()
-        self._bytes = BytePool(caps.pool_bytes)
+        self._bytes = BytePool(bounds.pool_bytes)
         self._buffered = 0  # len(inbox) summed over the connections; loop thread only
-        self._queue: FairQueue[tuple[_Connection, Request, bool]] = FairQueue(
-            caps.validation_queue_per_namespace, caps.validation_queue
-        )
+        threads = offload.threads if offload is not None else 0
         self._workers = [
-            threading.Thread(target=self._validate, name=f"https-validate-{n}", daemon=True)
-            for n in range(caps.validation_threads)
+            threading.Thread(target=self._work, name=f"{name}-pool-{n}", daemon=True)
+            for n in range(threads)
         ]
         self._lock = threading.Lock()
         self._finished: collections.deque[tuple[_Connection, bytes]] = collections.deque()
@@ -137,26 +159,21 @@ class LoopServer:
         """Open connections now (read from another thread: a moment's value)."""
         return len(self._connections)
 
-    def validations(self, namespace: str) -> int:
-        """Map validations of `namespace` queued or running now."""
-        return self._queue.held(namespace)
-
     @property
     def buffered_bytes(self) -> int:
         """Request bytes buffered now, all connections together (a moment's value)."""
         return self._buffered
 
-    def start(self) -> LoopServer:
-        """Binds now, so `port` is known and errors surface here."""
-        settings = self._settings
-        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    def start(self) -> Server:
+        """Binds now, so `port` is known and errors (a port in use) surface to the caller."""
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if settings.processes > 1:  # the kernel spreads connections over the processes
+            if self._reuse_port:
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            listener.bind((settings.host, settings.port))
-            listener.listen(socket.SOMAXCONN)
+            listener.bind((self._host, self._requested_port))
+            listener.listen(self._bounds.backlog)
             listener.setblocking(False)
         except OSError:
             listener.close()
@@ -166,27 +183,30 @@ class LoopServer:
         self._port = int(listener.getsockname()[1])
         self._selector.register(listener, selectors.EVENT_READ, _LISTENER)
         self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
-        self._thread = threading.Thread(target=self._run, name="https", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         for worker in self._workers:
             worker.start()
-        log.info("serving HTTPS on %s:%d from one thread", settings.host, self._port)
+        log.info(
+            "%s: serving %s on %s:%d from one thread and %d more",
+            self.name,
+            self._scheme.upper(),
+            self._host,
+            self._port,
+            len(self._workers),
+        )
         return self
-
-    def drain(self) -> None:
-        """Fails /readyz, then waits the shutdown delay so endpoints drop this replica first."""
-        state_of(self._app).draining.set()
-        time.sleep(self._settings.shutdown_delay_seconds)
 
     def stop(self) -> None:
         """Stops accepting, lets in-flight requests finish (up to the shutdown timeout)."""
         self._stopping.set()
         self._wake()
         if self._thread is not None:
-            self._thread.join(self._settings.shutdown_timeout_seconds + 1)
+            self._thread.join(self._bounds.shutdown_timeout_seconds + 1)
         else:
             self._close_all()
-        self._queue.close()
+        if self._offload is not None:
+            self._offload.queue.close()
 
     def _wake(self) -> None:
         # BlockingIOError: a wake-up is pending already; OSError: the loop has ended.
@@ -214,7 +234,7 @@ class LoopServer:
                     self._expire(now)
                     next_tick = now + TICK_SECONDS
         except Exception:
-            log.exception("the HTTPS loop failed")
+            log.exception("%s: the loop failed", self.name)
         finally:
             self._close_all()
 
@@ -223,7 +243,7 @@ class LoopServer:
         if not self._stopping.is_set():
             return False
         if self._deadline is None:
-            self._deadline = time.monotonic() + self._settings.shutdown_timeout_seconds
+            self._deadline = time.monotonic() + self._bounds.shutdown_timeout_seconds
             if self._listener is not None:
                 self._selector.unregister(self._listener)
                 self._listener.close()
@@ -247,10 +267,10 @@ class LoopServer:
         try:
             self._step(conn, mask)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            log.debug("closed a connection from %s: %r", conn.remote[0], exc)
+            log.debug("%s: closed a connection from %s: %r", self.name, conn.remote[0], exc)
             self._close(conn)
         except Exception:
-            log.exception("closed a connection from %s", conn.remote[0])
+            log.exception("%s: closed a connection from %s", self.name, conn.remote[0])
             self._close(conn)
 
     def _accept(self) -> None:
@@ -270,14 +290,18 @@ class LoopServer:
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                # Read at each accept: ServingTLS swaps the context when the certificate changes.
-                context = self._tls.context
-                wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                if self._tls is not None:
+                    # Read at each accept: the context is swapped when the certificate changes.
+                    context = self._tls.context
+                    sock = context.wrap_socket(
+                        sock, server_side=True, do_handshake_on_connect=False
+                    )
             except (OSError, ValueError) as exc:
                 log.debug("dropped a connection from %s: %r", remote[0], exc)
                 sock.close()
                 continue
-            conn = _Connection(wrapped, (str(remote[0]), int(remote[1])), time.monotonic())
+            conn = _Connection(sock, (str(remote[0]), int(remote[1])), time.monotonic())
+            conn.handshaken = self._tls is None
             self._connections.add(conn)
             self._fresh[conn] = None
             self.peak_connections = max(self.peak_connections, len(self._connections))
@@ -286,7 +310,7 @@ class LoopServer:
     def _room(self) -> bool:
         """Whether a new connection may open: under the cap, or after closing the oldest
         connection that never started a request (its client loses nothing it asked for)."""
-        if len(self._connections) < self._caps.max_connections:
+        if len(self._connections) < self._bounds.max_connections:
             return True
         oldest = next(iter(self._fresh), None)
         if oldest is None:
@@ -295,8 +319,11 @@ class LoopServer:
         self._close(oldest)
         return True
 
-    def _refused(self, reason: Refusal) -> None:
-        self._metrics.refused.labels(reason.value).inc()
+    def _refused(self, reason: str) -> None:
+        try:
+            self._count(reason)
+        except Exception:  # a counter's failure must not take the loop down
+            log.exception("%s: counting a refusal failed", self.name)
 
     def _step(self, conn: _Connection, mask: int) -> None:
         if not conn.handshaken:
@@ -311,6 +338,7 @@ class LoopServer:
             self._serve(conn)
 
     def _handshake(self, conn: _Connection) -> bool:
+        assert isinstance(conn.sock, ssl.SSLSocket)
         try:
             conn.sock.do_handshake()
         except ssl.SSLWantReadError:
@@ -330,12 +358,12 @@ class LoopServer:
             conn.busy
             or conn.closing
             or len(conn.out) >= _OUT_HIGH_WATER
-            or len(conn.inbox) >= CONNECTION_SHARE_BYTES + conn.granted
+            or len(conn.inbox) >= self._bounds.connection_share_bytes + conn.granted
         )
 
     def _read(self, conn: _Connection) -> None:
         while self._wants_read(conn):
-            room = CONNECTION_SHARE_BYTES + conn.granted - len(conn.inbox)
+            room = self._bounds.connection_share_bytes + conn.granted - len(conn.inbox)
             try:
                 data = conn.sock.recv(min(_READ_SIZE, room))
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
@@ -375,7 +403,9 @@ class LoopServer:
             try:
                 request = self._next_request(conn)
             except RefusedError as refusal:
-                log.info("refused a request from %s: %s", conn.remote[0], refusal)
+                log.info("%s: refused a request from %s: %s", self.name, conn.remote[0], refusal)
+                if refusal.refusal is not None:
+                    self._refused(refusal.refusal)
                 self._answered(conn, refusal.answer())
                 self._drop_inbox(conn)
                 conn.head = None
@@ -383,13 +413,18 @@ class LoopServer:
                 break
             if request is None:
                 break
-            close = not request.head.keep_alive or self._stopping.is_set()
+            close = (
+                not request.head.keep_alive
+                or not self._bounds.keep_alive
+                or self._stopping.is_set()
+            )
             conn.closing = conn.closing or close
-            if (request.head.method, request.head.target.partition("?")[0]) in SLOW_ROUTES:
-                if self._queue_validation(conn, request, close):
+            key = self._offload.key(request) if self._offload is not None else None
+            if key is not None:
+                if self._offloaded(conn, key, request, close):
                     break  # queued: the rest waits for its answer
             else:
-                self._answered(conn, self._answer(conn, request, close))
+                self._answered(conn, self._answer(request, conn.remote, close))
                 self._release(conn)
             answered = True
             if close:
@@ -399,7 +434,12 @@ class LoopServer:
             conn.since = time.monotonic()
         conn.in_request = bool(conn.inbox) or conn.head is not None
         self._write(conn)
-        if not conn.closed and self._wants_read(conn) and conn.sock.pending():
+        if (
+            not conn.closed
+            and self._wants_read(conn)
+            and isinstance(conn.sock, ssl.SSLSocket)
+            and conn.sock.pending()
+        ):
             # Decrypted already: the selector will not report these bytes.
             self._again.add(conn)
 
@@ -410,20 +450,22 @@ class LoopServer:
 
     def _next_request(self, conn: _Connection) -> Request | None:
         if conn.head is None:
-            head = parse_head(conn.inbox, self._settings.max_body_bytes)
+            bounds = self._bounds
+            head = parse_head(conn.inbox, bounds.max_body_bytes, bounds.max_head_bytes)
             if head is None:
                 return None
             self._drop_inbox(conn, head.size)
-            if head.length > CONNECTION_SHARE_BYTES:
+            beyond = head.length - bounds.connection_share_bytes
+            if beyond > 0:
                 # What does not fit in the connection's own share is reserved before it is
                 # read; past the pool the request is refused now, not left to hold what it has.
-                if not self._bytes.take(head.length - CONNECTION_SHARE_BYTES):
-                    self._refused(Refusal.BUFFER)
+                if not self._bytes.take(beyond):
                     raise RefusedError(
                         503,
-                        "the webhook holds as many request bytes as it may; send again shortly",
+                        "the server holds as many request bytes as it may; send again shortly",
+                        Refusal.BUFFER,
                     )
-                conn.granted = head.length - CONNECTION_SHARE_BYTES
+                conn.granted = beyond
             conn.head = head
             if head.expects_continue and len(conn.inbox) < head.length:
                 self._answered(conn, CONTINUE)
@@ -436,46 +478,57 @@ class LoopServer:
         conn.head = None
         return Request(head, body)
 
-    def _queue_validation(self, conn: _Connection, request: Request, close: bool) -> bool:
-        """Queues the request under its review's namespace (True), or answers at once that the
-        validator is busy: as a denied review, which kubectl and ArgoCD show as it is."""
-        seen = peek(request.body)
-        namespace = seen[1] if seen else ""
-        full = self._queue.put(namespace, (conn, request, close))
+    def _offloaded(self, conn: _Connection, key: str, request: Request, close: bool) -> bool:
+        """Queues the request for the pool under `key` (True), or answers at once what the
+        policy answers a request its queue refuses (by default 503, then closed)."""
+        assert self._offload is not None
+        job = Job(request, conn.remote, close, partial(self._finish, conn))
+        full = self._offload.queue.put(key, job)
         if full is None:
             conn.busy = True
             return True
-        self._refused(full.refusal)
+        self._refused(full.reason)
         self._release(conn)
-        if seen is None:  # not a review: nothing to deny, nothing worth a place in the queue
-            self._answered(conn, RefusedError(503, "the validator is busy").answer())
+        answer = self._offload.refused(request, full, close)
+        if answer is None:
+            self._answered(
+                conn, RefusedError(503, "the server is busy; send again shortly").answer()
+            )
             self._drop_inbox(conn)  # framing is fine, but nothing more is read after a 503
             conn.closing = True
         else:
-            self._answered(conn, _busy(seen[0], namespace, full, close))
+            self._answered(conn, answer)
         return False
 
-    def _answer(self, conn: _Connection, request: Request, close: bool) -> bytes:
-        env = environ(request, (self._settings.host, self._port), conn.remote)
-        env["wsgi.multiprocess"] = self._settings.processes > 1
+    def _answer(self, request: Request, remote: tuple[str, int], close: bool) -> bytes:
+        env = environ(request, (self._host, self._port), remote, self._scheme)
+        env["wsgi.multiprocess"] = self._reuse_port
         try:
             return call(self._app, env, close)
         except Exception:
             # Flask answers the app's own failures with 500; this is a failure around it.
-            log.exception("%s %s failed", request.head.method, request.head.target[:200])
+            log.exception(
+                "%s: %s %s failed", self.name, request.head.method, request.head.target[:200]
+            )
             return RefusedError(500, "the server failed to answer").answer()
 
-    def _validate(self) -> None:
-        """A validation thread: answers queued requests until the queue is closed."""
-        while (taken := self._queue.get()) is not None:
-            namespace, (conn, request, close) = taken
+    def _work(self) -> None:
+        """A pool thread: answers queued requests until the queue is closed."""
+        assert self._offload is not None
+        queue = self._offload.queue
+        while (taken := queue.get()) is not None:
+            key, job = taken
             try:
-                answer = self._answer(conn, request, close)
+                answer = self._answer(job.request, job.remote, job.close)
             finally:
-                self._queue.done(namespace)
-            with self._lock:
-                self._finished.append((conn, answer))
-            self._wake()
+                queue.done(key)
+            job.reply(answer)
+
+    def _finish(self, conn: _Connection, answer: bytes) -> None:
+        """Hands a pool thread's answer to the loop's thread."""
+        with self._lock:
+            self._finished.append((conn, answer))
+        self._wake()
 
     def _take_finished(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -522,7 +575,7 @@ class LoopServer:
         conn.events = events
 
     def _expire(self, now: float) -> None:
-        settings = self._settings
+        settings = self._bounds
         for conn in list(self._connections):
             if conn.busy:
                 continue
@@ -539,12 +592,17 @@ class LoopServer:
                 limit = settings.idle_timeout_seconds
             since = conn.written if reason is Refusal.WRITE_TIMEOUT else conn.since
             if now - since > limit:
-                log.debug("closed a connection from %s: silent for %.0f s", conn.remote[0], limit)
+                log.debug(
+                    "%s: closed a connection from %s: silent for %.0f s",
+                    self.name,
+                    conn.remote[0],
+                    limit,
+                )
                 if reason is not None:
                     self._refused(reason)
                 self._close(conn)
-        self._metrics.connections.set(len(self._connections))
-        self._metrics.buffered_bytes.set(self._buffered)
+        if self._load is not None:
+            self._load(len(self._connections), self._buffered)
 
     def _close(self, conn: _Connection) -> None:
         if conn.closed:
@@ -572,19 +630,3 @@ class LoopServer:
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
-
-
-def _busy(uid: str, namespace: str, full: Full, close: bool) -> bytes:
-    """The review answering `uid` that the validator is busy: denied with 429, nothing stored."""
-    if full.refusal is Refusal.VALIDATION_NAMESPACE:
-        held = f"{full.cap} placement maps of namespace {namespace or '(cluster)'}"
-    else:
-        held = f"{full.cap} placement maps"
-    verdict = Verdict.deny(
-        f"gpuplace: the placement-map validator is busy with {held}, the most it queues; nothing "
-        f"was changed: apply again in a few seconds",
-        code=429,
-        reason="TooManyRequests",
-    )
-    body = orjson.dumps(render_response(uid, verdict))
-    return encode("200 OK", [("Content-Type", "application/json")], body, close=close)

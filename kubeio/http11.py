@@ -1,9 +1,10 @@
 """HTTP/1.1 requests off a byte buffer and WSGI calls into their answers, without I/O.
 
-What `webhook.loopserver` needs to serve the apiserver: a request line and headers (the block
-limited in size), bodies framed by Content-Length (the apiserver always sends one), keep-alive
-and `Connection: close`. A request the server will not serve raises `RefusedError`, whose answer
-closes the connection: the rest of the stream cannot be framed.
+What `kubeio.server` needs to serve the apiserver, probes and scrapes: a request line and headers
+(the block limited in size), bodies framed by Content-Length (the apiserver always sends one),
+keep-alive and `Connection: close`. A request the server will not serve raises `RefusedError`,
+whose answer closes the connection: the rest of the stream cannot be framed; its `reason` is the
+refusal the server counts.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_to_bytes
 
+from kubeio.bounds import Refusal
+
 if TYPE_CHECKING:
     from _typeshed import OptExcInfo
     from _typeshed.wsgi import WSGIApplication, WSGIEnvironment
 
-#: The request line and headers together; past this without their end: 431.
+#: The request line and headers together, by default; past this without their end: 431.
 MAX_HEAD_BYTES = 64 * 1024
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: Framing is ours: the app's own values of these would contradict the bytes sent.
 _HOP_BY_HOP = frozenset({"content-length", "connection", "transfer-encoding", "keep-alive"})
+MALFORMED, HEAD_TOO_LARGE, BODY = Refusal.MALFORMED, Refusal.HEAD_TOO_LARGE, Refusal.BODY
 _REASONS = {
     400: "Bad Request",
     411: "Length Required",
@@ -37,15 +41,17 @@ _REASONS = {
 
 
 class RefusedError(Exception):
-    """A request answered by the server itself with `status`, then the connection closed."""
+    """A request answered by the server itself with `status`, then the connection closed;
+    `refusal` is what the server counts."""
 
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(f"{status}: {reason}")
+    def __init__(self, status: int, why: str, refusal: Refusal | None = None) -> None:
+        super().__init__(f"{status}: {why}")
         self.status = status
-        self.reason = reason
+        self.why = why
+        self.refusal = refusal
 
     def answer(self) -> bytes:
-        body = json.dumps({"code": self.status, "reason": self.reason}).encode()
+        body = json.dumps({"code": self.status, "reason": self.why}).encode()
         headers = [("Content-Type", "application/json")]
         return encode(f"{self.status} {_REASONS[self.status]}", headers, body, close=True)
 
@@ -70,22 +76,24 @@ class Request:
     body: bytes
 
 
-def parse_head(buf: bytearray, max_body: int) -> Head | None:
+def parse_head(buf: bytearray, max_body: int, max_head: int = MAX_HEAD_BYTES) -> Head | None:
     """The head at the start of `buf`; None while incomplete. Raises `RefusedError`."""
-    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+    end = buf.find(b"\r\n\r\n", 0, max_head + 4)
     if end < 0:
-        if len(buf) > MAX_HEAD_BYTES:
-            raise RefusedError(431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+        if len(buf) > max_head:
+            raise RefusedError(
+                431, f"the request line and headers exceed {max_head} bytes", HEAD_TOO_LARGE
+            )
         return None
     lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[0].isalpha() or not parts[1]:
-        raise RefusedError(400, f"not an HTTP request line: {lines[0][:80]!r}")
+        raise RefusedError(400, f"not an HTTP request line: {lines[0][:80]!r}", MALFORMED)
     method, target, version = parts
     if version not in ("HTTP/1.1", "HTTP/1.0"):
         if version.startswith("HTTP/"):
-            raise RefusedError(505, f"{version[:16]!r} is not served; use HTTP/1.1")
-        raise RefusedError(400, f"not an HTTP request line: {lines[0][:80]!r}")
+            raise RefusedError(505, f"{version[:16]!r} is not served; use HTTP/1.1", MALFORMED)
+        raise RefusedError(400, f"not an HTTP request line: {lines[0][:80]!r}", MALFORMED)
     headers = tuple(_header(line) for line in lines[1:])
     length: int | None = None
     tokens: set[str] = set()
@@ -94,17 +102,19 @@ def parse_head(buf: bytearray, max_body: int) -> Head | None:
         lower = name.lower()
         if lower == "content-length":
             if not value.isdigit() or (length is not None and length != int(value)):
-                raise RefusedError(400, f"bad Content-Length {value[:40]!r}")
+                raise RefusedError(400, f"bad Content-Length {value[:40]!r}", MALFORMED)
             length = int(value)
         elif lower == "transfer-encoding":
-            raise RefusedError(411, "send the body with a Content-Length, not Transfer-Encoding")
+            raise RefusedError(
+                411, "send the body with a Content-Length, not Transfer-Encoding", BODY
+            )
         elif lower == "connection":
             tokens.update(t.strip().lower() for t in value.split(","))
         elif lower == "expect" and value.strip().lower() == "100-continue":
             expects_continue = version == "HTTP/1.1"
     length = length or 0
     if length > max_body:
-        raise RefusedError(413, f"the body of {length} bytes exceeds {max_body} bytes")
+        raise RefusedError(413, f"the body of {length} bytes exceeds {max_body} bytes", BODY)
     # HTTP/1.0 connections are closed after their answer: the apiserver speaks HTTP/1.1.
     keep_alive = version == "HTTP/1.1" and "close" not in tokens
     return Head(method, target, version, headers, length, keep_alive, expects_continue, end + 4)
@@ -113,12 +123,14 @@ def parse_head(buf: bytearray, max_body: int) -> Head | None:
 def _header(line: str) -> tuple[str, str]:
     name, colon, value = line.partition(":")
     if not colon or not name or name != name.strip() or line[0] in " \t":
-        raise RefusedError(400, f"not a header line: {line[:80]!r}")
+        raise RefusedError(400, f"not a header line: {line[:80]!r}", MALFORMED)
     return name, value.strip()
 
 
-def environ(request: Request, server: tuple[str, int], remote: tuple[str, int]) -> WSGIEnvironment:
-    """The WSGI environ of `request` (PEP 3333), received over TLS."""
+def environ(
+    request: Request, server: tuple[str, int], remote: tuple[str, int], scheme: str = "https"
+) -> WSGIEnvironment:
+    """The WSGI environ of `request` (PEP 3333), received over `scheme` (https: over TLS)."""
     head = request.head
     target = head.target
     if "://" in target:  # absolute form: the path starts after the authority
@@ -135,7 +147,7 @@ def environ(request: Request, server: tuple[str, int], remote: tuple[str, int]) 
         "REMOTE_ADDR": remote[0],
         "REMOTE_PORT": str(remote[1]),
         "wsgi.version": (1, 0),
-        "wsgi.url_scheme": "https",
+        "wsgi.url_scheme": scheme,
         "wsgi.input": io.BytesIO(request.body),
         "wsgi.errors": sys.stderr,
         "wsgi.multithread": True,

@@ -1,5 +1,5 @@
-"""`LoopServer`: the webhook's app over TLS from one thread, map validation on a pool, real TLS
-on 127.0.0.1."""
+"""The webhook's app on the one server (`kubeio.server`): over TLS from one thread, map validation
+on a pool, real TLS on 127.0.0.1; and the HTTP/1.1 parser (`kubeio.http11`)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ from typing import Any, BinaryIO
 import pytest
 from flask import Flask
 
+from kubeio import server as loopserver
+from kubeio.http11 import RefusedError, Request, environ, parse_head
+from kubeio.server import Server
 from placement.annotations import MAP_LABEL
 from tests.unit.webhook_builders import make_configmap, make_model, make_pod, placement_yaml, review
-from webhook import loopserver
 from webhook.app import create_app
 from webhook.certs import KeyPair, generate_ca, issue_serving
-from webhook.http11 import RefusedError, Request, environ, parse_head
-from webhook.loopserver import LoopServer
 from webhook.modelcache import StaticModel
+from webhook.server import drain, https_server
 from webhook.settings import ServerSettings, WebhookSettings
 from webhook.state import state_of
 from webhook.tls import ServingTLS
@@ -63,8 +64,8 @@ def settings() -> WebhookSettings:
 
 
 @pytest.fixture
-def server(app: Flask, tls: ServingTLS) -> Iterator[LoopServer]:
-    running = LoopServer(app, tls, settings().server).start()
+def server(app: Flask, tls: ServingTLS) -> Iterator[Server]:
+    running = https_server(app, tls, settings().server).start()
     try:
         yield running
     finally:
@@ -75,13 +76,13 @@ def context_for(ca: KeyPair) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=ca.cert_pem.decode())
 
 
-def connect(server: LoopServer, ca: KeyPair) -> http.client.HTTPSConnection:
+def connect(server: Server, ca: KeyPair) -> http.client.HTTPSConnection:
     return http.client.HTTPSConnection(
         "127.0.0.1", server.port, context=context_for(ca), timeout=WAIT
     )
 
 
-def raw(server: LoopServer, ca: KeyPair) -> ssl.SSLSocket:
+def raw(server: Server, ca: KeyPair) -> ssl.SSLSocket:
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
     return context_for(ca).wrap_socket(sock, server_hostname="127.0.0.1")
 
@@ -126,7 +127,7 @@ def read_all(sock: ssl.SSLSocket) -> bytes:
 
 
 def test_kept_alive_connections_answer_many_clients_each_its_own_review(
-    server: LoopServer, ca: KeyPair
+    server: Server, ca: KeyPair
 ) -> None:
     clients, reviews = 16, 20
     failures: list[BaseException] = []
@@ -155,7 +156,7 @@ def test_kept_alive_connections_answer_many_clients_each_its_own_review(
     assert not any(thread.is_alive() for thread in threads)
 
 
-def test_pipelined_requests_are_answered_in_order(server: LoopServer, ca: KeyPair) -> None:
+def test_pipelined_requests_are_answered_in_order(server: Server, ca: KeyPair) -> None:
     body = mutate_body("web-0")
     post = (
         b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
@@ -170,7 +171,7 @@ def test_pipelined_requests_are_answered_in_order(server: LoopServer, ca: KeyPai
 
 
 def test_a_body_over_the_limit_is_refused_from_its_content_length(
-    server: LoopServer, ca: KeyPair
+    server: Server, ca: KeyPair
 ) -> None:
     """The body is never sent: waiting for it would leave the test without an answer."""
     with raw(server, ca) as sock:
@@ -196,7 +197,7 @@ def test_a_body_over_the_limit_is_refused_from_its_content_length(
     ids=["chunked", "garbage", "bad-header", "version", "huge-head"],
 )
 def test_requests_the_server_cannot_frame_are_refused_and_closed(
-    server: LoopServer, ca: KeyPair, request_bytes: bytes, status: int
+    server: Server, ca: KeyPair, request_bytes: bytes, status: int
 ) -> None:
     with raw(server, ca) as sock:
         sock.sendall(request_bytes)
@@ -210,7 +211,7 @@ def test_requests_the_server_cannot_frame_are_refused_and_closed(
 
 
 def test_garbage_after_an_answered_request_gets_a_400_and_the_server_goes_on(
-    server: LoopServer, ca: KeyPair
+    server: Server, ca: KeyPair
 ) -> None:
     with raw(server, ca) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\nnot http at all\r\n\r\n")
@@ -225,7 +226,7 @@ def test_garbage_after_an_answered_request_gets_a_400_and_the_server_goes_on(
 
 
 def test_connections_closed_half_way_through_a_request_leave_the_server_serving(
-    server: LoopServer, ca: KeyPair
+    server: Server, ca: KeyPair
 ) -> None:
     for i in range(6):
         conn = connect(server, ca)
@@ -242,7 +243,7 @@ def test_connections_closed_half_way_through_a_request_leave_the_server_serving(
 
 
 def test_connection_close_and_http_1_0_close_after_their_answer(
-    server: LoopServer, ca: KeyPair
+    server: Server, ca: KeyPair
 ) -> None:
     for request in (
         b"GET /healthz HTTP/1.1\r\nHost: w\r\nConnection: close\r\n\r\nGET /healthz HTTP/1.1\r\n",
@@ -255,7 +256,7 @@ def test_connection_close_and_http_1_0_close_after_their_answer(
         assert b"Connection: close" in answer
 
 
-def test_expect_100_continue_is_answered_before_the_body(server: LoopServer, ca: KeyPair) -> None:
+def test_expect_100_continue_is_answered_before_the_body(server: Server, ca: KeyPair) -> None:
     body = mutate_body("web-7")
     with raw(server, ca) as sock:
         sock.sendall(
@@ -270,7 +271,7 @@ def test_expect_100_continue_is_answered_before_the_body(server: LoopServer, ca:
 
 
 def test_operations_endpoints_and_readiness_after_drain(
-    app: Flask, server: LoopServer, ca: KeyPair
+    app: Flask, server: Server, ca: KeyPair
 ) -> None:
     conn = connect(server, ca)
     try:
@@ -280,7 +281,7 @@ def test_operations_endpoints_and_readiness_after_drain(
             text = response.read()
             assert response.status == status, path
         assert b"gpuplace_" in text  # the metrics page
-        server.drain()
+        drain(app, settings().server)
         conn.request("GET", "/readyz")
         response = conn.getresponse()
         assert (response.status, response.read()) == (503, b"shutting down\n")
@@ -290,7 +291,7 @@ def test_operations_endpoints_and_readiness_after_drain(
         conn.close()
 
 
-def test_head_is_answered_with_the_length_get_would_send(server: LoopServer, ca: KeyPair) -> None:
+def test_head_is_answered_with_the_length_get_would_send(server: Server, ca: KeyPair) -> None:
     with raw(server, ca) as sock:
         sock.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: w\r\nConnection: close\r\n\r\n")
         answer = read_all(sock)
@@ -299,9 +300,7 @@ def test_head_is_answered_with_the_length_get_would_send(server: LoopServer, ca:
     assert answer.endswith(b"\r\n\r\n")  # no body
 
 
-def test_a_failing_view_is_answered_500_by_flask(
-    app: Flask, server: LoopServer, ca: KeyPair
-) -> None:
+def test_a_failing_view_is_answered_500_by_flask(app: Flask, server: Server, ca: KeyPair) -> None:
     def broken() -> Any:
         raise RuntimeError("view failed")
 
@@ -318,12 +317,12 @@ def test_a_failing_view_is_answered_500_by_flask(
 
 
 def test_a_failure_of_the_server_closes_only_its_connection(
-    server: LoopServer, ca: KeyPair, monkeypatch: pytest.MonkeyPatch
+    server: Server, ca: KeyPair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def parse_or_fail(buf: bytearray, max_body: int) -> Any:
+    def parse_or_fail(buf: bytearray, max_body: int, max_head: int) -> Any:
         if buf.startswith(b"BOOM"):
             raise RuntimeError("the parser failed")
-        return parse_head(buf, max_body)
+        return parse_head(buf, max_body, max_head)
 
     monkeypatch.setattr(loopserver, "parse_head", parse_or_fail)
     kept = connect(server, ca)
@@ -363,7 +362,7 @@ class SlowValidate:
 
 
 def test_a_slow_validation_holds_up_no_pod_admission(
-    app: Flask, server: LoopServer, ca: KeyPair
+    app: Flask, server: Server, ca: KeyPair
 ) -> None:
     slow = SlowValidate(app)
     validating, mutating = connect(server, ca), connect(server, ca)
@@ -384,7 +383,7 @@ def test_a_slow_validation_holds_up_no_pod_admission(
 
 
 def test_requests_behind_a_slow_validation_are_answered_after_it(
-    app: Flask, server: LoopServer, ca: KeyPair
+    app: Flask, server: Server, ca: KeyPair
 ) -> None:
     slow = SlowValidate(app)
     body = validate_body()
@@ -401,7 +400,7 @@ def test_requests_behind_a_slow_validation_are_answered_after_it(
 
 
 def test_a_new_certificate_serves_new_connections_while_open_ones_keep_theirs(
-    server: LoopServer, ca: KeyPair, tls: ServingTLS
+    server: Server, ca: KeyPair, tls: ServingTLS
 ) -> None:
     before = connect(server, ca)
     try:
@@ -422,7 +421,7 @@ def test_a_new_certificate_serves_new_connections_while_open_ones_keep_theirs(
 
 def test_stop_finishes_the_request_in_flight(app: Flask, tls: ServingTLS, ca: KeyPair) -> None:
     slow = SlowValidate(app)
-    server = LoopServer(app, tls, settings().server).start()
+    server = https_server(app, tls, settings().server).start()
     conn = connect(server, ca)
     stopper = threading.Thread(target=server.stop)
     try:
@@ -442,7 +441,7 @@ def test_stop_finishes_the_request_in_flight(app: Flask, tls: ServingTLS, ca: Ke
             server.stop()
 
 
-def refused_new_connections(server: LoopServer) -> None:
+def refused_new_connections(server: Server) -> None:
     """Returns once the port refuses connections: the server is stopping."""
     stopped = threading.Event()
     while not stopped.wait(0.01):
@@ -472,7 +471,7 @@ def short_timeouts() -> ServerSettings:
 def test_silent_connections_are_closed(app: Flask, tls: ServingTLS, ca: KeyPair) -> None:
     """Idle after an answer, half-way through a request's head or body, and before a
     handshake; each but the idle one counted."""
-    server = LoopServer(app, tls, short_timeouts()).start()
+    server = https_server(app, tls, short_timeouts()).start()
     try:
         with raw(server, ca) as idle:
             idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\n")
@@ -564,18 +563,18 @@ def test_environ() -> None:
     assert env["wsgi.input"].read() == b"{}"
 
 
-def test_a_port_in_use_fails_the_start(app: Flask, tls: ServingTLS, server: LoopServer) -> None:
+def test_a_port_in_use_fails_the_start(app: Flask, tls: ServingTLS, server: Server) -> None:
     taken = replace(settings().server, port=server.port)
     with pytest.raises(OSError):
-        LoopServer(app, tls, taken).start()
+        https_server(app, tls, taken).start()
 
 
 def test_server_processes_share_the_port(app: Flask, tls: ServingTLS, ca: KeyPair) -> None:
     """With several processes each server binds the port with SO_REUSEPORT (here two servers in
     one process, which the kernel treats alike)."""
     shared = replace(settings().server, processes=2)
-    first = LoopServer(app, tls, shared).start()
-    second = LoopServer(app, tls, replace(shared, port=first.port)).start()
+    first = https_server(app, tls, shared).start()
+    second = https_server(app, tls, replace(shared, port=first.port)).start()
     try:
         for running in (first, second):
             assert running.port == first.port
