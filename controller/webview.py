@@ -11,7 +11,7 @@ kube-rbac-proxy does: a TokenReview says who it is, a SubjectAccessReview whethe
 need to reach it through the apiserver.
 
 What a caller can make it do is bounded: the server's connections, heads, time and threads
-(kubeio/boundedserver.py), the verdicts it remembers (`VERDICTS_MAX`, `UNKNOWN_MAX`) and the
+(the components' one server, `kubeio.server`, with a small port's bounds), the verdicts it remembers (`VERDICTS_MAX`, `UNKNOWN_MAX`) and the
 reviews it sends at once (`REVIEWS_IN_FLIGHT`).
 """
 
@@ -26,13 +26,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from controller.holders import holder_of
-from kubeio.boundedserver import BoundedServer, Limits, Request, Response, ServerMetrics
+from kubeio.bounds import small_bounds
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIError
+from kubeio.httpserver import ServerMetrics, answer, small_server
 from kubeio.paths import Resource
 from kubeio.pod import Pod
 from placement.annotations import STATUS_ANNOTATION, source_provenance
@@ -41,6 +43,9 @@ from placement.occupancy import CellState, GpuCell, occupancy, summary
 from placement.podmeta import map_name_of
 from placement.status import MapStatus
 from placement.types import NodeName
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,8 @@ UNKNOWN_MAX = 256
 #: TokenReviews (each followed by its SubjectAccessReview) in flight at once; beyond, 503.
 REVIEWS_IN_FLIGHT = 2
 #: A page is a few hundred KiB at most; a bearer token in the head can be a few KiB.
-WEB_LIMITS = Limits(connections=64, threads=4, head_bytes=16384)
+WEB_BOUNDS = small_bounds(connections=64, head_bytes=16384)
+WEB_THREADS = 4
 
 
 def loopback_only(host: str) -> bool:
@@ -347,7 +353,7 @@ class WebServer:
         sources: ViewSources,
         authorizer: Authorizer | None = None,
         metrics: ServerMetrics | None = None,
-        limits: Limits = WEB_LIMITS,
+        threads: int = WEB_THREADS,
     ) -> None:
         if authorizer is None and not loopback_only(host):
             raise ValueError(
@@ -359,33 +365,42 @@ class WebServer:
         self.sources = sources
         self.authorizer = authorizer
         self.metrics = metrics or ServerMetrics(CollectorRegistry())
-        self.server = BoundedServer("web", host, port, self.answer, self.metrics, limits)
-        self.port = self.server.port
+        self.server = small_server("web", self.app, host, port, self.metrics, WEB_BOUNDS, threads)
 
-    def answer(self, request: Request) -> Response:
-        if request.method not in ("GET", "HEAD"):
-            return _text(405, "read-only: GET only\n", ("Allow", "GET, HEAD"))
-        if request.path == "/healthz":
-            return _text(200, "ok\n")
-        if request.path != "/":
-            return _text(404, "not found\n")
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def app(self, environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
+        """The WSGI app: called on the server's pool threads at once."""
+        if environ["REQUEST_METHOD"] not in ("GET", "HEAD"):
+            return _text(start_response, 405, "read-only: GET only\n", ("Allow", "GET, HEAD"))
+        path = environ["PATH_INFO"]
+        if path == "/healthz":
+            return _text(start_response, 200, "ok\n")
+        if path != "/":
+            return _text(start_response, 404, "not found\n")
         if self.authorizer is not None:
-            verdict = self.authorizer.check(request.headers.get("Authorization"))
+            verdict = self.authorizer.check(environ.get("HTTP_AUTHORIZATION"))
             if verdict.busy:
                 self.metrics.refuse("web", "busy")
             if verdict.code != 200:
                 extra = (("WWW-Authenticate", 'Bearer realm="gpuplace"'),)
                 return _text(
-                    verdict.code, f"{verdict.why}\n", *(extra if verdict.code == 401 else ())
+                    start_response,
+                    verdict.code,
+                    f"{verdict.why}\n",
+                    *(extra if verdict.code == 401 else ()),
                 )
         try:
             body = page(self.sources)
         except Exception:
             log.exception("web view: the page failed")
-            return _text(500, "the page failed; see the controller's log\n")
-        return Response(200, body.encode(), "text/html; charset=utf-8", SAFE_HEADERS)
+            return _text(start_response, 500, "the page failed; see the controller's log\n")
+        return answer(start_response, 200, body.encode(), "text/html; charset=utf-8", SAFE_HEADERS)
 
     def start(self) -> WebServer:
+        """Binds and serves; a port in use raises OSError here."""
         self.server.start()
         return self
 
@@ -400,5 +415,7 @@ SAFE_HEADERS = (
 )
 
 
-def _text(code: int, text: str, *headers: tuple[str, str]) -> Response:
-    return Response(code, text.encode(), "text/plain; charset=utf-8", (*SAFE_HEADERS, *headers))
+def _text(
+    start_response: StartResponse, code: int, text: str, *headers: tuple[str, str]
+) -> list[bytes]:
+    return answer(start_response, code, text.encode(), headers=(*SAFE_HEADERS, *headers))

@@ -55,9 +55,13 @@ class WorkQueue(Protocol):
 
 
 class Offload(Protocol):
-    #: Threads that answer the queued requests.
-    threads: int
-    queue: WorkQueue
+    @property
+    def threads(self) -> int:
+        """Threads that answer the queued requests."""
+        ...
+
+    @property
+    def queue(self) -> WorkQueue: ...
 
     def key(self, request: Request) -> str | None:
         """The queue key of a request answered on the pool; None: answered on the loop."""

@@ -25,9 +25,8 @@ from gpuplace.commands._env import (
     add_log_flags,
 )
 from kubeio import logs
-from kubeio.boundedserver import ServerMetrics
 from kubeio.client import ClientSettings, Kube, Obj
-from kubeio.httpserver import OpsServer
+from kubeio.httpserver import OpsServer, ServerMetrics
 from placement.dra import DraSettings, Enforcement
 
 log = logging.getLogger("gpuplace.controller")

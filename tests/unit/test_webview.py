@@ -17,8 +17,8 @@ from controller import webview
 from controller.settings import ControllerSettings
 from controller.webview import Authorizer, ViewSources, WebServer, loopback_only, page
 from gpuplace.commands.controller import web_view_problem
-from kubeio.boundedserver import ServerMetrics
 from kubeio.errors import APIServerError
+from kubeio.httpserver import ServerMetrics
 from kubeio.pod import Pod
 from placement.annotations import (
     MAP_LABEL,
