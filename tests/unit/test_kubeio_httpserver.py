@@ -118,6 +118,9 @@ def test_probes_and_metrics(registry: CollectorRegistry) -> None:
         assert status == 200 and b"gpuplace_http_refused_total" in body
         head = exchange(server.port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+        assert b"Content-Length: 3\r\n" in head
+        # One request a connection: an HTTP/1.1 client is told, so none idles between requests.
+        assert b"Connection: close\r\n" in head
     finally:
         server.stop()
 

@@ -186,23 +186,29 @@ def test_a_body_over_the_limit_is_refused_from_its_content_length(
 
 
 @pytest.mark.parametrize(
-    ("request_bytes", "status"),
+    ("request_bytes", "status", "reason"),
     [
-        (b"POST /mutate HTTP/1.1\r\nHost: w\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n", 411),
-        (b"not http at all\r\n\r\n", 400),
-        (b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400),
-        (b"GET /healthz HTTP/2.0\r\n\r\n", 505),
-        (b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * (70 * 1024), 431),
+        (
+            b"POST /mutate HTTP/1.1\r\nHost: w\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n",
+            411,
+            "body",
+        ),
+        (b"not http at all\r\n\r\n", 400, "malformed"),
+        (b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400, "malformed"),
+        (b"GET /healthz HTTP/2.0\r\n\r\n", 505, "malformed"),
+        (b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * (70 * 1024), 431, "head_too_large"),
     ],
     ids=["chunked", "garbage", "bad-header", "version", "huge-head"],
 )
-def test_requests_the_server_cannot_frame_are_refused_and_closed(
-    server: Server, ca: KeyPair, request_bytes: bytes, status: int
+def test_requests_the_server_cannot_frame_are_refused_counted_and_closed(
+    app: Flask, server: Server, ca: KeyPair, request_bytes: bytes, status: int, reason: str
 ) -> None:
     with raw(server, ca) as sock:
         sock.sendall(request_bytes)
         answer = read_all(sock)
     assert answer.startswith(b"HTTP/1.1 %d " % status)
+    registry = state_of(app).metrics.registry
+    assert registry.get_sample_value("gpuplace_webhook_refused_total", {"reason": reason}) == 1
     conn = connect(server, ca)
     try:
         assert mutate(conn, "after")["uid"] == "uid-after"  # the server goes on
