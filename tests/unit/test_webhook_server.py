@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import pytest
 from flask import Flask
 
-from kubeio import server as loopserver
+from kubeio import server as loop
 from kubeio.http11 import RefusedError, Request, environ, parse_head
 from kubeio.server import Server
 from placement.annotations import MAP_LABEL
@@ -330,7 +330,7 @@ def test_a_failure_of_the_server_closes_only_its_connection(
             raise RuntimeError("the parser failed")
         return parse_head(buf, max_body, max_head)
 
-    monkeypatch.setattr(loopserver, "parse_head", parse_or_fail)
+    monkeypatch.setattr(loop, "parse_head", parse_or_fail)
     kept = connect(server, ca)
     try:
         assert mutate(kept, "web-0")["uid"] == "uid-web-0"
@@ -459,7 +459,7 @@ def refused_new_connections(server: Server) -> None:
 
 @pytest.fixture
 def short_tick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loopserver, "TICK_SECONDS", 0.05)
+    monkeypatch.setattr(loop, "TICK_SECONDS", 0.05)
 
 
 def short_timeouts() -> ServerSettings:
