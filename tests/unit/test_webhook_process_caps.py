@@ -8,14 +8,15 @@ from dataclasses import replace
 import pytest
 from flask import Flask
 
+from kubeio.bounds import Refusal
+from kubeio.server import Server
 from tests.unit.test_webhook_bounds import BOUNDED, CONNECTIONS, ca, open_tls, refused, tls
-from tests.unit.test_webhook_loopserver import settings
+from tests.unit.test_webhook_server import settings
 from tests.unit.webhook_builders import make_model
 from webhook.app import create_app
 from webhook.certs import KeyPair
-from webhook.limits import Refusal
-from webhook.loopserver import LoopServer
 from webhook.modelcache import StaticModel
+from webhook.server import https_server
 from webhook.settings import CONNECTION_SHARE_BYTES, ProcessCaps, ServerSettings
 from webhook.tls import ServingTLS
 
@@ -77,11 +78,11 @@ def test_fewer_than_one_process_is_refused() -> None:
 
 
 @pytest.fixture
-def one_of_two(tls: ServingTLS) -> Iterator[tuple[Flask, LoopServer]]:
+def one_of_two(tls: ServingTLS) -> Iterator[tuple[Flask, Server]]:
     """One of two processes sharing `BOUNDED`'s caps."""
     shared = replace(BOUNDED, processes=2)
     app = create_app(replace(settings(), server=shared), StaticModel(make_model().obj()))
-    server = LoopServer(app, tls, shared).start()
+    server = https_server(app, tls, shared).start()
     try:
         yield app, server
     finally:
@@ -89,7 +90,7 @@ def one_of_two(tls: ServingTLS) -> Iterator[tuple[Flask, LoopServer]]:
 
 
 def test_a_process_of_two_keeps_half_the_connections(
-    one_of_two: tuple[Flask, LoopServer], ca: KeyPair
+    one_of_two: tuple[Flask, Server], ca: KeyPair
 ) -> None:
     app, server = one_of_two
     idle = [open_tls(server, ca) for _ in range(CONNECTIONS)]
