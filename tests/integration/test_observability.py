@@ -245,7 +245,13 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     namespace, _nodes, _controller, port = placed
     running, hook_namespace = webhook
     dashboard = json.loads((CHART / "dashboards" / "gpuplace.json").read_text())
-    queries = [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p["targets"]]
+    # As Grafana sends them with the Cluster variable at "All": its allValue for $cluster.
+    [variable] = [v for v in dashboard["templating"]["list"] if v["name"] == "cluster"]
+    queries = [
+        (p["title"], t["expr"].replace("$cluster", variable["allValue"]))
+        for p in dashboard["panels"]
+        for t in p["targets"]
+    ]
     prometheus = Prometheus(
         tmp_path,
         {
