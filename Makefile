@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: docs docs-ref crds test-tools help venv image e2e-chart control-plane node tools argocd redis demo-quick fakenvml lint test unit integration e2e e2e-argocd demo bench bench-scale cluster-up cluster-down clean
+.PHONY: docs docs-ref crds test-tools help venv image e2e-chart control-plane node tools argocd argo-workflows redis demo-quick fakenvml lint test unit integration e2e e2e-argocd e2e-preflight demo bench bench-scale cluster-up cluster-down clean
 
 help:
-	@echo "make test | demo | demo-quick | lint | docs | docs-ref | image | e2e-chart | bench | bench-scale | e2e-argocd | cluster-up | cluster-down | control-plane | node | argocd | clean"
+	@echo "make test | demo | demo-quick | lint | docs | docs-ref | image | e2e-chart | bench | bench-scale | e2e-argocd | e2e-preflight | cluster-up | cluster-down | control-plane | node | argocd | argo-workflows | clean"
 
 # The product (editable) and, from dev/, its development environment (gpuplace cluster|demo).
 $(STAMP): pyproject.toml dev/pyproject.toml
@@ -42,6 +42,11 @@ tools:
 # from their Go modules (several minutes the first time); `make demo` syncs through them once built.
 argocd:
 	@hack/build-argocd.sh >/dev/null
+
+# Argo Workflows' workflow controller and argoexec, built from their Go module (many minutes the
+# first time); the preflight tier (`make e2e-preflight`) gates ArgoCD syncs through them.
+argo-workflows:
+	@hack/build-argo-workflows.sh >/dev/null
 
 # Debian's redis-server for ArgoCD's cache, installed with apt-get (as root) when missing.
 redis:
@@ -100,7 +105,14 @@ e2e-chart: $(STAMP) control-plane node tools fakenvml image
 # here) on the real node, and an Application deleted and created again keeps the running pods.
 e2e-argocd: $(STAMP) control-plane node tools fakenvml argocd redis image
 	@hack/ensure-apt.sh iptables
-	$(BIN)/pytest tests/e2e_argocd -q -m argocd -rP
+	$(BIN)/pytest tests/e2e_argocd -q -m "argocd and not preflight" -rP
+
+# The preflight gate through real ArgoCD and a real Argo Workflows controller: a map directory
+# whose kustomization includes the `gpuplace preflight` Workflow (a PreSync hook); a good commit
+# is applied after its Workflow passed on the real node, a commit naming a missing GPU is not.
+e2e-preflight: $(STAMP) control-plane node tools fakenvml argocd argo-workflows redis image
+	@hack/ensure-apt.sh iptables
+	$(BIN)/pytest tests/e2e_argocd -q -m preflight -rP
 
 # The whole flow through real ArgoCD: ArgoCD deploys gpuplace (its chart, the image built here) onto
 # the real node, then the maps; gpu-probe pods on the real node next to the kwok nodes.

@@ -16,7 +16,13 @@ affinity with two ORed terms, the node's name (matchFields metadata.name) or the
 How a step sees the GPUs without taking them from running pods: it requests no `nvidia.com/gpu`
 (the device plugin would hand out arbitrary, maybe busy, devices); NVIDIA_VISIBLE_DEVICES=all
 asks the NVIDIA container runtime for every device, so NVML numbers them as the host does, which is
-what maps declare. CUDA_VISIBLE_DEVICES carries the entry's devices for anything CUDA-based.
+what maps declare. CUDA_VISIBLE_DEVICES carries the entry's devices for anything CUDA-based. On a
+node without that runtime, `nvml_host_path` mounts the driver's library directory read-only, as the
+chart's `agent.nvml` does for the agent.
+
+How a failure names its entry: the container's termination message falls back to the end of its
+output, where `--print` lists the failed checks, so the step's node in the Workflow's status (and
+`argo get`) carries the reason, e.g. "device 7 ... not found on node gpu-a-01".
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from argo_workflows.model.affinity import Affinity
 from argo_workflows.model.capabilities import Capabilities
 from argo_workflows.model.container import Container
 from argo_workflows.model.env_var import EnvVar
+from argo_workflows.model.host_path_volume_source import HostPathVolumeSource
 from argo_workflows.model.io_argoproj_workflow_v1alpha1_arguments import (
     IoArgoprojWorkflowV1alpha1Arguments as Arguments,
 )
@@ -77,6 +84,8 @@ from argo_workflows.model.resource_requirements import ResourceRequirements
 from argo_workflows.model.seccomp_profile import SeccompProfile
 from argo_workflows.model.security_context import SecurityContext
 from argo_workflows.model.toleration import Toleration
+from argo_workflows.model.volume import Volume
+from argo_workflows.model.volume_mount import VolumeMount
 
 from placement.annotations import (
     ENV_CUDA_DEVICE_ORDER,
@@ -100,6 +109,9 @@ CHECK_TEMPLATE = "check-entry"
 #: Kubernetes names that end up in pod hostnames must fit a DNS label.
 _MAX_NAME = 63
 _NONROOT_UID = 65532
+#: Where a step mounts `nvml_host_path` (the chart's agent uses the same directory).
+NVML_DIR = "/opt/gpuplace/nvml"
+NVML_VOLUME = "nvml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +132,13 @@ class PreflightSettings:
     parallelism: int = 20
     #: Annotate as an ArgoCD PreSync hook, replaced on every sync.
     argocd_hook: bool = True
+    #: A host directory holding libnvidia-ml.so.1, mounted read-only at NVML_DIR and put on
+    #: LD_LIBRARY_PATH; None relies on the NVIDIA container runtime to inject the library.
+    nvml_host_path: str | None = None
+    #: `Directory` or `File`, as the chart's `agent.nvml.hostPathType`.
+    nvml_host_path_type: str = "Directory"
+    #: Extra environment of the step's container, (name, value) pairs.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def workflow_name(pmap: PlacementMap, settings: PreflightSettings) -> str:
@@ -200,7 +219,28 @@ def _node_affinity(alias_label: str) -> Any:
     )
 
 
+def _nvml_mount(settings: PreflightSettings) -> tuple[list[Any], list[Any], list[Any]]:
+    """The volume, its mount and LD_LIBRARY_PATH for `nvml_host_path`; empty lists without one."""
+    if settings.nvml_host_path is None:
+        return [], [], []
+    volume = Volume(
+        name=NVML_VOLUME,
+        host_path=HostPathVolumeSource(
+            path=settings.nvml_host_path, type=settings.nvml_host_path_type
+        ),
+    )
+    mount_path = NVML_DIR
+    if settings.nvml_host_path_type == "File":
+        mount_path = f"{NVML_DIR}/{settings.nvml_host_path.rstrip('/').rpartition('/')[2]}"
+    mount = VolumeMount(name=NVML_VOLUME, mount_path=mount_path, read_only=True)
+    return [volume], [mount], [EnvVar(name="LD_LIBRARY_PATH", value=NVML_DIR)]
+
+
 def _check_template(settings: PreflightSettings) -> Any:
+    volumes, mounts, nvml_env = _nvml_mount(settings)
+    extra: dict[str, Any] = {}
+    if mounts:
+        extra["volume_mounts"] = mounts
     container = Container(
         image=settings.image,
         command=["gpuplace"],
@@ -218,7 +258,12 @@ def _check_template(settings: PreflightSettings) -> Any:
                 name=ENV_CUDA_VISIBLE_DEVICES, value="{{inputs.parameters.cuda-visible-devices}}"
             ),
             EnvVar(name=ENV_CUDA_DEVICE_ORDER, value="PCI_BUS_ID"),
+            *nvml_env,
+            *(EnvVar(name=name, value=value) for name, value in settings.env),
         ],
+        # On failure the kubelet keeps the end of the output as the termination message, which
+        # Argo shows as the step's message: the failed checks, each naming its device.
+        termination_message_policy="FallbackToLogsOnError",
         resources=ResourceRequirements(
             requests={"cpu": "10m", "memory": "64Mi"}, limits={"memory": "256Mi"}
         ),
@@ -228,7 +273,9 @@ def _check_template(settings: PreflightSettings) -> Any:
             run_as_non_root=True,
             capabilities=Capabilities(drop=["ALL"]),
         ),
+        **extra,
     )
+    template_extra: dict[str, Any] = {"volumes": volumes} if volumes else {}
     return Template(
         name=CHECK_TEMPLATE,
         inputs=Inputs(
@@ -251,6 +298,7 @@ def _check_template(settings: PreflightSettings) -> Any:
             for key in settings.tolerations
         ],
         container=container,
+        **template_extra,
     )
 
 

@@ -89,6 +89,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--parallelism", type=int, default=20, help="entries checked at once (default 20)"
     )
     p.add_argument(
+        "--nvml-host-path",
+        metavar="PATH",
+        help="host directory (or file) holding libnvidia-ml.so.1, mounted read-only into each "
+        "step, for nodes without the NVIDIA container runtime (as the chart's agent.nvml)",
+    )
+    p.add_argument(
+        "--nvml-host-path-type",
+        choices=("Directory", "File"),
+        default="Directory",
+        help="what --nvml-host-path is (default Directory)",
+    )
+    p.add_argument(
+        "--env",
+        dest="env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="extra environment variable of each step (repeatable)",
+    )
+    p.add_argument(
         "--no-argocd-hook",
         dest="argocd_hook",
         action="store_false",
@@ -113,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
         if exc.name is None or exc.name.partition(".")[0] != SDK_MODULE:
             raise
         return _fail(MISSING_SDK)
+    env = _env_pairs(args.env or [])
+    if env is None:
+        return 2
     pmap = _read_map(args.map_file, args.select)
     if pmap is None:
         return 1
@@ -127,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
         timeout_seconds=args.timeout,
         parallelism=args.parallelism,
         argocd_hook=args.argocd_hook,
+        nvml_host_path=args.nvml_host_path,
+        nvml_host_path_type=args.nvml_host_path_type,
+        env=env,
     )
     manifest = workflow_manifest(pmap, settings)
     if args.output == "json":
@@ -169,6 +194,17 @@ def _read_map(path: str, select: str | None) -> PlacementMap | None:
             file=sys.stderr,
         )
     return None
+
+
+def _env_pairs(values: list[str]) -> tuple[tuple[str, str], ...] | None:
+    pairs = []
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name:
+            _fail(f"--env takes NAME=VALUE, got {value!r}", 2)
+            return None
+        pairs.append((name, rest))
+    return tuple(pairs)
 
 
 def _fail(message: str, status: int = 1) -> int:

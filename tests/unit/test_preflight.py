@@ -14,6 +14,7 @@ import yaml
 from gpuplace.cli import build_parser, main
 from gpuplace.preflight import (
     MAP_PATH,
+    NVML_DIR,
     PreflightSettings,
     bounded_name,
     build_workflow,
@@ -198,6 +199,34 @@ def test_settings_reach_the_workflow() -> None:
     assert "podSpecPatch" not in manifest()["spec"]
 
 
+def test_a_failed_step_keeps_the_end_of_its_output_as_its_message() -> None:
+    # The kubelet's fallback puts the failed checks (the last lines of --print) in the container's
+    # termination message, which Argo shows as the step's message.
+    container = check_template(manifest())["container"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_nvml_from_the_host_is_mounted_read_only_and_on_the_library_path() -> None:
+    wf = manifest(nvml_host_path="/usr/lib/nvidia", env=(("GPUPLACE_X", "1"),))
+    template = check_template(wf)
+    assert template["volumes"] == [
+        {"name": "nvml", "hostPath": {"path": "/usr/lib/nvidia", "type": "Directory"}}
+    ]
+    container = template["container"]
+    assert container["volumeMounts"] == [{"name": "nvml", "mountPath": NVML_DIR, "readOnly": True}]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["LD_LIBRARY_PATH"] == NVML_DIR
+    assert env["GPUPLACE_X"] == "1"
+    single = check_template(
+        manifest(nvml_host_path="/usr/lib/libnvidia-ml.so.1", nvml_host_path_type="File")
+    )
+    assert single["container"]["volumeMounts"][0]["mountPath"] == f"{NVML_DIR}/libnvidia-ml.so.1"
+    # Without a host path the NVIDIA runtime provides the library: no volume, no library path.
+    plain = check_template(manifest())
+    assert "volumes" not in plain and "volumeMounts" not in plain["container"]
+    assert "LD_LIBRARY_PATH" not in {e["name"] for e in plain["container"]["env"]}
+
+
 def test_long_map_names_keep_names_valid_and_distinct() -> None:
     a, b = "gpuplace-preflight-" + "a" * 60, "gpuplace-preflight-" + "a" * 59 + "b"
     assert len(bounded_name(a)) <= 63 and len(bounded_name(b)) <= 63
@@ -256,6 +285,18 @@ def test_command_needs_exactly_one_map(tmp_path: Path, capsys: pytest.CaptureFix
     assert "no PlacementMap in this file" in capsys.readouterr().err
     assert main(["preflight", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_command_passes_the_nvml_mount_and_env(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, MAP)
+    argv = ["preflight", path, "--image", "img:1", "--nvml-host-path", "/opt/nv", "--env", "A=b=c"]
+    assert main(argv) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed == manifest(image="img:1", nvml_host_path="/opt/nv", env=(("A", "b=c"),))
+    assert main(["preflight", path, "--env", "NOVALUE"]) == 2
+    assert "--env takes NAME=VALUE, got 'NOVALUE'" in capsys.readouterr().err
 
 
 def test_command_rejects_unusable_numbers(
