@@ -55,6 +55,8 @@ def test_preflight_workflow_passes_server_side_dry_run(
             runtime_class="nvidia",
             service_account="preflight",
             argocd_hook=False,
+            nvml_host_path="/usr/lib/nvidia",
+            env=(("GPUPLACE_FAKE_NVML_CONFIG", "/opt/gpuplace/nvml/nvml.json"),),
         ),
     ):
         document = workflow_manifest(load_maps(MAP, "map.yaml").maps[0], settings)
