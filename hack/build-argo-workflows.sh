@@ -17,9 +17,12 @@
 # hack/argo-workflows/version pins the release. v4.0.5 is the newest the module proxy serves and it
 # is flagged with reported security vulnerabilities: it is for the development environment only
 # (docs/preflight.md). `go list -m -versions github.com/argoproj/argo-workflows/v4` lists newer ones;
-# move the pin when one appears. The module's go.mod has no replace directive, so `go install
-# pkg@version` builds both commands straight from the module cache (cmd/argo, the CLI and UI server,
-# does not: its UI is not in the module, and the tier does not need it).
+# move the pin when one appears. The module's go.mod has no replace directive, so both commands
+# build from a copy of the module with its own go.mod and go.sum (cmd/argo, the CLI and UI server,
+# does not: its UI is not in the module, and the tier does not need it). The copy, under src/, exists
+# because the published v4.0.5 lacks workflow/executor/osspecific/signal_linux.go (argoexec then
+# fails with "undefined: Setpgid"): the script adds hack/argo-workflows/signal_linux.go.txt there,
+# the release's signal_darwin.go, which is POSIX. Drop it when a release carries the file.
 set -euo pipefail
 
 log_prefix=argo-workflows
@@ -54,30 +57,43 @@ main() {
   log "building Argo Workflows $version into $bin (a first build downloads several hundred MiB of modules and takes many minutes; logs in $logs)"
   begin_staging
   local total_start=$SECONDS
+  # The module as published, copied out of the read-only module cache to add the missing file.
+  local dir
+  dir=$(cd "$root" && GOFLAGS=-mod=mod go mod download -json "$module@$version" | awk -F'"' '$2 == "Dir" {print $4}')
+  [ -d "$dir" ] || die "go mod download $module@$version gave no directory"
+  local src="$root/src"
+  rm -rf "$src"
+  cp -R "$dir" "$src"
+  chmod -R u+w "$src"
+  local missing="$src/workflow/executor/osspecific/signal_linux.go"
+  [ -e "$missing" ] || cp "$here/argo-workflows/signal_linux.go.txt" "$missing"
+
   # Both binaries are static (argoexec runs in a scratch image) and carry the release they are of.
   local ldflags="-s -w -X $module.version=$version"
-
   local name
   for name in argoexec workflow-controller; do
     if [ ! -x "$bin/$name" ]; then
       run_build "$name $version" "$logs/$name.log" \
-        env GOBIN="$staging" GOFLAGS="-trimpath ${GOFLAGS:-}" CGO_ENABLED=0 \
-        go install -v -ldflags "$ldflags" "$module/cmd/$name@$version"
+        go_static "$src" build -v -trimpath -ldflags "$ldflags" -o "$staging/$name" "./cmd/$name"
       install_built "$name"
     fi
   done
 
-  # The CRDs and the executor's Role of the same release, from the module the binaries came from.
-  local dir
-  dir=$(GOFLAGS=-mod=mod go mod download -json "$module@$version" | awk -F'"' '$2 == "Dir" {print $4}')
-  [ -d "$dir" ] || die "go mod download $module@$version gave no directory"
-  cp "$dir"/manifests/base/crds/minimal/*.yaml "$root/crds/"
+  # The CRDs and the executor's Role of the same release.
+  cp "$src"/manifests/base/crds/minimal/*.yaml "$root/crds/"
   rm -f "$root/crds/kustomization.yaml"
-  cp "$dir"/manifests/quick-start/base/executor/emissary/executor-role.yaml "$root/rbac/"
+  cp "$src"/manifests/quick-start/base/executor/emissary/executor-role.yaml "$root/rbac/"
   chmod u+w "$root"/crds/*.yaml "$root"/rbac/*.yaml
   touch "$root/.complete-$version"
   log "Argo Workflows ready in $root ($((SECONDS - total_start))s)"
   echo "$root"
+}
+
+# go_static DIR ARGS... -> `go ARGS` in DIR without cgo (run_build starts it in a subshell).
+go_static() {
+  cd "$1"
+  shift
+  CGO_ENABLED=0 GOFLAGS="-mod=mod ${GOFLAGS:-}" exec go "$@"
 }
 
 # complete -> true when both binaries, the CRDs and the executor's Role are in place.
