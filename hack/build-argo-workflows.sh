@@ -13,6 +13,7 @@
 #   crds/*.yaml                  manifests/base/crds/minimal of that release
 #   rbac/executor-role.yaml      the Role a Workflow's pods run under (workflowtaskresults)
 #   logs/                        the Go build logs
+#   src/                         the module the binaries are built from (see below)
 #
 # hack/argo-workflows/version pins the release. v4.0.5 is the newest the module proxy serves and it
 # is flagged with reported security vulnerabilities: it is for the development environment only
