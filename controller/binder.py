@@ -21,7 +21,7 @@ from typing import Any
 
 from controller import podfacts
 from controller.claimfinalizers import ClaimFinalizers
-from controller.dra import ClaimPlan, ClaimWriter, DraTracker
+from controller.dra import ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
 from controller.pendingreport import PendingReports
 from controller.queue import SchedulingQueue
@@ -38,6 +38,7 @@ from kubeio.pod import Pod
 from kubeio.requests import Request, prepare
 from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, PodFacts, Status, plan
+from placement.draalloc import ClaimPlan
 from placement.keyring import RingKey, TrustView
 from placement.reasons import EventReason, Reason
 from placement.types import MapKey, SlotKey

@@ -1,5 +1,6 @@
 """The binder's DRA side: watch-fed caches of ResourceSlices and ResourceClaims, the allocation
-check, and the claim writes (Reserve before the Binding, Unreserve when the Binding fails).
+check over them (the decision is `placement.draalloc.plan_claim`), and the claim writes (Reserve
+before the Binding, Unreserve when the Binding fails).
 
 Contract: `DraTracker` is written by the informer threads (`on_slice`, `on_claim`,
 `on_taint_rule`) and read by the binder's decision thread (`check`) and the reconcile loop
@@ -19,7 +20,6 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from controller.claimfinalizers import ClaimFinalizers, add_finalizer, needs_protection
 from kubeio.client import Kube, Obj, obj_key
@@ -28,46 +28,28 @@ from kubeio.informer import DELETED
 from kubeio.paths import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from kubeio.pod import Pod
 from kubeio.requests import Request, prepare
-from placement.binding import Code, Placement, SlotView, Status
+from placement.binding import Placement, SlotView, Status
 from placement.dra import (
     DELETE_PROTECTION,
     POD_CLAIM_NAME,
     ClaimState,
     DraDevice,
     DraSettings,
-    allocation_matches,
     allocation_status,
     claim_template,
-    judge_claim,
     read_claim,
     slice_devices,
     template_matches,
     template_name,
 )
+from placement.draalloc import ClaimPlan, DeviceId, DraView, device_taints, plan_claim
 from placement.grants import GrantView
 from placement.inventory import NodeInventory, SourcedTaint
-from placement.reasons import Reason
-from placement.taints import DeviceTaint, TaintRule, Toleration, read_taint_rule, untolerated
+from placement.taints import DeviceTaint, TaintRule, Toleration, read_taint_rule
 from placement.types import GpuUuid, MapKey, NodeName
 from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
-DeviceId = tuple[str, str, str]  # (driver, pool, device)
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimPlan:
-    """The allocation a pod's claim gets before its Binding."""
-
-    claim: ClaimState
-    node: NodeName
-    devices: tuple[DraDevice, ...]
-    done: bool  # already allocated exactly so and reserved for the pod (a failover)
-    tolerations: tuple[Toleration, ...] = ()  # the slot's, written into each allocation result
-
-
-def _wait(reason: Reason, message: str, *keys: WakeKey) -> Status:
-    return Status(Code.UNSCHEDULABLE, reason, message, frozenset(keys))
 
 
 class DraTracker:
@@ -134,12 +116,7 @@ class DraTracker:
 
     def _taints_of(self, device: DraDevice) -> list[tuple[DeviceTaint, str]]:
         """The device's taints and where each comes from (its slice, or a rule); under the lock."""
-        found = [(t, "in its ResourceSlice") for t in device.taints]
-        for name in sorted(self._rules):
-            rule = self._rules[name]
-            if rule.selects(self.settings.driver, device.pool, device.name):
-                found.append((rule.taint, f"by DeviceTaintRule {name}"))
-        return found
+        return device_taints(device, self._rules, self.settings.driver)
 
     def _node_taints(self, node: NodeName) -> dict[str, tuple[SourcedTaint, ...]]:
         """The taints of the node's published devices, by GPU or MIG UUID; under the lock."""
@@ -223,158 +200,14 @@ class DraTracker:
         grants: GrantView | None = None,
         inventory: NodeInventory | None = None,
     ) -> ClaimPlan | Status:
-        """Whether the pod's claim can get the placement's devices, and how. A device tainted
-        NoSchedule or NoExecute (by its driver or a DeviceTaintRule) serves only a slot that
-        tolerates the taint.
-
-        The gate judges the allocation on the devices the driver publishes for the node (a MIG
-        instance as its parent GPU, each named as the node's `inventory` names it) before it is
-        written: outside the pod's namespace's `grants` it is refused, NotGranted. Another
-        claim's allocation that no holding of the slot cache backs (written by someone other
-        than the binder for a gpuplace pod) is judged the same way, and one the gate refuses
-        keeps no GPU from this pod: what the gate would refuse never holds anything."""
-        view = grants if grants is not None else GrantView()
-        decision = placement.decision
-        node, uid = decision.node, pod.uid
-        where = f"map {placement.slot.map} index {placement.slot.index}"
-        driver = self.settings.driver
-        if not decision.devices:
-            return _wait(
-                Reason.DEVICE_MISSING,
-                f"{where}: the UUIDs of its devices on node {node} are unknown (DRA allocation "
-                "names devices by UUID; the GPU agent's inventory resolves NVML indices)",
-                WakeKey.inventory(node),
-                WakeKey.model(),
-            )
+        """Whether the pod's claim can get the placement's devices, and how, the gate's
+        judgement on `grants` included (`placement.draalloc.plan_claim`, over what the watches
+        hold now)."""
         with self._lock:
-            found = self._published(where, node, decision.devices, tolerations)
-            if isinstance(found, Status):
-                return found
-            devices = found
-            refusal = judge_claim(view, pod.namespace, node, devices, inventory)
-            if refusal is not None:
-                return Status(
-                    Code.UNRESOLVABLE,
-                    Reason.NOT_GRANTED,
-                    f"{where}: ResourceClaim allocation refused: {refusal}",
-                    frozenset({WakeKey.model()}),  # a new policy comes with a new model
-                )
-            if not pod.has_claim(POD_CLAIM_NAME):
-                return Status(
-                    Code.UNRESOLVABLE,
-                    Reason.CLAIM_MISSING,
-                    f"{where}: the pod has no spec.resourceClaims entry {POD_CLAIM_NAME!r}; pods "
-                    "of maps in dra enforcement get it from the gpuplace webhook at creation "
-                    "(recreate the pod)",
-                    frozenset({WakeKey.pod(uid)}),
-                )
-            claim_name = pod.generated_claim(POD_CLAIM_NAME)
-            claim = self._claims.get((pod.namespace, claim_name or ""))
-            if claim is None:
-                template = template_name(placement.slot.map.name)
-                return _wait(
-                    Reason.CLAIM_PENDING,
-                    f"{where}: waiting for the pod's ResourceClaim (generated by "
-                    f"kube-controller-manager from ResourceClaimTemplate {template})",
-                    WakeKey.claim(uid),
-                    WakeKey.pod(uid),
-                )
-            if claim.owner_uid != uid:
-                return Status(
-                    Code.UNRESOLVABLE,
-                    Reason.CLAIM_CONFLICT,
-                    f"{where}: ResourceClaim {claim.namespace}/{claim.name} in the pod's status "
-                    "was not generated for this pod",
-                    frozenset({WakeKey.pod(uid)}),
-                )
-            if claim.deleting:
-                return _wait(
-                    Reason.CLAIM_PENDING,
-                    f"{where}: ResourceClaim {claim.namespace}/{claim.name} is being deleted",
-                    WakeKey.claim(uid),
-                )
-            busy = self._busy(where, claim, node, devices, slots, view, inventory)
-            if busy is not None:
-                return busy
-        done = bool(claim.allocated) and (
-            allocation_matches(claim, devices, node, driver) and uid in claim.reserved_for
-        )
-        return ClaimPlan(claim, node, tuple(devices), done, tolerations)
-
-    def _published(
-        self,
-        where: str,
-        node: NodeName,
-        uuids: Iterable[GpuUuid],
-        tolerations: tuple[Toleration, ...],
-    ) -> list[DraDevice] | Status:
-        """The driver's devices of `uuids` on the node, or why one cannot serve the slot (not
-        published, or tainted beyond the slot's tolerations); under the lock."""
-        published = self._devices.get(node, {})
-        devices: list[DraDevice] = []
-        for uuid in uuids:
-            device = published.get(uuid)
-            if device is None:
-                return _wait(
-                    Reason.DEVICE_MISSING,
-                    f"{where}: device {uuid} is not in the ResourceSlices of DRA driver "
-                    f"{self.settings.driver} for node {node}",
-                    WakeKey.inventory(node),
-                    WakeKey.model(),
-                )
-            tainted = self._untolerated(device, tolerations)
-            if tainted:
-                return _wait(
-                    Reason.DEVICE_TAINTED,
-                    f"{where}: device {uuid} ({device.pool}/{device.name}) on node {node} is "
-                    f"tainted {tainted}; the slot's tolerations do not tolerate it",
-                    WakeKey.inventory(node),
-                    WakeKey.model(),
-                )
-            devices.append(device)
-        return devices
-
-    def _busy(
-        self,
-        where: str,
-        claim: ClaimState,
-        node: NodeName,
-        devices: Iterable[DraDevice],
-        slots: SlotView,
-        view: GrantView,
-        inventory: NodeInventory | None,
-    ) -> Status | None:
-        """Whether another claim's allocation keeps one of `devices` from `claim`; under the
-        lock. A pod the slot cache lets share the GPU (a `shared` map) does not; nor does a
-        gpuplace pod's claim allocated by someone other than the binder (no holding of the slot
-        cache backs it) outside its namespace's grants: the gate refuses it, so it holds
-        nothing."""
-        driver = self.settings.driver
-        for device in devices:
-            sharers = slots.gpu_holders(node, device.uuid)
-            for other_key in self._allocated.get((driver, device.pool, device.name), ()):
-                other = self._claims.get(other_key)
-                if other is None or other.key == claim.key:
-                    continue
-                if other.owner_uid is not None and other.owner_uid in sharers:
-                    continue
-                if other.templated and (
-                    judge_claim(view, other.namespace, node, (device,), inventory) is not None
-                ):
-                    continue
-                return _wait(
-                    Reason.DEVICE_BUSY,
-                    f"{where}: GPU {device.uuid} on node {node} is allocated to "
-                    f"ResourceClaim {other.namespace}/{other.name}",
-                    WakeKey.gpu(node, device.uuid),
-                )
-        return None
-
-    def _untolerated(self, device: DraDevice, tolerations: tuple[Toleration, ...]) -> str:
-        """The taints that keep the device from the slot, as `key=value:Effect (where)`."""
-        found = self._taints_of(device)
-        blocking = set(untolerated((t for t, _ in found), tolerations))
-        return ", ".join(f"{t.describe()} ({src})" for t, src in found if t in blocking)
+            view = DraView(
+                self.settings.driver, self._devices, self._claims, self._allocated, self._rules
+            )
+            return plan_claim(pod, placement, slots, view, tolerations, grants, inventory)
 
 
 class ClaimWriter:

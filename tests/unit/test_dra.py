@@ -14,7 +14,7 @@ import pytest
 
 from controller.binder import Binder
 from controller.claimfinalizers import ClaimFinalizers, When
-from controller.dra import ClaimPlan, ClaimWriter, DraTracker
+from controller.dra import ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
 from kubeio.errors import APIConflictError
@@ -37,6 +37,7 @@ from placement.dra import (
     slice_for,
     template_name,
 )
+from placement.draalloc import ClaimPlan
 from placement.inventory import GpuDevice, NodeInventory
 from placement.keyring import TrustView, new_ring
 from placement.maps import DeclaredSlot

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from controller.binder import Binder
-from controller.dra import ClaimPlan, DraTracker
+from controller.dra import DraTracker
 from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
 from kubeio.events import EventRecorder
@@ -20,6 +20,7 @@ from placement.annotations import BindingDecision
 from placement.binding import Cluster, Code, FreeSlots, Held, Placement, Status
 from placement.devices import GpuId
 from placement.dra import DELETE_PROTECTION, DraDevice, claim_devices, slice_for
+from placement.draalloc import ClaimPlan
 from placement.gate import Device
 from placement.grants import Grant, GrantView, PlacementPolicy, resolve
 from placement.inventory import GpuDevice, MigInstance, NodeInventory

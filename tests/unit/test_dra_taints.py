@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from controller.binder import Binder
-from controller.dra import ClaimPlan, DraTracker
+from controller.dra import DraTracker
 from controller.metrics import ControllerMetrics
 from controller.settings import BinderSettings
 from kubeio.events import EventRecorder
@@ -28,6 +28,7 @@ from placement.dra import (
     slice_devices,
     slice_for,
 )
+from placement.draalloc import ClaimPlan
 from placement.grants import parse_policy, resolve
 from placement.inventory import GpuDevice, MigInstance, NodeInventory, device_problems
 from placement.keyring import TrustView, new_ring

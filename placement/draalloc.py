@@ -1,0 +1,259 @@
+"""The allocation decision of `dra` enforcement, as a pure function: whether a pod's claim can get
+the devices its placement decided, and how (`plan_claim`), the gate's judgement included.
+
+The controller's `DraTracker` holds what its watches saw (the DRA driver's ResourceSlices, the
+claims, the DeviceTaintRules) and asks under its lock, through a `DraView` of its maps; the claim
+writes that carry a `ClaimPlan` out are the controller's too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from placement.binding import Code, Placement, Status
+from placement.dra import (
+    POD_CLAIM_NAME,
+    ClaimState,
+    DraDevice,
+    allocation_matches,
+    judge_claim,
+    template_name,
+)
+from placement.grants import GrantView
+from placement.inventory import NodeInventory
+from placement.reasons import Reason
+from placement.taints import DeviceTaint, TaintRule, Toleration, untolerated
+from placement.types import GpuUuid, NodeName, Sharing
+from placement.wake import WakeKey
+
+DeviceId = tuple[str, str, str]  # (driver, pool, device)
+ClaimKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    """The allocation a pod's claim gets before its Binding."""
+
+    claim: ClaimState
+    node: NodeName
+    devices: tuple[DraDevice, ...]
+    done: bool  # already allocated exactly so and reserved for the pod (a failover)
+    tolerations: tuple[Toleration, ...] = ()  # the slot's, written into each allocation result
+
+
+class ClaimingPod(Protocol):
+    """The parts of a pod the decision reads (`kubeio.pod.Pod` has them)."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    def has_claim(self, name: str) -> bool:
+        """Whether spec.resourceClaims has an entry `name`."""
+        ...
+
+    def generated_claim(self, name: str) -> str | None:
+        """The claim generated for entry `name` of spec.resourceClaims, once there is one."""
+        ...
+
+
+class GpuHolders(Protocol):
+    """The slot cache's part the decision reads (`placement.binding.SlotView` has it)."""
+
+    def gpu_holders(self, node: NodeName, gpu: str) -> Mapping[str, Sharing]:
+        """The pods that hold the GPU by a slot, by uid, and how."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DraView:
+    """What the watches hold, as the decision reads it."""
+
+    driver: str
+    #: The devices each node's ResourceSlices publish, by GPU or MIG UUID.
+    devices: Mapping[NodeName, Mapping[GpuUuid, DraDevice]]
+    claims: Mapping[ClaimKey, ClaimState]
+    #: The claims whose allocation names each device.
+    allocated: Mapping[DeviceId, Collection[ClaimKey]]
+    #: DeviceTaintRules by name (none where the API is not served).
+    rules: Mapping[str, TaintRule]
+
+
+def device_taints(
+    device: DraDevice, rules: Mapping[str, TaintRule], driver: str
+) -> list[tuple[DeviceTaint, str]]:
+    """The device's taints and where each comes from (its slice, or a rule)."""
+    found = [(t, "in its ResourceSlice") for t in device.taints]
+    for name in sorted(rules):
+        rule = rules[name]
+        if rule.selects(driver, device.pool, device.name):
+            found.append((rule.taint, f"by DeviceTaintRule {name}"))
+    return found
+
+
+def _wait(reason: Reason, message: str, *keys: WakeKey) -> Status:
+    return Status(Code.UNSCHEDULABLE, reason, message, frozenset(keys))
+
+
+def plan_claim(
+    pod: ClaimingPod,
+    placement: Placement,
+    slots: GpuHolders,
+    view: DraView,
+    tolerations: tuple[Toleration, ...] = (),
+    grants: GrantView | None = None,
+    inventory: NodeInventory | None = None,
+) -> ClaimPlan | Status:
+    """Whether the pod's claim can get the placement's devices, and how. A device tainted
+    NoSchedule or NoExecute (by its driver or a DeviceTaintRule) serves only a slot that
+    tolerates the taint.
+
+    The gate judges the allocation on the devices the driver publishes for the node (a MIG
+    instance as its parent GPU, each named as the node's `inventory` names it) before it is
+    written: outside the pod's namespace's `grants` it is refused, NotGranted. Another
+    claim's allocation that no holding of the slot cache backs (written by someone other
+    than the binder for a gpuplace pod) is judged the same way, and one the gate refuses
+    keeps no GPU from this pod: what the gate would refuse never holds anything."""
+    allowed = grants if grants is not None else GrantView()
+    decision = placement.decision
+    node, uid = decision.node, pod.uid
+    where = f"map {placement.slot.map} index {placement.slot.index}"
+    if not decision.devices:
+        return _wait(
+            Reason.DEVICE_MISSING,
+            f"{where}: the UUIDs of its devices on node {node} are unknown (DRA allocation "
+            "names devices by UUID; the GPU agent's inventory resolves NVML indices)",
+            WakeKey.inventory(node),
+            WakeKey.model(),
+        )
+    found = _published(where, node, decision.devices, tolerations, view)
+    if isinstance(found, Status):
+        return found
+    devices = found
+    refusal = judge_claim(allowed, pod.namespace, node, devices, inventory)
+    if refusal is not None:
+        return Status(
+            Code.UNRESOLVABLE,
+            Reason.NOT_GRANTED,
+            f"{where}: ResourceClaim allocation refused: {refusal}",
+            frozenset({WakeKey.model()}),  # a new policy comes with a new model
+        )
+    if not pod.has_claim(POD_CLAIM_NAME):
+        return Status(
+            Code.UNRESOLVABLE,
+            Reason.CLAIM_MISSING,
+            f"{where}: the pod has no spec.resourceClaims entry {POD_CLAIM_NAME!r}; pods "
+            "of maps in dra enforcement get it from the gpuplace webhook at creation "
+            "(recreate the pod)",
+            frozenset({WakeKey.pod(uid)}),
+        )
+    claim_name = pod.generated_claim(POD_CLAIM_NAME)
+    claim = view.claims.get((pod.namespace, claim_name or ""))
+    if claim is None:
+        template = template_name(placement.slot.map.name)
+        return _wait(
+            Reason.CLAIM_PENDING,
+            f"{where}: waiting for the pod's ResourceClaim (generated by "
+            f"kube-controller-manager from ResourceClaimTemplate {template})",
+            WakeKey.claim(uid),
+            WakeKey.pod(uid),
+        )
+    if claim.owner_uid != uid:
+        return Status(
+            Code.UNRESOLVABLE,
+            Reason.CLAIM_CONFLICT,
+            f"{where}: ResourceClaim {claim.namespace}/{claim.name} in the pod's status "
+            "was not generated for this pod",
+            frozenset({WakeKey.pod(uid)}),
+        )
+    if claim.deleting:
+        return _wait(
+            Reason.CLAIM_PENDING,
+            f"{where}: ResourceClaim {claim.namespace}/{claim.name} is being deleted",
+            WakeKey.claim(uid),
+        )
+    busy = _busy(where, claim, node, devices, slots, view, allowed, inventory)
+    if busy is not None:
+        return busy
+    done = bool(claim.allocated) and (
+        allocation_matches(claim, devices, node, view.driver) and uid in claim.reserved_for
+    )
+    return ClaimPlan(claim, node, tuple(devices), done, tolerations)
+
+
+def _published(
+    where: str,
+    node: NodeName,
+    uuids: Iterable[GpuUuid],
+    tolerations: tuple[Toleration, ...],
+    view: DraView,
+) -> list[DraDevice] | Status:
+    """The driver's devices of `uuids` on the node, or why one cannot serve the slot (not
+    published, or tainted beyond the slot's tolerations)."""
+    published = view.devices.get(node, {})
+    devices: list[DraDevice] = []
+    for uuid in uuids:
+        device = published.get(uuid)
+        if device is None:
+            return _wait(
+                Reason.DEVICE_MISSING,
+                f"{where}: device {uuid} is not in the ResourceSlices of DRA driver "
+                f"{view.driver} for node {node}",
+                WakeKey.inventory(node),
+                WakeKey.model(),
+            )
+        tainted = _untolerated(device, tolerations, view)
+        if tainted:
+            return _wait(
+                Reason.DEVICE_TAINTED,
+                f"{where}: device {uuid} ({device.pool}/{device.name}) on node {node} is "
+                f"tainted {tainted}; the slot's tolerations do not tolerate it",
+                WakeKey.inventory(node),
+                WakeKey.model(),
+            )
+        devices.append(device)
+    return devices
+
+
+def _busy(
+    where: str,
+    claim: ClaimState,
+    node: NodeName,
+    devices: Iterable[DraDevice],
+    slots: GpuHolders,
+    view: DraView,
+    grants: GrantView,
+    inventory: NodeInventory | None,
+) -> Status | None:
+    """Whether another claim's allocation keeps one of `devices` from `claim`. A pod the slot
+    cache lets share the GPU (a `shared` map) does not; nor does a gpuplace pod's claim
+    allocated by someone other than the binder (no holding of the slot cache backs it) outside
+    its namespace's grants: the gate refuses it, so it holds nothing."""
+    for device in devices:
+        sharers = slots.gpu_holders(node, device.uuid)
+        for other_key in view.allocated.get((view.driver, device.pool, device.name), ()):
+            other = view.claims.get(other_key)
+            if other is None or other.key == claim.key:
+                continue
+            if other.owner_uid is not None and other.owner_uid in sharers:
+                continue
+            if other.templated and (
+                judge_claim(grants, other.namespace, node, (device,), inventory) is not None
+            ):
+                continue
+            return _wait(
+                Reason.DEVICE_BUSY,
+                f"{where}: GPU {device.uuid} on node {node} is allocated to "
+                f"ResourceClaim {other.namespace}/{other.name}",
+                WakeKey.gpu(node, device.uuid),
+            )
+    return None
+
+
+def _untolerated(device: DraDevice, tolerations: tuple[Toleration, ...], view: DraView) -> str:
+    """The taints that keep the device from the slot, as `key=value:Effect (where)`."""
+    found = device_taints(device, view.rules, view.driver)
+    blocking = set(untolerated((t for t, _ in found), tolerations))
+    return ", ".join(f"{t.describe()} ({src})" for t, src in found if t in blocking)
