@@ -1,8 +1,8 @@
 """`python -m bench.bindscale [--pods N] [--latency-ms 3] [--servers S] [--in-flight W]`:
 Bindings a second from the leader's request loop, and the leader's CPU a pod.
 
-The binder's one bind path (controller/binder.py `_send`: `bind_workers` Bindings in flight from
-one request loop, kubeio/loop.py) against a stub apiserver of fixed latency and ample capacity:
+The binder's one bind path (controller/bindsend.py `Dispatcher`: `bind_workers` Bindings in flight
+from one request loop, kubeio/loop.py) against a stub apiserver of fixed latency and ample capacity:
 `--servers` processes that share one port (SO_REUSEPORT), each an asyncio HTTPS server that
 answers every request with 201 after `--latency-ms`, whatever it holds in flight. Every pod is
 signed by the leader as the binder signs it; the decision itself is not part of the figure
@@ -31,7 +31,7 @@ from pathlib import Path
 from kubernetes import client as k8s_client
 
 from bench import Measurement, below, print_tables
-from controller.binder import binding_body
+from controller.bindsend import binding_body
 from kubeio import pki
 from kubeio.client import ClientSettings, Kube, Response
 from kubeio.errors import APIError

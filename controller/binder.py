@@ -15,11 +15,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
 
 from controller import podfacts
+from controller.bindsend import Dispatcher, SideWrites, Waiting
 from controller.claimfinalizers import ClaimFinalizers
 from controller.dra import ClaimWriter, DraTracker
 from controller.metrics import ControllerMetrics
@@ -28,15 +27,10 @@ from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
 from controller.slotcache import Conflict, Holding, SlotCache
 from controller.trustreport import TrustReport
-from kubeio import bodies
-from kubeio.client import Kube, Obj, Response
-from kubeio.errors import APIConflictError, APIError, APINotFoundError, FencedError
+from kubeio.client import Kube
 from kubeio.events import WARNING, EventRecorder
-from kubeio.loop import RequestLoop, Sender, answer_error
-from kubeio.paths import PODS
+from kubeio.loop import RequestLoop, Sender
 from kubeio.pod import Pod
-from kubeio.requests import Request, prepare
-from placement.annotations import signed_binding
 from placement.binding import Cluster, Code, Placement, PodFacts, Status, plan
 from placement.draalloc import ClaimPlan
 from placement.keyring import RingKey, TrustView
@@ -45,18 +39,6 @@ from placement.types import MapKey, SlotKey
 from placement.wake import WakeKey
 
 log = logging.getLogger(__name__)
-
-#: Threads for the writes that stay off the request loop, none of them a Binding: Events and
-#: deferred reports, a claim's writes before its Reserve (clearing an allocation, the finalizer),
-#: the Unreserve after a failed Binding.
-SIDE_THREADS = 16
-
-
-def binding_body(pod: Pod, placement: Placement, signer: RingKey) -> Obj:
-    annotations = signed_binding(
-        signer.secret, signer.id, pod.uid, pod.namespace, placement.decision
-    )
-    return bodies.binding(pod.name, pod.namespace, pod.uid, placement.decision.node, annotations)
 
 
 class Binder:
@@ -83,28 +65,24 @@ class Binder:
         dra: DraTracker | None = None,  # `dra` enforcement: claims are allocated before binding
         fence: Callable[[], bool] = lambda: True,
         sender: Callable[[], Sender] | None = None,  # the Bindings' loop (tests: a fake)
+        on_trust_change: Callable[[MapKey], None] = lambda _key: None,  # a map's trust report
     ) -> None:
         self.kube = kube
         #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
-        #: before each Binding, so a leader that was paused past its lease sends none.
+        #: before each decision and each Binding, so a leader paused past its lease sends none.
         self.fence = fence
-        self._new_sender = sender or (
-            lambda: RequestLoop(kube, settings.bind_workers, name="bind-loop")
-        )
-        #: Where every Binding goes out from, `bind_workers` in flight (opened by `prepare` or
-        #: `start`, drained and closed by `stop`).
-        self._loop: Sender | None = None
-        self._loop_lock = threading.Lock()
         self.settings = settings
         self.metrics = metrics
         self.events = events
         self.cluster = cluster
         self.on_bound = on_bound
         self.dra = dra
+        waiting = Waiting()
+        self._pods, self._in_flight, self._lock = waiting.pods, waiting.in_flight, waiting.lock
         #: dra enforcement: each claim's finalizer, written when the claim is first seen (leader
         #: only: between `start` and `stop`), so that Reserve writes only the claim's status.
         self.finalizers: ClaimFinalizers | None = None
-        self.claims: ClaimWriter | None = None
+        claims: ClaimWriter | None = None
         if dra is not None:
             self.finalizers = ClaimFinalizers(
                 kube,
@@ -113,28 +91,39 @@ class Binder:
                 latest=dra.claim,
                 count=lambda when: metrics.claim_finalizers.labels(when.value).inc(),
             )
-            self.claims = ClaimWriter(kube, dra.settings, self.finalizers)
+            claims = ClaimWriter(kube, dra.settings, self.finalizers)
         self.cache = SlotCache(self._may_share)
         #: The binding key ring and adoption records (controller/bindingkey.py): set by the
         #: leader before `rebuild`, swapped whole by `retrust` when the Secret changes.
         self.trust: TrustView | None = None
-        self.report = TrustReport(kube, events, metrics.unverifiable.set, metrics.unverified.inc)
+        self.report = TrustReport(
+            kube, events, metrics.unverifiable.set, metrics.unverified.inc, on_trust_change
+        )
         self._not_granted: set[str] = set()  # pre-bound legacy pods already reported as such
         self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
-        self._pods: dict[str, Pod] = {}
-        self._in_flight: set[str] = set()
-        self._lock = threading.Lock()
-        self._side = ThreadPoolExecutor(SIDE_THREADS, thread_name_prefix="bind-side")
+        self.side = SideWrites()
         self.pending = PendingReports(
             kube,
             events,
-            self._off_loop,
+            self.side.run,
             delays={Reason.CLAIM_PENDING: settings.claim_pending_report_seconds},
         )
         self._stop = threading.Event()
-        #: Set when a pod was parked for the Lease (`_fenced`); the binder's thread wakes them
-        #: once `fence` says the Lease is held again.
-        self._waiting_for_lease = threading.Event()
+        self.dispatcher = Dispatcher(
+            settings,
+            metrics,
+            self.cache,
+            self.queue,
+            self.pending,
+            waiting,
+            self.side,
+            sender or (lambda: RequestLoop(kube, settings.bind_workers, name="bind-loop")),
+            fence,
+            self._signer,
+            on_bound,
+            self._stop,
+            claims,
+        )
         self._thread: threading.Thread | None = None
         self.active = threading.Event()
 
@@ -201,7 +190,7 @@ class Binder:
         if isinstance(adopted, str):
             if uid not in self._not_granted:
                 self._not_granted.add(uid)
-                self._off_loop(self.events.emit, pod.ref, WARNING, Reason.NOT_GRANTED, adopted)
+                self.side.run(self.events.emit, pod.ref, WARNING, Reason.NOT_GRANTED, adopted)
             return None
         if adopted is not None:
             self.metrics.prebound.inc()
@@ -264,42 +253,23 @@ class Binder:
         """Opens the Bindings' connections ahead of the first bind (from the leader's start-up,
         while the informers sync): a backlog's first Bindings then do not each wait for TCP and
         TLS on the thread that sends the rest."""
-        loop = self._open_loop()
+        loop = self.dispatcher.open_loop()
         if loop is not None:
             loop.warm(self.settings.bind_workers)
-
-    def _open_loop(self) -> Sender | None:
-        """The request loop the Bindings go out from (opened on first use; None once stopped)."""
-        with self._loop_lock:
-            if self._loop is None and not self._stop.is_set():
-                self._loop = self._new_sender()
-            return self._loop
-
-    def _off_loop(self, fn: Callable[..., object], *args: Any) -> None:
-        """Runs a write that stays off the request loop (never a Binding) on the side threads;
-        dropped once the binder stops, as the write would find its leadership over."""
-        try:
-            future = self._side.submit(fn, *args)
-        except RuntimeError:
-            return  # stopped
-        future.add_done_callback(_log_failure)
 
     def start(self) -> None:
         self.active.set()
         if self.finalizers is not None and self.dra is not None:
             self.dra.attach(self.finalizers)
             self.finalizers.start(self.dra.unprotected())
-        self._open_loop()
+        self.dispatcher.open_loop()
         self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
         self._thread.start()
 
     def alive(self) -> bool:
         """The deciding thread runs, and so does the request loop (a loop that failed would fail
         every Binding: the health check restarts the process)."""
-        loop = self._loop
-        return (
-            self._thread is not None and self._thread.is_alive() and (loop is None or loop.alive())
-        )
+        return self._thread is not None and self._thread.is_alive() and self.dispatcher.alive()
 
     def _signer(self) -> RingKey:
         trust = self.trust
@@ -319,19 +289,8 @@ class Binder:
             self.dra.attach(None)
             self.finalizers.stop()
         # A claim's write in progress ends on its own; whatever it would send next is refused.
-        self._side.shutdown(wait=False, cancel_futures=True)
-        with self._loop_lock:
-            loop, self._loop = self._loop, None
-        if loop is None:
-            return True
-        drained = loop.drain(self.settings.drain_seconds)
-        if not drained:
-            log.warning(
-                "Bindings still unanswered %.1f s after the leadership ended",
-                self.settings.drain_seconds,
-            )
-        loop.close()
-        return drained
+        self.side.shutdown()
+        return self.dispatcher.drain()
 
     def _run(self) -> None:
         last_flush = time.monotonic()
@@ -344,7 +303,7 @@ class Binder:
                 self.cache.unpark_all(self.cluster().model.maps)
                 self.queue.wake_all()
                 last_flush = time.monotonic()
-            self._lease_returned()
+            self.dispatcher.lease_returned()
             if uid is None:
                 continue
             with self._lock:
@@ -359,7 +318,7 @@ class Binder:
 
     def _decide(self, uid: str, pod: Pod) -> None:
         if not self.fence():
-            self._fenced(uid)
+            self.dispatcher.fenced(uid)
             return
         facts = podfacts.facts(pod, self.settings.legacy)
         cluster = self.cluster()
@@ -400,10 +359,10 @@ class Binder:
         with self._lock:
             self._in_flight.add(uid)
         try:
-            self._dispatch(uid, pod, outcome, claim)
+            self.dispatcher.dispatch(uid, pod, outcome, claim)
         except Exception:
             self.cache.forget(uid)
-            self._finish(uid, requeue=False)
+            self.dispatcher.finish(uid, requeue=False)
             raise
 
     def _park(self, cluster: Cluster, facts: PodFacts, outcome: Placement | Status) -> None:
@@ -413,184 +372,6 @@ class Binder:
             cmap = cluster.model.maps.get(MapKey(facts.namespace, facts.map_name))
             if cmap is not None:
                 self.cache.park(cmap, outcome.unservable)
-
-    def _dispatch(self, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan | None) -> None:
-        """Sends an assumed decision's writes from the request loop: the Binding, after (dra) the
-        claim's Reserve. A claim that needs writes before its status (an allocation to clear,
-        the finalizer not written yet) gets them on a side thread first."""
-        loop = self._open_loop()
-        if loop is None:
-            self._failed(uid, pod, None, FencedError(0, "Fenced", "the binder stopped"))
-            return
-        if claim is None or claim.done or self.claims is None:
-            self._send(loop, uid, pod, placement, claim)
-            return
-        reserve = self.claims.reserve_request(claim, pod)
-        if reserve is not None:
-            self._reserve_and_send(loop, uid, pod, placement, claim, reserve)
-            return
-        self._off_loop(self._prepare_claim, loop, uid, pod, placement, claim)
-
-    def _prepare_claim(
-        self, loop: Sender, uid: str, pod: Pod, placement: Placement, claim: ClaimPlan
-    ) -> None:
-        """dra, on a side thread: the claim's writes before its Reserve; then the Reserve and the
-        Binding from the loop, as for any claim."""
-        assert self.claims is not None
-        try:
-            if self._stop.is_set() or not self.fence():
-                raise FencedError(0, "Fenced", "lease not held")
-            version = self.claims.prepare(claim)
-        except FencedError as exc:
-            self._failed(uid, pod, None, exc)
-            return
-        except APIError as exc:
-            self._claim_refused(uid, pod, exc)
-            return
-        reserve = self.claims.status_request(claim, pod, version)
-        self._reserve_and_send(loop, uid, pod, placement, claim, reserve)
-
-    def _claim_refused(self, uid: str, pod: Pod, exc: APIError) -> None:
-        """The claim changed since the decision (regenerated, deallocated): decided again from
-        what the claims informer shows next."""
-        self.metrics.binds.labels("claim-refused").inc()
-        log.info("claim not allocated: %s", exc, extra={"pod": pod.key})
-        self.cache.forget(uid)
-        self._finish(uid, requeue=True)
-
-    def _reserve_and_send(
-        self,
-        loop: Sender,
-        uid: str,
-        pod: Pod,
-        placement: Placement,
-        claim: ClaimPlan,
-        reserve: Request,
-    ) -> None:
-        """dra: the claim's status (Reserve, as one write) and then the Binding, both from the
-        request loop."""
-
-        def reserved(answer: Response | APIError) -> None:
-            error = answer_error(answer)
-            if error is None:
-                self._send(loop, uid, pod, placement, claim)
-            elif isinstance(error, FencedError):
-                self._failed(uid, pod, None, error)
-            else:
-                self._claim_refused(uid, pod, error)
-
-        loop.submit(reserve, reserved, guard=self.fence)
-
-    def _send(
-        self,
-        loop: Sender,
-        uid: str,
-        pod: Pod,
-        placement: Placement,
-        claim: ClaimPlan | None = None,
-    ) -> None:
-        """The Binding from the request loop, which asks the fence right before writing it; its
-        outcome comes back on the loop's thread. A failure that may unreserve a claim (a write)
-        is handled on a side thread, not on the loop."""
-        body = binding_body(pod, placement, self._signer())
-        request = prepare("POST", PODS.item(pod.name, pod.namespace, "binding"), body=body)
-
-        def done(answer: Response | APIError) -> None:
-            error = answer_error(answer)
-            if error is None:
-                self._bound(uid, placement)
-            elif claim is None:
-                self._failed(uid, pod, None, error)
-            else:
-                self._off_loop(self._failed, uid, pod, claim, error)
-
-        loop.submit(request, done, guard=self.fence)
-
-    def _failed(self, uid: str, pod: Pod, claim: ClaimPlan | None, exc: APIError) -> None:
-        """The Binding was not stored (or may not have been): the assumed decision is forgotten."""
-        if isinstance(exc, FencedError):
-            # The decision came from a cache that another leader may already have outdated.
-            # Decided again once the lease is held: by this process if a late renewal keeps it,
-            # else the binder stops with the lost leadership and the next leader decides.
-            self.metrics.binds.labels("fenced").inc()
-            log.debug("lease not held: Binding not sent", extra={"pod": pod.key})
-            self.cache.forget(uid)
-            self._finish(uid, requeue=False)
-            self._fenced(uid)
-            return
-        if isinstance(exc, (APINotFoundError, APIConflictError)):
-            # Gone, recreated, or already bound by someone else: the pod's next event decides.
-            self.metrics.binds.labels("conflict").inc()
-            log.info("bind refused: %s", exc, extra={"pod": pod.key})
-            if isinstance(exc, APINotFoundError):
-                # A pod already bound (409) keeps its claim; a deleted one loses it with the pod.
-                self._unreserve(claim)
-            self.cache.forget(uid)
-            self._finish(uid, requeue=False)
-            return
-        self.metrics.binds.labels("error").inc()
-        log.warning("bind failed: %s", exc, extra={"pod": pod.key})
-        if 400 <= exc.status < 500:
-            # Refused, so surely not bound. After a timeout or a 5xx the Binding may have
-            # been stored: the allocation stays, and the retry finds it done and reuses it.
-            self._unreserve(claim)
-        self.cache.forget(uid)
-        self._finish(uid, requeue=True)
-
-    def _bound(self, uid: str, placement: Placement) -> None:
-        """The Binding was stored: the assumed decision is confirmed."""
-        self.metrics.binds.labels("bound").inc()
-        started = self.queue.added_at.get(uid)
-        if started is not None:
-            self.metrics.bind_latency.observe(time.monotonic() - started)
-        self.queue.remove(uid)
-        self.queue.succeeded(uid)
-        self.cache.confirm(uid)
-        with self._lock:
-            self._in_flight.discard(uid)
-            self._pods.pop(uid, None)
-            self.metrics.pending.set(len(self._pods))
-        self.pending.forget(uid)
-        self.on_bound(placement.slot)
-
-    def _lease_returned(self) -> None:
-        """Wakes the pods parked for the Lease once it is held again."""
-        if self._waiting_for_lease.is_set() and self.fence():
-            self._waiting_for_lease.clear()
-            self.queue.wake([WakeKey.lease()])
-
-    def _fenced(self, uid: str) -> None:
-        """A pod not decided or not bound because the Lease was not held: nothing about the pod
-        refused it, so it waits for the Lease, not for a backoff that grows with each lapse (a
-        leader whose renewals run late under load would otherwise push its whole backlog out to
-        the maximum backoff). If the Lease is lost, the binder stops and the next leader decides."""
-        with self._lock:
-            if uid not in self._pods:
-                return  # bound meanwhile, or gone
-        self.queue.unschedulable(uid, frozenset({WakeKey.lease()}))
-        if not self._waiting_for_lease.is_set():
-            log.warning("lease not held: decisions and Bindings wait until it is renewed")
-            self._waiting_for_lease.set()
-
-    def _unreserve(self, claim: ClaimPlan | None) -> None:
-        """Every reserve has an unreserve when its bind fails, so no claim keeps devices for a
-        pod that is not bound; a failure here leaves it to kube-controller-manager (pod gone) or
-        to the pod's next decision, which reallocates a claim that differs."""
-        if claim is None or self.claims is None:
-            return
-        try:
-            self.claims.unreserve(claim)
-        except APIError as exc:
-            log.warning(
-                "claim %s/%s not unreserved: %s", claim.claim.namespace, claim.claim.name, exc
-            )
-
-    def _finish(self, uid: str, requeue: bool) -> None:
-        with self._lock:
-            self._in_flight.discard(uid)
-            still_pending = uid in self._pods
-        if requeue and still_pending:
-            self.queue.backoff(uid)
 
     def _report(self, pod: Pod, status: Status) -> None:
         self.pending.report(pod, status)
@@ -620,10 +401,4 @@ class Binder:
                 "their bindings both name it and neither may share it; delete one of the pods"
             )
             log.warning("GPU held twice: %s", message, extra={"pod": pod.key})
-            self._off_loop(self.events.emit, pod.ref, WARNING, EventReason.GPU_HELD_TWICE, message)
-
-
-def _log_failure(future: Future[object]) -> None:
-    error = future.exception() if not future.cancelled() else None
-    if error is not None:
-        log.error("a write off the request loop failed", exc_info=error)
+            self.side.run(self.events.emit, pod.ref, WARNING, EventReason.GPU_HELD_TWICE, message)

@@ -55,10 +55,11 @@ class TrustReport:
         events: EventRecorder,
         on_unverifiable: Callable[[int], None] = lambda _n: None,  # gauge: how many now
         on_forged: Callable[[], None] = lambda: None,  # counter: one more forged binding seen
+        on_map: Callable[[MapKey], None] = lambda _key: None,
     ) -> None:
         #: Called with the map of a pod whose count of unverifiable bindings changed (its status
-        #: is rewritten); set by the controller.
-        self.on_map: Callable[[MapKey], None] = lambda _key: None
+        #: is rewritten).
+        self.on_map = on_map
         self.kube = kube
         self.events = events
         self.on_unverifiable = on_unverifiable

@@ -126,7 +126,7 @@ def decide(binder: Binder, *pods: dict[str, Any]) -> None:
 
 def settle(binder: Binder) -> None:
     """Waits for the writes that stay off the request loop (Events, reports)."""
-    binder._side.shutdown(wait=True)
+    binder.side.shutdown(wait=True)
 
 
 WEB0 = make_pod("web-0").label(MAP_LABEL, "llm").obj
@@ -177,18 +177,18 @@ def test_a_binder_that_lost_its_lease_sends_nothing_and_decides_again_later() ->
     fence[0] = False  # the lease is lost between the decision and the write
     placement = _placement_of(binder, WEB0())
     binder.cache.assume(uid, "ml/web-0", placement)
-    loop = binder._open_loop()
+    loop = binder.dispatcher.open_loop()
     assert loop is not None
-    binder._send(loop, uid, Pod.of(WEB0()), placement)
+    binder.dispatcher._send(loop, uid, Pod.of(WEB0()), placement)
     assert not api.bindings
     assert binder.cache.holding(uid) is None
     assert len(binder.queue) == 1
     # It waits for the lease, not for a backoff: nothing to pop while the lease is not held...
-    binder._lease_returned()
+    binder.dispatcher.lease_returned()
     assert binder.queue.pop(timeout=0.3) is None
     # ...and it is decided again as soon as it is.
     fence[0] = True
-    binder._lease_returned()
+    binder.dispatcher.lease_returned()
     assert binder.queue.pop(timeout=0) == uid
     binder._decide(uid, Pod.of(WEB0()))
     settle(binder)
@@ -203,7 +203,7 @@ def test_a_decision_without_the_lease_parks_every_pod_until_it_is_held_again() -
     decide(binder, *pods)
     assert binder.queue.pop(timeout=0.3) is None  # parked, not backing off
     fence[0] = True
-    binder._lease_returned()
+    binder.dispatcher.lease_returned()
     woken = {binder.queue.pop(timeout=0), binder.queue.pop(timeout=0)}
     assert woken == {p["metadata"]["uid"] for p in pods}
     assert not api.bindings
@@ -365,7 +365,7 @@ def test_a_freed_slot_is_offered_to_a_maps_waiting_pods_one_decision_at_a_time()
 
     def drain() -> None:
         nonlocal decisions
-        binder._side = ThreadPoolExecutor(2, thread_name_prefix="bind-side")
+        binder.side._pool = ThreadPoolExecutor(2, thread_name_prefix="bind-side")
         while (uid := binder.queue.pop(timeout=0)) is not None:
             decisions += 1
             binder._decide(uid, Pod.of(next(p for p in pods if p["metadata"]["uid"] == uid)))

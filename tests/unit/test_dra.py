@@ -649,7 +649,7 @@ def test_claim_pending_is_reported_only_once_the_claim_is_late() -> None:
     assert binder.pending.flush_due() == 0
     time.sleep(0.2)
     assert binder.pending.flush_due() == 1
-    binder._side.shutdown(wait=True)
+    binder.side.shutdown(wait=True)
     assert api.kinds() == ["pod status", "event"]
     condition = api.writes[0][1]["status"]["conditions"][0]
     assert condition["reason"] == Reason.CLAIM_PENDING and condition["status"] == "False"
@@ -666,7 +666,7 @@ def test_a_pod_bound_before_its_claim_is_late_gets_no_report() -> None:
     assert binder.dra is not None
     binder.dra.on_claim("ADDED", body, None)
     decide_once(binder, dra_pod(body["metadata"]["name"]))  # placed: its report is dropped
-    binder._side.shutdown(wait=True)  # the status write and the Binding
+    binder.side.shutdown(wait=True)  # the status write and the Binding
     time.sleep(0.25)
     assert binder.pending.flush_due() == 0
     assert api.kinds() == ["status", "binding"]

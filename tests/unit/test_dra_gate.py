@@ -238,7 +238,7 @@ def test_the_binder_writes_no_allocation_the_gate_refuses(granted: tuple[int, ..
     assert binder.dra is not None
     binder.dra.on_claim("ADDED", body, None)
     decide_once(binder, dra_pod(body["metadata"]["name"]))
-    binder._side.shutdown(wait=True)
+    binder.side.shutdown(wait=True)
     if granted == (0, 1):
         assert api.kinds() == ["status", "binding"]
         return

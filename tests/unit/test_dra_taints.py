@@ -373,7 +373,7 @@ def taint_binder(api: ClaimApi, policy: str, *tolerations: Toleration) -> Binder
     api.add(claimed)
     t.on_claim("ADDED", claimed, None)
     decide_once(binder, dra_pod(claimed["metadata"]["name"]))
-    binder._side.shutdown(wait=True)
+    binder.side.shutdown(wait=True)
     return binder
 
 

@@ -35,9 +35,13 @@ def judged(i: int, trust: Trust) -> Judged:
 def test_concurrent_verdicts_leave_the_gauge_at_the_unverifiable_count() -> None:
     sink = Sink()
     gauge: list[int] = []
-    report = TrustReport(sink, EventRecorder(sink, "t"), gauge.append)  # type: ignore[arg-type]
     maps: list[MapKey] = []
-    report.on_map = maps.append
+    report = TrustReport(
+        sink,  # type: ignore[arg-type]
+        EventRecorder(sink, "t"),  # type: ignore[arg-type]
+        gauge.append,
+        on_map=maps.append,
+    )
 
     def churn(offset: int) -> None:
         for i in range(offset, offset + 200):
