@@ -21,11 +21,12 @@ from controller import podfacts
 from controller.bindsend import Dispatcher, SideWrites, Waiting
 from controller.claimfinalizers import ClaimFinalizers
 from controller.dra import ClaimWriter, DraTracker
+from controller.heldtwice import HeldTwice
 from controller.metrics import ControllerMetrics
 from controller.pendingreport import PendingReports
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
-from controller.slotcache import Conflict, Holding, SlotCache
+from controller.slotcache import Holding, SlotCache
 from controller.trustreport import TrustReport
 from kubeio.client import Kube
 from kubeio.events import WARNING, EventRecorder
@@ -34,7 +35,7 @@ from kubeio.pod import Pod
 from placement.binding import Cluster, Code, Placement, PodFacts, Status, plan
 from placement.draalloc import ClaimPlan
 from placement.keyring import RingKey, TrustView
-from placement.reasons import EventReason, Reason
+from placement.reasons import Reason
 from placement.types import MapKey, SlotKey
 from placement.wake import WakeKey
 
@@ -102,6 +103,7 @@ class Binder:
         self._not_granted: set[str] = set()  # pre-bound legacy pods already reported as such
         self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
         self.side = SideWrites()
+        self.held_twice = HeldTwice(self.cache, metrics, events, self.side.run)
         self.pending = PendingReports(
             kube,
             events,
@@ -205,7 +207,7 @@ class Binder:
         if holding is None and self.settings.legacy:
             holding = self._adopt_prebound(bound.uid, bound.pod)
         if holding is not None:
-            self._report_conflicts(bound.pod, self.cache.add_bound(holding))
+            self.held_twice.report(bound.pod, self.cache.add_bound(holding))
             self.on_bound(holding.slot)
         self.report.judged(bound.judged(), podfacts.flagged_unverifiable(bound.pod))
 
@@ -384,21 +386,3 @@ class Binder:
             return False
         cmap = self.cluster().model.maps.get(a.slot.map)
         return cmap is None or cmap.lines_share(a.slot.index, b.slot.index, gpu)
-
-    def _report_conflicts(self, pod: Pod, conflicts: list[Conflict]) -> None:
-        """A bound pod holds a GPU that another bound pod holds and neither may share: both run
-        there, so both hold it (no third pod is bound onto it), and it is said out loud, in the
-        log, an Event on the pod and `gpuplace_gpus_held_twice`, never recorded silently."""
-        self.metrics.gpus_held_twice.set(len(self.cache.conflicts()))
-        for conflict in conflicts:
-            others = [
-                f"pod {held.pod} (uid {uid})" if (held := self.cache.holding(uid)) else uid
-                for uid in conflict.holders
-                if uid != pod.uid
-            ]
-            message = (
-                f"GPU {conflict.gpu} on node {conflict.node} is also held by {', '.join(others)}: "
-                "their bindings both name it and neither may share it; delete one of the pods"
-            )
-            log.warning("GPU held twice: %s", message, extra={"pod": pod.key})
-            self.side.run(self.events.emit, pod.ref, WARNING, EventReason.GPU_HELD_TWICE, message)
