@@ -53,7 +53,12 @@ log = logging.getLogger(__name__)
 
 
 class DraTracker:
-    def __init__(self, settings: DraSettings, wake: Callable[[Iterable[WakeKey]], None]) -> None:
+    def __init__(
+        self,
+        settings: DraSettings,
+        wake: Callable[[Iterable[WakeKey]], None],
+        on_taints: Callable[[NodeName], None] = lambda _node: None,
+    ) -> None:
         self.settings = settings
         self._wake = wake
         self._lock = threading.Lock()
@@ -68,7 +73,7 @@ class DraTracker:
         #: DeviceTaintRules by name (empty where the API is not served).
         self._rules: dict[str, TaintRule] = {}
         #: Told of each node whose devices' taints (slices' or rules') changed.
-        self.on_taints: Callable[[NodeName], None] = lambda _node: None
+        self.on_taints = on_taints
 
     def attach(self, finalizers: ClaimFinalizers | None) -> None:
         """Hands claims that need the finalizer to `finalizers` from now on (None: no more)."""

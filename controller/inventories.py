@@ -28,12 +28,14 @@ class InventoryTracker:
     and `on_change`) is the agent's with `taints_of(node)` overlaid: the compiler and the binder
     see the same taints."""
 
-    def __init__(self, on_change: Callable[[NodeName, NodeInventory | None], None]) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[NodeName, NodeInventory | None], None],
+        taints_of: Callable[[NodeName], Mapping[str, tuple[SourcedTaint, ...]]] = lambda _n: {},
+    ) -> None:
         self.on_change = on_change  # called with the inventory to serve, or None when gone/stale
         #: A node's DRA device taints by GPU or MIG UUID; none outside dra enforcement.
-        self.taints_of: Callable[[NodeName], Mapping[str, tuple[SourcedTaint, ...]]] = (
-            lambda _node: {}
-        )
+        self.taints_of = taints_of
         self.states: dict[NodeName, InventoryState] = {}
         self._inventories: dict[NodeName, NodeInventory] = {}
         #: What is served: `_inventories` with their taints, made when either changes (the expiry

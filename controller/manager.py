@@ -2,7 +2,7 @@
 
 The manager owns the lifecycle and nothing else: the shared informers (`controller.informers`),
 leader election, the reconcile loop's thread and lock, and health. Each concern is a reconciler of
-its own, wired here:
+its own, constructed with its dependencies by `controller.builder`:
 
 - `ModelKeeper` (modelkeeper.py): sources -> compile -> model, the model's one writer; with
   `GrantKeeper` (grants) and `NodeKeeper` (nodes, aliases, inventories of deleted nodes);
@@ -22,14 +22,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from controller import changes, heap
+from controller import heap
 from controller.binder import Binder
-from controller.bindingkey import KeySecret
-from controller.changes import Change
+from controller.changequeue import ChangeQueue
 from controller.dirty import DirtyMaps
-from controller.dra import DraTracker, TemplateKeeper
 from controller.drift import DriftTracker
 from controller.gitsource import GitSource
 from controller.grantkeeper import GrantKeeper
@@ -41,224 +40,60 @@ from controller.modelkeeper import ModelKeeper
 from controller.nodekeeper import NodeKeeper
 from controller.podwatch import PodWatch
 from controller.renumber import RenumberTracker
-from controller.rollout import Rollouts
 from controller.settings import ControllerSettings
-from controller.sources import Form, SourceState
+from controller.sources import SourceState
 from controller.statuswriter import StatusWriter
-from controller.writer import ModelWriter
-from kubeio.client import Kube, Obj
-from kubeio.events import EventRecorder
-from kubeio.informer import DELETED, Informer
-from kubeio.leader import LeaderElector, LeaderSettings
-from placement.binding import Cluster, Status, slot_status
+from controller.templatesync import TemplateSync
+from kubeio.leader import LeaderElector
 from placement.compile import Compiler
-from placement.dra import Enforcement
-from placement.inventory import NodeInventory
 from placement.model import model_data
-from placement.types import MapKey, NodeName, SlotKey
-from placement.wake import WakeKey
+from placement.types import MapKey
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class Controller:
-    def __init__(
-        self, kube: Kube, settings: ControllerSettings, metrics: ControllerMetrics | None = None
-    ) -> None:
-        self.kube = kube
-        self.settings = settings
-        self.metrics = metrics or ControllerMetrics()
-        self.events = EventRecorder(kube, "gpuplace-controller")
-        self.informers = SharedInformers.create(kube, settings)
-        self._lock = threading.RLock()
-        self._wake = threading.Condition(self._lock)
-        self._pending: list[Change] = []
-        self.statuses = DirtyMaps()
-        self.compiler = Compiler(settings.alias_label)
-        self.grants = GrantKeeper(settings, self.compiler, self.events)
-        self.nodes = NodeKeeper(
-            kube, settings.inventory_namespace, settings.alias_label, self.compiler, self.grants
-        )
-        self.tracker = InventoryTracker(self._on_inventory)
-        self.dra: DraTracker | None = None
-        self.templates: TemplateKeeper | None = None
-        self._templates_dirty = False
-        if settings.enforcement is Enforcement.DRA:
-            self.dra = DraTracker(settings.dra, self._wake_binder)
-            self.templates = TemplateKeeper(kube, settings.dra)
-        self.binder = Binder(
-            kube,
-            settings.binder,
-            self.metrics,
-            self.events,
-            self._cluster,
-            self._on_bound,
-            dra=self.dra,
-            fence=self._holds_lease,
-        )
-        self.binder.report.on_map = self._on_trust_change
-        self.renumber = RenumberTracker(kube, self.events, self.metrics.renumbered.set)
-        self.maps = ModelKeeper(
-            self.compiler,
-            self.grants,
-            self.nodes,
-            self.tracker,
-            self.renumber,
-            ModelWriter(kube, settings.system_namespace),
-            self.metrics,
-            self.statuses,
-            require_inventory=settings.binder.require_inventory,
-            alias_label=settings.alias_label,
-        )
-        self.drift = DriftTracker(kube, self.events, self.metrics.drifted.set)
-        self.rollouts = Rollouts(kube, self.events, self._is_running, self._servable)
-        self.pods = PodWatch(self.binder, self.drift, self.rollouts, self.renumber, self.statuses)
-        self.status_writer = StatusWriter(
-            kube,
-            self.events,
-            self.metrics,
-            self.statuses,
-            sources=self.informers.sources,
-            resources=self.informers.resources,
-            bound_seconds=settings.status_bound_seconds,
-            policies=self._policy_informers(),
-            system_namespace=settings.system_namespace,
-        )
-        self.keys = KeyWatch(
-            kube,
-            KeySecret(settings.system_namespace, settings.binder.key_secret_name),
-            self.binder,
-            self.metrics,
-            self.informers.pods_held,
-            lambda: self.maps.shared,
-        )
-        self._loop_beat = time.monotonic()
-        self._leading = threading.Event()
-        self._stop = threading.Event()
-        self.lost_leadership = threading.Event()
-        self._term = threading.Lock()  # orders the end of a start-up against its abort
-        self._term_over = False
-        self.ready = threading.Event()
-        self.git: GitSource | None = None
-        if settings.source == "git":
-            self.git = GitSource(settings.git, self._enqueue)
-        self.elector = LeaderElector(
-            kube,
-            LeaderSettings(
-                settings.system_namespace,
-                settings.lease_name,
-                settings.identity,
-                settings.lease_seconds,
-                settings.renew_deadline_seconds,
-                settings.retry_seconds,
-            ),
-            self._start_leading,
-            self._stop_leading,
-        )
-        self._wire()
+    """The reconcilers and the lifecycle that runs them (built by `controller.builder.build`).
 
-    # -- wiring ---------------------------------------------------------------------------------
-    def _wire(self) -> None:
-        inf = self.informers
-        maps = self.maps
-        maps.on_published = self._on_published
-        maps.on_deleted = self.status_writer.forget
-        maps.wake = self.binder.wake
-        maps.leading = self._leading.is_set
-        maps.holds_lease = self._holds_lease
-        if self.dra is not None:
-            self.tracker.taints_of = self.dra.taints_on
-            self.dra.on_taints = self.tracker.retaint
-        if inf.sources is not None:
-            inf.sources.add_handler(self._on_source)
-        if inf.resources is not None:
-            inf.resources.add_handler(self._on_resource)
-        inf.nodes.add_handler(
-            lambda event, obj, _old: self._enqueue(
-                changes.NodeChanged(obj, deleted=event == DELETED)
-            )
-        )
-        inf.inventories.add_handler(self.tracker.on_configmap)
-        inf.leases.add_handler(self.tracker.on_lease)
-        for informer in inf.pods:
-            informer.add_handler(lambda event, obj, _old: self.pods.on_pod(event, obj, maps.shared))
-        if inf.dra is not None and self.dra is not None:
-            inf.dra.slices.add_handler(self.dra.on_slice)
-            inf.dra.claims.add_handler(self.dra.on_claim)
-            inf.dra.taint_rules.add_handler(self.dra.on_taint_rule)
-            inf.dra.templates.add_handler(self._on_template)
-        for form, informer in self._policy_informers().items():
-            informer.add_handler(self._policy_handler(form))
-        inf.binding_key.add_handler(self.keys.on_secret)
+    Threads: informer threads only `put` into `changes` or mark dirty sets; the reconcile loop
+    applies, compiles, judges and writes statuses holding `changes.lock`; the elector's thread
+    runs `start_leading` and `stop_leading`, which `_term` orders against each other.
+    """
 
-    def _cluster(self) -> Cluster:
-        return self.maps.cluster()
-
-    # -- event handlers (informer threads: enqueue or mark only) --------------------------------
-    def _enqueue(self, change: Change) -> None:
-        with self._wake:
-            self._pending.append(change)
-            self._wake.notify()
-
-    def _on_source(self, event: str, obj: Obj, _old: Obj | None) -> None:
-        self._enqueue(
-            changes.SourceDeleted(obj) if event == DELETED else changes.SourceChanged(obj)
-        )
-
-    def _on_resource(self, event: str, obj: Obj, _old: Obj | None) -> None:
-        form = Form.RESOURCE
-        self._enqueue(
-            changes.SourceDeleted(obj, form)
-            if event == DELETED
-            else changes.SourceChanged(obj, form)
-        )
-
-    def _policy_informers(self) -> dict[Form, Informer]:
-        out = {Form.CONFIGMAP: self.informers.policy}
-        if self.informers.policy_resource is not None:
-            out[Form.RESOURCE] = self.informers.policy_resource
-        return out
-
-    def _policy_handler(self, form: Form) -> Callable[[str, Obj, Obj | None], None]:
-        def handle(event: str, obj: Obj, _old: Obj | None) -> None:
-            self._enqueue(changes.PolicyChanged(None if event == DELETED else obj, form))
-
-        return handle
-
-    def _on_inventory(self, node: NodeName, inventory: NodeInventory | None) -> None:
-        self._enqueue(changes.InventoryChanged(node, inventory))
-
-    def _is_running(self, uid: str) -> bool:
-        return self.pods.is_running(uid)
-
-    def _servable(self, uid: str, slot: SlotKey) -> Status | None:
-        return slot_status(uid, slot, self.maps.cluster(), self.binder.cache)
-
-    def _on_bound(self, slot: SlotKey) -> None:
-        self.statuses.add(slot.map)
-        self.pods.drift_dirty.add(slot.map)
-
-    def _on_trust_change(self, key: MapKey) -> None:
-        self.statuses.add(key)
-        with self._wake:
-            self._wake.notify()
-
-    def _wake_binder(self, keys: Iterable[WakeKey]) -> None:
-        self.binder.wake(keys)
-
-    def _on_published(self, changed: set[MapKey]) -> None:
-        self.pods.drift_dirty.update(changed)
-        self._templates_dirty = True
-
-    def _on_template(self, event: str, _obj: Obj, _old: Obj | None) -> None:
-        if event in (DELETED, "MODIFIED"):  # someone else changed one: put it back
-            self._templates_dirty = True
+    settings: ControllerSettings
+    metrics: ControllerMetrics
+    informers: SharedInformers
+    changes: ChangeQueue
+    statuses: DirtyMaps
+    compiler: Compiler
+    grants: GrantKeeper
+    nodes: NodeKeeper
+    tracker: InventoryTracker
+    binder: Binder
+    renumber: RenumberTracker
+    maps: ModelKeeper
+    drift: DriftTracker
+    pods: PodWatch
+    status_writer: StatusWriter
+    keys: KeyWatch
+    elector: LeaderElector
+    #: Set while this replica leads (between a finished start-up and the end of leadership).
+    leading: threading.Event
+    templates: TemplateSync | None = None
+    git: GitSource | None = None
+    lost_leadership: threading.Event = field(default_factory=threading.Event, init=False)
+    ready: threading.Event = field(default_factory=threading.Event, init=False)
+    _loop_beat: float = field(default_factory=time.monotonic, init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    #: orders the end of a start-up against its abort
+    _term: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _term_over: bool = field(default=False, init=False)
 
     # -- reconcile loop (one thread) ------------------------------------------------------------
     def _apply_pending(self) -> None:
         """Feeds everything queued to the compiler (caller holds the lock)."""
-        batch, self._pending = self._pending, []
-        self.maps.apply_all(batch)
+        self.maps.apply_all(self.changes.take())
 
     def _publish(self) -> None:
         """Compiles and, on the leader, publishes (caller holds the lock)."""
@@ -269,9 +104,8 @@ class Controller:
         last_status = last_expiry = 0.0
         while not self._stop.is_set():
             self._loop_beat = time.monotonic()
-            with self._wake:
-                if not self._pending:
-                    self._wake.wait(0.5)
+            with self.changes.lock:
+                self.changes.wait(0.5)
                 # Everything queued since the last pass is compiled once, and only when something
                 # changed: node heartbeats and the echoes of status patches arrive many times a
                 # second on a large cluster and change nothing.
@@ -282,7 +116,8 @@ class Controller:
                     self._publish()
             if self._leads():
                 self.pods.judge(self.maps.model)
-                self._sync_templates()
+                if self.templates is not None:
+                    self.templates.sync(list(self.maps.model.maps))
             now = time.monotonic()
             if self._leads() and now - last_status > 0.5 and self.statuses:
                 self._write_statuses()
@@ -303,14 +138,6 @@ class Controller:
             self.maps.forms,
         )
 
-    def _sync_templates(self) -> None:
-        """One ResourceClaimTemplate per map of the model (dra enforcement), after it changed."""
-        if self.templates is None or self.informers.dra is None or not self._templates_dirty:
-            return
-        self._templates_dirty = False
-        current = snapshot(self.informers.dra.templates)
-        self.templates.sync(list(self.maps.model.maps), current)
-
     # -- leadership -----------------------------------------------------------------------------
     def _holds_lease(self) -> bool:
         """Whether the lease is held and unexpired by the local clock: checked before every
@@ -318,11 +145,11 @@ class Controller:
         return self.elector.holds()
 
     def _leads(self) -> bool:
-        return self._leading.is_set() and self._holds_lease()
+        return self.leading.is_set() and self._holds_lease()
 
-    def _start_leading(self) -> None:
+    def start_leading(self) -> None:
         """Runs on its own thread while the elector keeps renewing; gives up at any step once
-        the lease is no longer held (the elector then calls _stop_leading)."""
+        the lease is no longer held (the elector then calls stop_leading)."""
         self.metrics.leader.set(1)
         with self._term:
             if not self._term_over:
@@ -354,7 +181,7 @@ class Controller:
             # collector's generations, never scanned again (controller/heap.py).
             heap.freeze()
             self.binder.start()
-            self._leading.set()
+            self.leading.set()
 
     def _wait_for_sync(self) -> None:
         self.informers.wait_synced()
@@ -369,7 +196,7 @@ class Controller:
         """The first compile of this leader, seeded with the stored model (earlier `count`
         picks stay, sources invalid now keep serving what the stored model served)."""
         stored = model_data(self.informers.model.objects())
-        with self._lock:
+        with self.changes.lock:
             seeded = self.maps.seed(stored)
             # The informers have queued every object they listed: compile them all at once,
             # not a partial model that the next pass would correct with another generation.
@@ -389,7 +216,7 @@ class Controller:
         self.statuses.update(self.renumber.check_all(inventories))
         return bound
 
-    def _stop_leading(self) -> bool:
+    def stop_leading(self) -> bool:
         """The leadership ended (the elector no longer counts it held): the binder stops and
         drains. Returns whether no Binding of this leadership is still unanswered, which the
         elector waits for before it releases the Lease."""
@@ -399,7 +226,7 @@ class Controller:
             self._term_over = True
             if not self._stop.is_set():
                 self.lost_leadership.set()
-            self._leading.clear()
+            self.leading.clear()
         drained = self.binder.stop()
         self.drift.stop()
         return drained
@@ -436,14 +263,14 @@ class Controller:
             problems.append(
                 f"leader election made no attempt for {now - self.elector.last_attempt:.0f}s"
             )
-        if self._leading.is_set() and not self.binder.alive():
+        if self.leading.is_set() and not self.binder.alive():
             problems.append("binder thread or its request loop is not running")
         return problems
 
     def _starting_to_lead(self) -> bool:
         # Between winning the lease and leading, the elector waits for the informers to sync;
         # those have their own check.
-        return self.elector.is_leader.is_set() and not self._leading.is_set()
+        return self.elector.is_leader.is_set() and not self.leading.is_set()
 
     def healthy(self) -> bool:
         problems = self.health_problems()

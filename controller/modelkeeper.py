@@ -51,6 +51,17 @@ class ModelKeeper:
     statuses: DirtyMaps
     require_inventory: bool = field(kw_only=True)
     alias_label: str = field(kw_only=True)
+    #: Called with the maps a newly published model changed (drift, claim templates).
+    on_published: Callable[[set[MapKey]], None] = field(kw_only=True)
+    #: Called when a map's source is deleted (its status bookkeeping goes).
+    on_deleted: Callable[[MapKey], None] = field(kw_only=True)
+    #: Wakes the binder's waiting pods for these keys.
+    wake: Callable[[set[WakeKey]], None] = field(kw_only=True)
+    #: Whether this replica leads (a deleted node's inventory is then removed).
+    leading: Callable[[], bool] = field(kw_only=True)
+    #: Whether the lease is held right now (checked before the model is written).
+    holds_lease: Callable[[], bool] = field(kw_only=True)
+
     model: Model = field(default_factory=Model, init=False)
     #: Maps with sharing: shared, in the current model (read on every pod event).
     shared: set[str] = field(default_factory=set, init=False)
@@ -62,16 +73,6 @@ class ModelKeeper:
     _uncompiled: bool = field(default=False, init=False)
     #: binder keys those changes may unblock
     _unblocked: set[WakeKey] = field(default_factory=set, init=False)
-    #: Called with the maps a newly published model changed (drift, claim templates).
-    on_published: Callable[[set[MapKey]], None] = field(default=lambda _maps: None, init=False)
-    #: Called when a map's source is deleted (its status bookkeeping goes).
-    on_deleted: Callable[[MapKey], None] = field(default=lambda _key: None, init=False)
-    #: Wakes the binder's waiting pods for these keys.
-    wake: Callable[[set[WakeKey]], None] = field(default=lambda _keys: None, init=False)
-    #: Whether this replica leads (a deleted node's inventory is then removed).
-    leading: Callable[[], bool] = field(default=lambda: False, init=False)
-    #: Whether the lease is held right now (checked before the model is written).
-    holds_lease: Callable[[], bool] = field(default=lambda: False, init=False)
 
     @property
     def uncompiled(self) -> bool:

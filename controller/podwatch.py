@@ -30,7 +30,7 @@ class PodWatch:
     renumber: RenumberTracker
     statuses: DirtyMaps
     #: Maps whose bound pods to judge for drift again.
-    drift_dirty: DirtyMaps = field(default_factory=DirtyMaps, init=False)
+    drift_dirty: DirtyMaps = field(default_factory=DirtyMaps)
     #: bound pod uid -> Running (informer threads write)
     _running: dict[str, bool] = field(default_factory=dict, init=False)
     #: bound pod uid -> (key ring version, annotations) last decoded and judged for it, so that

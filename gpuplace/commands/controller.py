@@ -12,6 +12,7 @@ import uuid
 from types import FrameType
 
 from controller import heap
+from controller.builder import build
 from controller.gpumetrics import GpuCollector, MapSlotsCollector
 from controller.informers import snapshot
 from controller.manager import Controller
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             user_agent=f"gpuplace-controller/{settings.identity}",
         )
     )
-    controller = Controller(kube, settings)
+    controller = build(kube, settings)
     register_series(controller)
     ops = OpsServer(
         settings.metrics_host,

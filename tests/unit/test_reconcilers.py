@@ -160,12 +160,12 @@ class Keepers:
             self.statuses,
             require_inventory=False,
             alias_label=self.settings.alias_label,
+            on_published=self.published.append,
+            on_deleted=self.deleted.append,
+            wake=self.woken.append,
+            leading=lambda: self.lease,
+            holds_lease=lambda: self.lease,
         )
-        self.maps.wake = self.woken.append
-        self.maps.on_published = self.published.append
-        self.maps.on_deleted = self.deleted.append
-        self.maps.holds_lease = lambda: self.lease
-        self.maps.leading = lambda: self.lease
 
 
 # -- ModelKeeper ----------------------------------------------------------------------------------

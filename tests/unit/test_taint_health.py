@@ -210,8 +210,7 @@ def test_the_binders_plan_waits_on_an_untolerated_taint_and_serves_a_tolerated_o
 # -- the controller's source of taints -----------------------------------------------------------
 def test_the_tracker_reports_nodes_whose_taints_change_with_their_sources() -> None:
     told: list[NodeName] = []
-    t = DraTracker(SETTINGS, lambda _keys: None)
-    t.on_taints = told.append
+    t = DraTracker(SETTINGS, lambda _keys: None, on_taints=told.append)
     body = published()
     t.on_slice("ADDED", body, None)
     assert told == [] and t.taints_on(DRA_NODE) == {}
@@ -244,9 +243,8 @@ def agent_report(inv: NodeInventory) -> dict[str, Any]:
 
 def test_the_inventory_served_carries_its_nodes_taints_and_changes_with_them() -> None:
     served: list[NodeInventory | None] = []
-    tracker = InventoryTracker(lambda _node, inv: served.append(inv))
     taints: dict[str, tuple[SourcedTaint, ...]] = {}
-    tracker.taints_of = lambda _node: taints
+    tracker = InventoryTracker(lambda _node, inv: served.append(inv), lambda _node: taints)
     tracker.retaint(NODE)  # no agent inventory: nothing to serve, as before
     assert served == [] and NODE not in tracker.states
     tracker.on_configmap("ADDED", agent_report(inventory()), None)
