@@ -10,7 +10,7 @@ PRODUCT = ("placement", "kubeio", "controller", "webhook", "agent", "gpuplace")
 LIMIT = 350
 #: Classes still over the limit, each to be split; the list only shrinks (a test below fails when
 #: one of them is no longer over it).
-NOT_SPLIT_YET = {"kubeio/loop.py: class RequestLoop", "kubeio/server.py: class Server"}
+NOT_SPLIT_YET = {"kubeio/loop.py: class RequestLoop"}
 
 
 def class_spans(source: str) -> list[tuple[str, int, int]]:

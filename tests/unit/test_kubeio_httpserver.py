@@ -162,7 +162,7 @@ def test_a_full_house_of_requests_in_progress_closes_a_new_connection() -> None:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert entered.acquire(timeout=WAIT)
         # The second waits for the pool's one thread: started, so not evictable either.
-        assert eventually(lambda: server.connections == 2 and not server._fresh)
+        assert eventually(lambda: server.connections == 2 and not server._acceptor.fresh)
         assert exchange(server.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") == b""
         assert refused(registry, "connections") == 1
         release.set()
@@ -260,7 +260,7 @@ def test_requests_are_answered_by_a_fixed_pool() -> None:
         for sock in clients:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         # Every request is complete and waits for the pool before any is released.
-        assert eventually(lambda: server.connections == 10 and not server._fresh)
+        assert eventually(lambda: server.connections == 10 and not server._acceptor.fresh)
         release.set()
         assert all(read_all(sock).endswith(b"ok\n") for sock in clients)
         assert inside[1] == 2

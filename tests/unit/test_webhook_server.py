@@ -17,6 +17,7 @@ import pytest
 from flask import Flask
 
 from kubeio import server as loop
+from kubeio import serverconn
 from kubeio.http11 import RefusedError, Request, environ, parse_head
 from kubeio.server import Server
 from placement.annotations import MAP_LABEL
@@ -330,7 +331,7 @@ def test_a_failure_of_the_server_closes_only_its_connection(
             raise RuntimeError("the parser failed")
         return parse_head(buf, max_body, max_head)
 
-    monkeypatch.setattr(loop, "parse_head", parse_or_fail)
+    monkeypatch.setattr(serverconn, "parse_head", parse_or_fail)
     kept = connect(server, ca)
     try:
         assert mutate(kept, "web-0")["uid"] == "uid-web-0"
