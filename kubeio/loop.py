@@ -4,8 +4,8 @@
 then runs a hundred threads, and in one Python process most of what each request costs is those
 threads taking the interpreter lock in turn (a futex wait and a context switch each time), not the
 request. `RequestLoop` sends them all from one thread: each request is written whole on an idle
-connection (a new one is opened, TCP and TLS without blocking, while fewer than `connections` are
-open), and its answer is read when its socket is readable. The status line, Content-Length and
+connection (a new one is opened, TCP and TLS without blocking, by `kubeio.dialer`, while fewer
+than `connections` are open), and its answer is read when its socket is readable. The status line, Content-Length and
 chunked bodies are all it parses: what the apiserver's answers need.
 
 `warm(count)` opens connections ahead of any request (a binder that is about to start binding a
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import logging
 import selectors
 import socket
@@ -34,10 +33,11 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from kubeio.client import Kube, Response
+from kubeio.dialer import Connection, Dialer, encode
 from kubeio.errors import APIError, APITransportError, FencedError, error_for
 from kubeio.requests import Request
 
@@ -62,15 +62,7 @@ class _Job:
     retried: bool = False
 
 
-@dataclass(eq=False, slots=True)
-class _Connection:
-    sock: socket.socket
-    state: str = "connecting"  # connecting | handshaking | idle | writing | reading
-    job: _Job | None = None
-    out: bytes = b""
-    inbox: bytearray = field(default_factory=bytearray)
-    deadline: float = 0.0  # of its request, or (idle) when it is closed
-    answered_before: bool = False  # a request was answered on it (a kept-alive connection)
+_Connection = Connection[_Job]
 
 
 class _Parsed:
@@ -190,6 +182,7 @@ class RequestLoop:
         self._endpoint = kube.endpoint()
         self._timeout = kube.settings.timeout_seconds
         self._selector = selectors.DefaultSelector()
+        self._dialer = Dialer(self._endpoint, self._selector)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -330,31 +323,21 @@ class RequestLoop:
             self._connect(None)
 
     def _connect(self, job: _Job | None) -> None:
-        _scheme, host, port, _context, _sni = self._endpoint
         try:
-            sock = socket.socket(
-                socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
-            )
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            code = sock.connect_ex((host, port))
-        except OSError as exc:
-            self._fail(job, f"cannot connect: {exc}")
+            conn = self._dialer.open(job, time.monotonic() + self._timeout)
+        except ConnectionError as exc:
+            self._fail(job, str(exc))
             return
-        if code not in (0, errno.EINPROGRESS):
-            sock.close()
-            self._fail(job, f"cannot connect: {errno.errorcode.get(code, code)}")
-            return
-        conn = _Connection(sock, job=job, deadline=time.monotonic() + self._timeout)
         self._open.add(conn)
-        self._selector.register(sock, selectors.EVENT_WRITE, conn)
 
     def _step(self, conn: _Connection, mask: int) -> None:
         try:
             if conn.state == "connecting":
-                self._connected(conn)
+                if self._dialer.connected(conn):
+                    self._ready(conn)
             elif conn.state == "handshaking":
-                self._handshake(conn)
+                if self._dialer.handshake(conn):
+                    self._ready(conn)
             elif conn.state == "writing":
                 self._write(conn)
             elif conn.state == "reading":
@@ -363,36 +346,6 @@ class RequestLoop:
                 self._idle_readable(conn)
         except (OSError, ProtocolError, ValueError) as exc:
             self._broken(conn, exc)
-
-    def _connected(self, conn: _Connection) -> None:
-        code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if code:
-            raise ConnectionError(f"cannot connect: {errno.errorcode.get(code, code)}")
-        scheme, _host, _port, context, sni = self._endpoint
-        if scheme != "https" or context is None:
-            self._ready(conn)
-            return
-        self._selector.unregister(conn.sock)
-        conn.sock = context.wrap_socket(
-            conn.sock,
-            server_hostname=sni or self._endpoint[1],
-            do_handshake_on_connect=False,
-        )
-        conn.state = "handshaking"
-        self._selector.register(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
-        self._handshake(conn)
-
-    def _handshake(self, conn: _Connection) -> None:
-        assert isinstance(conn.sock, ssl.SSLSocket)
-        try:
-            conn.sock.do_handshake()
-        except ssl.SSLWantReadError:
-            self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
-            return
-        except ssl.SSLWantWriteError:
-            self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
-            return
-        self._ready(conn)
 
     def _ready(self, conn: _Connection) -> None:
         """Connected (and TLS set up): its first request goes out."""
@@ -420,22 +373,12 @@ class RequestLoop:
         conn.job = job
         conn.inbox.clear()
         conn.deadline = time.monotonic() + self._timeout
-        conn.out = self._encode(request)
+        conn.out = encode(request, self._kube.headers, self._endpoint[1])
         conn.state = "writing"
         try:
             self._write(conn)
         except (OSError, ValueError) as exc:
             self._broken(conn, exc)
-
-    def _encode(self, request: Request) -> bytes:
-        headers = self._kube.headers(request.content_type)
-        headers.update(request.headers)
-        lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {self._endpoint[1]}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        body = request.body or b""
-        if body or request.method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
     def _write(self, conn: _Connection) -> None:
         while conn.out:
