@@ -12,7 +12,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
-from placement.annotations import LEGACY_NODE_LABEL, BindingDecision, legacy_map_key
+from placement.annotations import (
+    LEGACY_MAP_PREFIX,
+    LEGACY_NODE_LABEL,
+    BindingDecision,
+    legacy_map_key,
+)
 from placement.devices import DeclaredDevices, GpuId, gpu_ids
 from placement.errors import PlacementError
 from placement.gate import Path as GatePath
@@ -506,7 +511,7 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
     )
     if isinstance(outcome, Status):
         return outcome
-    return _declared_elsewhere(source, pod.namespace, slot, cluster.model) or outcome
+    return _declared_elsewhere(source, key, slot, cluster.model) or outcome
 
 
 def _legacy_slot(
@@ -567,19 +572,20 @@ def _legacy_slot(
 
 
 def _declared_elsewhere(
-    source: str, namespace: str, slot: CompiledSlot, model: Model
+    source: str, legacy: MapKey, slot: CompiledSlot, model: Model
 ) -> Status | None:
     """A GPU the model serves to a map's slot is that slot's, held or not: a legacy line (held
     exclusively) does not take it while the map's pod is away (restarting, evicted). The one
-    exception is the same slot written both ways: a line of index i in the namespace of a map whose
-    index i declares that GPU (a map made from the same `gpu-scheduling-map` text, its pods not
-    migrated yet) serves that slot, as the map's own pod would."""
+    exception is the same slot written both ways: the line of index i of the pods `<name>-<i>`
+    serves index i of map `<name>` of their namespace (a map made from the same
+    `gpu-scheduling-map` text, its pods not migrated yet), as the map's own pod would."""
+    namespace, name = legacy.namespace, legacy.name.removeprefix(LEGACY_MAP_PREFIX)
     ids = [*slot.gpus, *gpu_ids((), slot.device_indices)] if slot.devices else list(slot.gpus)
     for gpu in dict.fromkeys(ids):
         declaring = [
             d
             for d in model.declared_by(slot.node, gpu)
-            if not (d.map.namespace == namespace and d.index == slot.index)
+            if not (d.map == MapKey(namespace, name) and d.index == slot.index)
         ]
         if declaring:
             other = declaring[0]

@@ -329,7 +329,8 @@ def test_a_legacy_line_waits_for_a_gpu_an_exclusive_map_declares_while_its_pod_i
 
 def test_a_legacy_line_serves_the_slot_its_own_namespaces_map_declares_at_its_index() -> None:
     """A map made from the same gpu-scheduling-map text (its pods not migrated yet): the line of
-    index i in the map's namespace serves index i; another index or namespace still waits."""
+    pod serve-i in the map's namespace serves index i of map serve; another index, another
+    namespace or pods of another name still wait."""
     compiler = Compiler()
     compiler.set_node(THEIRS, {})
     compiler.set_inventory(inventory(THEIRS))
@@ -344,4 +345,7 @@ def test_a_legacy_line_serves_the_slot_its_own_namespaces_map_declares_at_its_in
     assert isinstance(status, Status) and status.reason == Reason.DEVICE_BUSY
     other_namespace = PodFacts(TENANT, "serve-0", "u3", {}, legacy_map=f"0={THEIRS}:0,1")
     status = plan(other_namespace, cluster, SlotCache())
+    assert isinstance(status, Status) and status.reason == Reason.DEVICE_BUSY
+    other_name = PodFacts(PROD, "waiter-0", "u4", {}, legacy_map=f"0={THEIRS}:0,1")
+    status = plan(other_name, cluster, SlotCache())
     assert isinstance(status, Status) and status.reason == Reason.DEVICE_BUSY
