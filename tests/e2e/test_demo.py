@@ -8,9 +8,10 @@ import pytest
 
 from tests.e2e.demokit import run_demo
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_node]  # the demo runs pods on it
 
 
+@pytest.mark.slow
 def test_demo_runs_every_step_and_every_check_passes() -> None:
     # The sync as `kubectl apply --server-side` of the kustomize build; the ArgoCD tier
     # (tests/e2e_argocd) runs the same scenario through ArgoCD.

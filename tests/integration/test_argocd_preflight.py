@@ -45,6 +45,7 @@ def workflows_of(path: Path, namespace: str) -> list[dict[str, object]]:
     return [workflow_manifest(m, PreflightSettings(namespace=namespace)) for m in result.maps]
 
 
+@pytest.mark.slow
 def test_preflight_workflow_passes_server_side_dry_run(
     workflows_cluster: LocalCluster, namespace: str
 ) -> None:

@@ -11,6 +11,7 @@ import pytest
 from bench.placement import main
 
 
+@pytest.mark.slow
 def test_a_spent_budget_leaves_the_repeat_out_and_the_table_says_so(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 from bench.drains import main
 
 
+@pytest.mark.slow
 def test_each_setting_drains_on_its_own_leader_and_is_held_against_the_ceiling(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -52,6 +53,7 @@ def test_each_setting_drains_on_its_own_leader_and_is_held_against_the_ceiling(
     assert after == before  # the settings do not outlive the bench
 
 
+@pytest.mark.slow
 def test_an_aged_cluster_drains_again_after_more_pods_came_and_went(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

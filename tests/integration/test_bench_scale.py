@@ -28,6 +28,7 @@ def bench(tmp_path: Path) -> Iterator[ScaleBench]:
     b.stop()
 
 
+@pytest.mark.slow
 def test_every_agent_lease_is_renewed_by_the_agents_code_and_a_standby_takes_over(
     bench: ScaleBench,
 ) -> None:
@@ -57,6 +58,7 @@ def test_every_agent_lease_is_renewed_by_the_agents_code_and_a_standby_takes_ove
     assert status == 200 and pods["items"] == []  # the run cleared its pods
 
 
+@pytest.mark.slow
 def test_the_apiserver_traces_time_every_webhook_call_of_the_bench_creates(
     bench: ScaleBench,
 ) -> None:

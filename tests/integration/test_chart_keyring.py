@@ -73,6 +73,7 @@ def filled_by_a_controller(cluster: LocalCluster, tmp: Path) -> tuple[dict[str, 
         (tmp / "controller.log").write_text(proc.log())
 
 
+@pytest.mark.slow
 def test_the_ring_outlives_upgrade_uninstall_and_reinstall(
     own_cluster: LocalCluster, tmp_path: Path
 ) -> None:

@@ -420,6 +420,7 @@ def test_apiserver_calls_an_https_webhook_and_its_denial_reaches_the_client(
     assert "allowed" in webhook.reviewed
 
 
+@pytest.mark.slow
 def test_cluster_up_and_down_leave_no_process_behind(tmp_path: Path) -> None:
     directory = tmp_path / "cluster"
     with shellkit.cluster_up(

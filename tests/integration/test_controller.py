@@ -290,6 +290,7 @@ def test_restart_rebuilds_the_slot_cache_without_rebinding(
     assert indices == ["0", "1", "2"]
 
 
+@pytest.mark.slow
 def test_leader_failover_while_pods_are_created(cluster: LocalCluster, namespace: str) -> None:
     nodes = gpu_nodes(cluster, unique("fo"), 25, gpus=8)
     with leader_killed_during_burst(

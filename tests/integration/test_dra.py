@@ -372,6 +372,7 @@ def test_pods_carrying_their_own_claims_are_refused(
     assert f"placement map {namespace}/m is enforced through DRA" in message
 
 
+@pytest.mark.slow
 def test_leader_killed_during_a_burst_leaves_no_device_twice_and_no_orphan_claim(
     cluster: LocalCluster, dra: Dra, namespace: str
 ) -> None:

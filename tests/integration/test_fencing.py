@@ -72,6 +72,7 @@ def no_gpu_held_twice(pods: dict[str, dict[str, Any]]) -> None:
             seen.add((pod["spec"]["nodeName"], gpu))
 
 
+@pytest.mark.slow
 def test_a_leader_paused_past_its_lease_sends_no_binding_after_it(
     cluster: LocalCluster, namespace: str
 ) -> None:
@@ -116,6 +117,7 @@ def test_a_leader_paused_past_its_lease_sends_no_binding_after_it(
     no_gpu_held_twice(pods)
 
 
+@pytest.mark.slow
 def test_a_start_up_slower_than_the_lease_keeps_it(cluster: LocalCluster, namespace: str) -> None:
     nodes = gpu_nodes(cluster, unique("slow"), 2, gpus=8)
     entries = [(i, nodes[i // 8], [i % 8]) for i in range(16)]
@@ -199,6 +201,7 @@ def test_a_guarded_request_whose_guard_fails_is_not_sent(
     assert cluster.request("GET", f"{path}/sent")[0] == 200
 
 
+@pytest.mark.slow
 def test_a_leader_stopped_mid_burst_drains_before_it_releases_the_lease(
     cluster: LocalCluster, namespace: str
 ) -> None:

@@ -357,6 +357,7 @@ def assert_placed(pod: dict[str, Any], node: str, cvd: str) -> None:
     assert ann[DEVICES_ANNOTATION] == uuids
 
 
+@pytest.mark.slow
 def test_aks_example_statefulset_in_shuffled_order_runs_as_its_text_says(
     cluster: LocalCluster, ns: str
 ) -> None:
@@ -461,6 +462,7 @@ def migration_pod(namespace: str, index: int) -> dict[str, Any]:
     return pod_body(namespace, f"webhook-test-{index}", spec, labels={MAP_LABEL: "webhook-test"})
 
 
+@pytest.mark.slow
 def test_migration_example_places_bare_pods_as_the_text_says_in_every_order(
     cluster: LocalCluster, ns: str, placement: Placement
 ) -> None:
@@ -503,6 +505,7 @@ def test_migration_example_places_bare_pods_as_the_text_says_in_every_order(
     ), maps
 
 
+@pytest.mark.slow
 def test_pending_pod_in_status_and_a_map_bound_count_that_follows_its_pod(
     cluster: LocalCluster, ns: str
 ) -> None:

@@ -236,6 +236,7 @@ class Prometheus:
         self.log.close()
 
 
+@pytest.mark.slow
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     cluster: LocalCluster,
     placed: tuple[str, list[str], ControllerProcess, int],

@@ -214,6 +214,7 @@ def port_forward_get(cluster: LocalCluster, namespace: str, name: str) -> str:
 
 
 # -- tests ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_index_map_pod_sees_its_devices_in_log_exec_init_and_port_forward(
     real_cluster: LocalCluster, ns: str
 ) -> None:

@@ -35,6 +35,7 @@ def processes_named(name: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_cluster_up_real_node_runs_pods_and_down_removes_everything(tmp_path: Path) -> None:
     directory = tmp_path / "cluster"
     existed = {path: path.exists() for path in SYSTEM_PATHS}

@@ -123,6 +123,7 @@ def test_a_provenance_annotation_longer_than_its_limit_is_refused_at_apply(
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_a_flood_of_dry_run_validations_busies_only_its_own_namespace(
     cluster: LocalCluster,
     stack: tuple[ControllerProcess, Components],

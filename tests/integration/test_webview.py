@@ -99,6 +99,7 @@ def view(cluster: LocalCluster) -> Iterator[tuple[str, list[str], ControllerProc
         yield placed
 
 
+@pytest.mark.slow
 def test_a_browser_shows_every_gpu_its_holder_the_maps_and_the_waiting_pod(
     view: tuple[str, list[str], ControllerProcess, int],
 ) -> None:

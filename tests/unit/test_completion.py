@@ -64,6 +64,7 @@ def test_zsh_registers_and_completes(words: list[str], cword: int, wanted: set[s
     assert wanted <= set(offered[4:]), offered
 
 
+@pytest.mark.slow
 def test_the_command_prints_the_script_for_the_installed_command_line() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gpuplace", "completion", "bash"],

@@ -58,6 +58,7 @@ def commit(repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_hook_fails_a_broken_map_and_passes_a_good_one(tmp_path: Path) -> None:
     hooks, rev = hook_repository(tmp_path / "hooks")
     maps = tmp_path / "maps"

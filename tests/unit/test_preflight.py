@@ -326,6 +326,7 @@ def test_command_without_the_workflows_sdk_says_how_to_install_it(
     assert "pip install 'gpuplace[workflows]'" in captured.err
 
 
+@pytest.mark.slow
 def test_components_and_the_cli_import_without_the_workflows_sdk() -> None:
     script = """
 import importlib, pkgutil, sys

@@ -274,6 +274,7 @@ def test_legacy_text_round_trips(rows: list[tuple[str, list[DeviceRef]]]) -> Non
     assert [(e.index, e.node, e.devices) for e in parsed] == entries
 
 
+@pytest.mark.slow
 @ROUND_TRIP
 @given(models())
 def test_model_round_trips_through_configmaps(model: Model) -> None:

@@ -185,6 +185,7 @@ def mutate_tree(tree: Any, rng: random.Random, replacement: Callable[[], Any]) -
     return tree
 
 
+@pytest.mark.slow
 def test_random_mutations_of_valid_reviews(client: FlaskClient) -> None:
     rng = random.Random(20261122)
     pool: list[Any] = [
@@ -217,6 +218,7 @@ def test_hypothesis_replaces_subtrees(
     send(client, path, sent)
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=json_values, path=st.sampled_from(["/mutate", "/validate"]))
 def test_hypothesis_arbitrary_json(client: FlaskClient, body: Any, path: str) -> None:
