@@ -357,6 +357,10 @@ def test_allocation_takes_the_next_servable_slot_when_the_lowest_node_is_cordone
 ) -> None:
     a, b = gpu_nodes(cluster, unique("cord"), 2)
     entries = [(0, a, [0]), (1, b, [0]), (2, b, [1])]
+    # Cordoned before the map is applied, not after: the node's update then reaches the
+    # controller's informer a whole map compile ahead of the pod (cordoning after it raced the
+    # pod's creation on a loaded machine, and the pod could be bound to the cordoned node).
+    cluster.kubectl("cordon", a)
     apply_at(
         cluster,
         namespace,
@@ -365,7 +369,6 @@ def test_allocation_takes_the_next_servable_slot_when_the_lowest_node_is_cordone
         "ccc0001",
     )
     wait_for_map(cluster, namespace, "pool", "Valid", what="map Valid")
-    cluster.kubectl("cordon", a)
     create_workload(cluster, deployment(namespace, "d", "pool", 1))
     pods = wait_for(
         "one replica bound", lambda: (p := bound_pods(cluster, namespace)) and p, timeout=20
