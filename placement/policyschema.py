@@ -1,7 +1,7 @@
 """The PlacementPolicy document as a pydantic model: the source of the CRD's schema.
 
 `placement.grants.parse_policy` stays the reader (its errors carry lines and columns); this model
-accepts exactly what that reader accepts, which tests/unit/test_policy_schema.py checks on every
+accepts exactly what that reader accepts, which tests/unit/placement/test_policy_schema.py checks on every
 example policy.
 """
 

@@ -14,7 +14,7 @@
 --
 -- The status is JSON and ArgoCD's Lua has no JSON library, so a small decoder follows. It needs
 -- the string library: argocd-cm sets resource.customizations.useOpenLibs.ConfigMap: "true".
--- Mirrored in argocd/argocd-cm.yaml; tests/unit/test_argocd_health.py keeps the two identical.
+-- Mirrored in argocd/argocd-cm.yaml; tests/unit/chart/test_argocd_health.py keeps the two identical.
 
 local STATUS = "gpuplace.io/status"
 local MAP_LABEL = "gpuplace.io/placement-map"

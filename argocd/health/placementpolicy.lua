@@ -8,7 +8,7 @@
 --   anything else -> Progressing
 --
 -- Base and table libraries only: ArgoCD runs it without useOpenLibs. Mirrored in
--- argocd/argocd-cm.yaml; tests/unit/test_argocd.py keeps the two identical.
+-- argocd/argocd-cm.yaml; tests/unit/chart/test_argocd.py keeps the two identical.
 local hs = { status = "Progressing" }
 local status = obj.status
 local generation = (obj.metadata and obj.metadata.generation) or 0

@@ -282,7 +282,7 @@ def test_a_prebound_pod_squatting_another_teams_gpus_holds_nothing(
 ) -> None:
     """The tenant (edit role) creates a pod already bound to the team's node whose
     gpu-scheduling-map line names its own node. The webhook refuses it with grants off and on
-    (the controller, which counts no hold for such a pod, is checked in tests/unit/test_gate.py);
+    (the controller, which counts no hold for such a pod, is checked in tests/unit/placement/test_gate.py);
     the team's pod gets the GPUs."""
     team_ns, tenant_ns = team_and_tenant
     pool = unique("pool")

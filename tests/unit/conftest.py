@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubeio.client import Kube
-from tests.unit.test_kubeio_client import Server, serve
+from tests.unit.kubeio.test_kubeio_client import Server, serve
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""Unit tests of bench/: the benchmarks' own logic."""

@@ -1,0 +1,1 @@
+"""Unit tests of charts/gpuplace, argocd/ and the kustomizations, as rendered."""

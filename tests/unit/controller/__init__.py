@@ -1,0 +1,1 @@
+"""Unit tests of controller/: binder, caches, reconcilers, DRA, metrics, web view."""

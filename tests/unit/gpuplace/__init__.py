@@ -1,0 +1,1 @@
+"""Unit tests of gpuplace/: the CLI and its commands, packaging."""

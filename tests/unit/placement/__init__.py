@@ -1,0 +1,1 @@
+"""Unit tests of placement/: the pure core (compile, validate, bind, gate, annotations, keyring)."""

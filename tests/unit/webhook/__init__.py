@@ -1,0 +1,1 @@
+"""Unit tests of webhook/: admission, map checks, TLS, processes."""
