@@ -12,7 +12,12 @@ from __future__ import annotations
 import pytest
 
 #: Where the tests that need the real node live (node id prefixes; scheduled as one unit).
-REAL_NODE_PATHS = ("tests/e2e/", "tests/integration/test_real_node")
+REAL_NODE_PATHS = (
+    "tests/e2e/",
+    "tests/e2e_chart/",
+    "tests/e2e_argocd/",
+    "tests/integration/test_real_node",
+)
 #: The scope name of that unit.
 REAL_NODE_SCOPE = "real-node"
 
