@@ -310,7 +310,17 @@ def test_a_prebound_pod_squatting_another_teams_gpus_holds_nothing(
     # on (a squat admitted before the webhook was registered holds nothing: the team's pod binds).
     wait_for(lambda: f"the webhook to refuse the squat: {last}", refused)
     assert f"runs on node {theirs}, but node {mine!r} resolves to node {mine}" in last[-1], last
-    apply_map(cluster, team_ns, "team", map_yaml(team_ns, "team", [(0, theirs, [0, 1])]))
+
+    # The webhook reads the grants this stack's controller publishes; until it has, it may still
+    # serve an earlier test's (deny by default), which refuses the team's map.
+    def team_map_applied() -> bool:
+        try:
+            apply_map(cluster, team_ns, "team", map_yaml(team_ns, "team", [(0, theirs, [0, 1])]))
+        except AssertionError:
+            return False
+        return True
+
+    wait_for("the team's map admitted under this stack's grants", team_map_applied)
     team_pod = {
         **pod("team-0", schedulerName="gpuplace"),
         "metadata": {"name": "team-0", "labels": {MAP_LABEL: "team"}},
