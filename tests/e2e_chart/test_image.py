@@ -8,6 +8,7 @@ filesystem, unpacked, runs `gpuplace` under chroot as the image's user.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -131,10 +132,11 @@ def test_the_image_runs_the_cli_as_its_user(rootfs: Path) -> None:
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    commands = run("gpuplace", "--help")
-    assert "controller" in commands
+    # The subcommands, as the help lists them: a name at the start of an indented line.
+    commands = set(re.findall(r"^ {4}([a-z][a-z-]*)(?: |$)", run("gpuplace", "--help"), re.M))
+    assert {"controller", "webhook", "agent", "plan"} <= commands, commands
     # The shipped command line lacks the development environment's subcommands.
-    assert "cluster" not in commands and "demo" not in commands
+    assert "cluster" not in commands and "demo" not in commands, commands
     version = run("python", "-c", "import importlib.metadata as m; print(m.version('gpuplace'))")
     assert version.strip() == VERSION
     # Bytecode was compiled at build time: the read-only root filesystem needs no writes.
