@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -639,9 +640,9 @@ class Demo:
         assert self.cluster is not None
         kubeconfig = f"--kubeconfig={self.cluster.kubeconfig}"
         if self.in_cluster:
-            # Through the apiserver's service proxy, as `kubectl proxy` users would reach it.
-            proxy = f"/api/v1/namespaces/{RELEASE_NAMESPACE}/services/{WEB_SERVICE}:web/proxy/"
-            page = self.cluster.kubectl("get", "--raw", proxy, check=False).stdout
+            # Without `authenticate` the web view listens on the pod's loopback only: reached
+            # through `kubectl port-forward` (apiserver -> kubelet -> the pod's network namespace).
+            page = self._port_forward_get(f"svc/{WEB_SERVICE}", WEB_PORT)
             where = (
                 f"kubectl {kubeconfig} -n {RELEASE_NAMESPACE} port-forward svc/{WEB_SERVICE} "
                 f"{WEB_PORT}, then http://localhost:{WEB_PORT}/"
@@ -657,6 +658,40 @@ class Demo:
             'id="grid"' in page and "Who holds which GPU" in page,
             "the controller's web view serves the grid",
         )
+
+    def _port_forward_get(self, target: str, port: int) -> str:
+        """GET / on `port` of `target` in the release namespace through kubectl port-forward;
+        an empty page when the forward does not come up."""
+        assert self.cluster is not None
+        argv = [
+            str(self.cluster.binaries.kubectl),
+            f"--kubeconfig={self.cluster.kubeconfig}",
+            "-n",
+            RELEASE_NAMESPACE,
+            "port-forward",
+            target,
+            f":{port}",
+        ]
+        env = {
+            "KUBECACHEDIR": str(self.cluster.layout.kubectl_cache),
+            "HOME": str(self.cluster.directory),
+        }
+        with subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        ) as forward:
+            try:
+                assert forward.stdout is not None
+                line = forward.stdout.readline()
+                match = re.search(rf"127\.0\.0\.1:(\d+) -> {port}", line)
+                if match is None:
+                    self.out(f"    kubectl port-forward said: {line.strip()}")
+                    return ""
+                url = f"http://127.0.0.1:{match.group(1)}/"
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    return str(response.read().decode())
+            finally:
+                forward.terminate()
+                forward.wait(10)
 
     def _sync(self, repo: GitOpsRepo, revision: str, *, rejected: bool = False) -> SyncResult:
         if self.argocd is not None:
