@@ -47,7 +47,7 @@ class Dispatch:
         offload: Offload | None,
         multiprocess: bool,
         refused: Callable[[str], None],
-        stopping: threading.Event,
+        draining: threading.Event,
         wake: Callable[[], None],
     ) -> None:
         self.name = name
@@ -60,7 +60,7 @@ class Dispatch:
         self._offload = offload
         self._multiprocess = multiprocess
         self._refused = refused
-        self._stopping = stopping
+        self._draining = draining  # set: every answer closes its connection
         self._wake = wake
         threads = offload.threads if offload is not None else 0
         self.workers = [
@@ -93,7 +93,7 @@ class Dispatch:
             close = (
                 not request.head.keep_alive
                 or not self._bounds.keep_alive
-                or self._stopping.is_set()
+                or self._draining.is_set()
             )
             conn.closing = conn.closing or close
             key = self._offload.key(request) if self._offload is not None else None

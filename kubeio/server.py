@@ -102,6 +102,7 @@ class Server:
         self._acceptor = Acceptor(host, port, bounds, tls, reuse_port, self._refused, self._close)
         self._reader = RequestReader(bounds, self._acceptor.started)
         self._stopping = threading.Event()
+        self._draining = threading.Event()
         self._dispatch = Dispatch(
             name,
             app,
@@ -113,7 +114,7 @@ class Server:
             offload=offload,
             multiprocess=reuse_port,
             refused=self._refused,
-            stopping=self._stopping,
+            draining=self._draining,
             wake=self._wake,
         )
         self._again: set[Connection] = set()  # decrypted bytes left unread in the TLS layer
@@ -167,8 +168,16 @@ class Server:
         )
         return self
 
+    def drain(self) -> None:
+        """From now on every answer closes its connection (`Connection: close`): a client
+        that sends a request on a kept-alive connection gets its answer and dials again (to
+        another replica once endpoints dropped this one), so `stop` finds few idle connections
+        to close under a client that may be writing on them."""
+        self._draining.set()
+
     def stop(self) -> None:
         """Stops accepting, lets in-flight requests finish (up to the shutdown timeout)."""
+        self._draining.set()
         self._stopping.set()
         self._wake()
         if self._thread is not None:
@@ -221,7 +230,9 @@ class Server:
             # Idle connections close now; the others once their answer is written (requests
             # read from now on are answered with `Connection: close`).
             for conn in list(self._acceptor.connections):
-                if not conn.in_flight():
+                if not conn.in_flight():  # a request already here is read and answered first
+                    self._guarded(conn, selectors.EVENT_READ)
+                if not conn.closed and not conn.in_flight():
                     self._close(conn)
         if time.monotonic() >= self._deadline:
             return True

@@ -186,7 +186,7 @@ def serve(
     if ready is not None:
         ready()
     stop.wait()
-    drain(app, settings.server)
+    drain(app, settings.server, server)
     server.stop()
     for part in (serving.boot, serving.watcher, models):
         if part is not None:

@@ -128,7 +128,10 @@ def https_server(
     )
 
 
-def drain(app: Flask, settings: ServerSettings) -> None:
-    """Fails /readyz, then waits the shutdown delay so endpoints drop this replica first."""
+def drain(app: Flask, settings: ServerSettings, server: Server) -> None:
+    """Fails /readyz and closes each kept-alive connection with its next answer, then waits
+    the shutdown delay: endpoints drop this replica and the apiserver, whose pooled connections
+    outlive the endpoint, retires them itself instead of writing on one `stop` closes."""
     state_of(app).draining.set()
+    server.drain()
     time.sleep(settings.shutdown_delay_seconds)

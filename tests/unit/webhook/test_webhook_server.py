@@ -287,11 +287,14 @@ def test_operations_endpoints_and_readiness_after_drain(
             response = conn.getresponse()
             text = response.read()
             assert response.status == status, path
+            assert response.getheader("Connection") is None, path  # kept alive
         assert b"gpuplace_" in text  # the metrics page
-        drain(app, settings().server)
+        drain(app, settings().server, server)
         conn.request("GET", "/readyz")
         response = conn.getresponse()
         assert (response.status, response.read()) == (503, b"shutting down\n")
+        # Draining: the answer closes the connection, the client dials again for the next.
+        assert response.getheader("Connection") == "close"
         conn.request("GET", "/healthz")
         assert conn.getresponse().status == 200
     finally:

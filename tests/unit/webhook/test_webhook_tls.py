@@ -240,7 +240,7 @@ def test_draining_fails_readiness(running: tuple[Server, ServingTLS], ca: KeyPai
     server, _ = running
     app = cast(Flask, server._app)
     assert https(server.port, ca.cert_pem, "GET", "/readyz")[0] == 200
-    drain(app, state_of(app).settings.server)
+    drain(app, state_of(app).settings.server, server)
     assert https(server.port, ca.cert_pem, "GET", "/readyz")[0] == 503
     assert state_of(app).draining.is_set()
 
