@@ -1,14 +1,24 @@
 """A burst: a run's pods created by `CREATE_THREADS` threads as fast as they go, timed until a
-pod watch has seen every one bound. gpuplace's through its webhook, the same without it and
-through the reference webhook, kube-scheduler's; and the bursts' steps of a repeat."""
+pod watch has seen every one bound. gpuplace's through its webhook, the same without it, through
+the reference webhook and through its app served by a candidate server, kube-scheduler's; and the
+bursts' steps of a repeat."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
+from bench._candidates import CandidateServer
 from bench._kube import Obj, create_pods, process_cpu, profiling
-from bench._runs import REFERENCE_CPU, Admission, Results, RunResult, Usage, burst_result
+from bench._runs import (
+    CANDIDATE_CPU,
+    REFERENCE_CPU,
+    Admission,
+    Results,
+    RunResult,
+    Usage,
+    burst_result,
+)
 from bench._stats import bucket_delta, histogram_buckets
 from bench._webhooks import APISERVER_WEBHOOK_METRIC, WebhookSwitch
 from bench._workload import CREATE_THREADS, NAMESPACE, Scale, gpuplace_pod, pinned_pod
@@ -67,6 +77,15 @@ class Bursts(WebhookSwitch):
             result = self._burst(gpuplace_pod, apart=[reference.pid])
             cpu = process_cpu(reference.pid) - cpu
         return replace(result, extra=result.extra | {REFERENCE_CPU: cpu})
+
+    def candidate_burst(self, server: CandidateServer) -> RunResult:
+        """The same burst through gpuplace's webhook app served by a candidate server (the pod
+        webhook's entry pointed at it: `through_candidate`); its process tree's CPU is in the
+        result's extra (`CANDIDATE_CPU`)."""
+        cpu = process_cpu(server.pid)
+        result = self._burst(gpuplace_pod, apart=[server.pid])
+        cpu = process_cpu(server.pid) - cpu
+        return replace(result, extra=result.extra | {CANDIDATE_CPU: cpu})
 
     def scheduler_burst(self) -> RunResult:
         self.stop_controller()

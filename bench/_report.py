@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bench import Measurement, above, below
+from bench._candidates import ENGINES
 from bench._ceiling import Shape
 from bench._runs import (
     AFTER_CREATE_P99,
     APISERVER,
     BINDING_CPU,
+    CANDIDATE_CPU,
     CLIENT,
     CREATE_P99,
     REFERENCE_CPU,
@@ -474,4 +476,55 @@ def creates_measurements(scale: Scale, r: Results) -> list[Measurement]:
         *reference_rows(label, r, always=True),
         *_waits(label, f"at {rate} creates/s", r.admission_steady.get(rate, [])),
         below(label, f"webhook server processes ({PROCESSES_ENV})", [webhook_processes()], ""),
+        *candidate_rows(label, r),
     ]
+
+
+def candidate_rows(label: str, r: Results) -> list[Measurement]:
+    """Per candidate server of gpuplace's webhook app (`bench._candidates`): the same burst's
+    creates/s through it, over gpuplace's own server's, and its processes' CPU per create; the
+    target's steady rate through it, its traced p99 against the same creates' etcd writes and
+    over gpuplace's own server's (each repeat against its own). A candidate that did not run
+    (not installed, did not start: the log says why) has its rows, reading "not run"."""
+    rate = TARGET_STEADY_RATE
+    hooked = [x.extra["creates_per_s"] for x in r.gpuplace_burst]
+    ours = traced_ms(r.admission_steady.get(rate, []), 0.99)
+    rows = []
+    for engine in ENGINES:
+        burst = r.candidate_burst.get(engine, [])
+        steady = r.candidate_steady.get(engine, [])
+        served = f"gpuplace's webhook served by {engine}"
+        creates = [x.extra["creates_per_s"] for x in burst]
+        p99 = traced_ms(steady, 0.99)
+        etcd = traced_ms(steady, 0.99, etcd=True)
+        when = f"at {rate} creates/s through {served}"
+        rows += [
+            below(label, f"burst creates/s through {served}", creates, "/s"),
+            below(
+                label,
+                f"creates/s through {served} / through its own server",
+                [c / h for c, h in zip(creates, hooked, strict=False)],
+                "x",
+            ),
+            below(
+                label,
+                f"burst: {engine} CPU per create (its processes)",
+                [1000 * x.extra[CANDIDATE_CPU] / x.pods if x.pods else float("nan") for x in burst],
+                "ms",
+            ),
+            below(label, f"webhook p99 (apiserver's traces) {when}", p99, "ms"),
+            below(
+                label,
+                f"webhook p99 / the same creates' etcd write p99 (apiserver's traces) {when}",
+                [w / e for w, e in zip(p99, etcd, strict=True)],
+                "x",
+            ),
+            below(
+                label,
+                f"webhook p99 at {rate} creates/s (apiserver's traces), served by {engine} / "
+                "by its own server",
+                [c / o for c, o in zip(p99, ours, strict=False)],
+                "x",
+            ),
+        ]
+    return rows

@@ -28,6 +28,8 @@ BINDING_CPU = "binder CPU per pod, first -> last bind"
 LEADER_CPU = "binder's own process CPU per pod, first -> last bind"
 #: The reference webhook's CPU over its burst (seconds), in the burst's extra.
 REFERENCE_CPU = "reference webhook CPU"
+#: A candidate server's CPU over its burst (seconds, its processes together), in the burst's extra.
+CANDIDATE_CPU = "candidate server CPU"
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,10 @@ class Results:
     admission_steady: dict[int, list[Admission]] = field(default_factory=dict)
     #: The steady rate of the target (`TARGET_STEADY_RATE`) through the reference webhook.
     reference_steady: list[Admission] = field(default_factory=list)
+    #: By candidate server of gpuplace's webhook app (`bench._candidates.ENGINES`): the same burst
+    #: and the target's steady rate through it (none for one that did not run).
+    candidate_burst: dict[str, list[RunResult]] = field(default_factory=dict)
+    candidate_steady: dict[str, list[Admission]] = field(default_factory=dict)
     controller_peak_mib: float = 0.0
     webhook_peak_mib: float = 0.0
 

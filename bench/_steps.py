@@ -9,6 +9,7 @@ lent for minutes thus prints the headline's figures first (the table keeps its o
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -17,10 +18,12 @@ from bench import Budget
 from bench._admissions import Admissions, one_at_a_time, reference_steady, steady
 from bench._backlog import Backlogs
 from bench._bursts import Bursts, creates_bursts, reference_bursts, webhook_bursts
+from bench._candidates import ENGINES
 from bench._ceiling import Shape
 from bench._ceiling import search as ceiling_search
 from bench._kube import MACHINE
-from bench._runs import Results, RunResult
+from bench._proc import BenchError
+from bench._runs import CANDIDATE_CPU, Results, RunResult, traced_ms
 from bench._workload import (
     PROCESSES_ENV,
     STEADY_RATES,
@@ -28,6 +31,7 @@ from bench._workload import (
     TARGET_STEADY_RATE,
     webhook_processes,
 )
+from gpuplace_dev.localcluster import ClusterError
 
 #: The ceiling client's threads tried in one process; `bench._ceiling.search` then tries more.
 CEILING_CONCURRENCY = (32, 64, 128, 256)
@@ -178,7 +182,9 @@ def contend_creates(
 ) -> Results:
     """Only the webhook's part: per repeat (while `budget` allows one), the burst through the
     webhook, the same burst without it and through the reference webhook, and the steady rate its
-    p99 is held to, through gpuplace's webhook and the reference's."""
+    p99 is held to, through gpuplace's webhook and the reference's; then the same burst and
+    steady rate through gpuplace's webhook app served by each candidate server
+    (`candidate_runs`)."""
     results = Results()
     log(f"the webhook serves from {webhook_processes()} process(es) ({PROCESSES_ENV})")
     for repeat in range(1, repeats + 1):
@@ -190,4 +196,37 @@ def contend_creates(
         admission = b.admission_at(rate, int(rate * STEADY_SECONDS))
         results.admission_steady.setdefault(rate, []).append(admission)
         reference_steady(b, results, log)
+        for engine in ENGINES:
+            candidate_runs(b, results, log, engine)
     return results
+
+
+def candidate_runs(
+    b: PlacementBench, results: Results, log: Callable[[str], None], engine: str
+) -> None:
+    """The burst and the target's steady rate through gpuplace's webhook app served by the
+    candidate server `engine` (`bench._candidates`), started once for both. One that is not
+    installed or does not start is left out, the reason logged: its rows read "not run"."""
+    b.gpuplace_binding()
+    rate = TARGET_STEADY_RATE
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(b.through_candidate(engine))
+        except (BenchError, ClusterError) as exc:
+            log(f"  {engine}: not run: {exc}")
+            return
+        burst = b.candidate_burst(server)
+        results.candidate_burst.setdefault(engine, []).append(burst)
+        cpu = 1000 * burst.extra[CANDIDATE_CPU] / max(1, burst.pods)
+        log(
+            f"  creates/s: {burst.extra['creates_per_s']:,.0f} through gpuplace's webhook served "
+            f"by {engine} ({cpu:.2f} ms of its CPU per create)"
+        )
+        steady = b.admission_at(rate, int(rate * STEADY_SECONDS))
+        results.candidate_steady.setdefault(engine, []).append(steady)
+        (p99,) = traced_ms([steady], 0.99)
+        (etcd,) = traced_ms([steady], 0.99, etcd=True)
+        log(
+            f"  served by {engine} at {rate} creates/s: p99 {p99:.1f} ms (traces) against "
+            f"etcd's {etcd:.1f} ms"
+        )

@@ -1,6 +1,7 @@
 """Where the apiserver sends a placement map's pods for admission: gpuplace's webhook, none (its
-entry deleted), or the reference webhook (`bench/refwebhook`) in its place for a while; and the
-patch gpuplace's webhook answers such a pod with."""
+entry deleted), or for a while in its place the reference webhook (`bench/refwebhook`) or
+gpuplace's webhook app served by a candidate server (`bench._candidates`); and the patch
+gpuplace's webhook answers such a pod with."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import base64
 import contextlib
 import json
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from bench._bench import ClusterBench
+from bench._candidates import CandidateServer, environment
 from bench._kube import Obj, admission_review, call
 from bench._proc import BenchError
 from bench._refwebhook import ReferenceWebhook
 from bench._stats import histogram_count
-from bench._workload import NAMESPACE, PROBE, gpuplace_pod
+from bench._workload import NAMESPACE, PROBE, gpuplace_pod, webhook_processes
 from kubeio.paths import MUTATING_WEBHOOKS, PODS
 from kubeio.requests import prepare
 from placement.annotations import ENV_CUDA_VISIBLE_DEVICES
@@ -84,19 +86,48 @@ class WebhookSwitch(ClusterBench):
         pair = self.cluster.ca.issue_server("gpuplace-bench-refwebhook")
         cert, key = self.workdir / "refwebhook.crt", self.workdir / "refwebhook.key"
         pair.write(cert, key)
-        with ReferenceWebhook(
-            self.workdir, self.gpuplace_patch(), cert, key, self.cluster.ca_file
-        ) as reference:
-            original = self._point_pod_webhook(reference.url)
-            try:
-                self.cluster.wait_for(
-                    "the apiserver to call the reference webhook",
-                    lambda: self._pod_webhook_called() and reference.reviews() > 0,
-                    60,
-                )
-                yield reference
-            finally:
-                self._point_pod_webhook(original)
+        with (
+            ReferenceWebhook(
+                self.workdir, self.gpuplace_patch(), cert, key, self.cluster.ca_file
+            ) as reference,
+            self._through(reference.url, "the reference webhook", lambda: reference.reviews() > 0),
+        ):
+            yield reference
+
+    @contextlib.contextmanager
+    def through_candidate(self, engine: str) -> Iterator[CandidateServer]:
+        """The apiserver calls gpuplace's webhook app served by the candidate server `engine`
+        (`bench._candidates`) for the block (gpuplace's own server again after). Raises
+        CandidateError when it is not installed or does not start."""
+        pair = self.cluster.ca.issue_server(f"gpuplace-bench-{engine}")
+        cert, key = self.workdir / f"{engine}.crt", self.workdir / f"{engine}.key"
+        pair.write(cert, key)
+        app_env = environment(
+            self.cluster.kubeconfig, self.enforcement, self.workdir / f"{engine}-ready"
+        )
+        tls = (cert, key, self.cluster.ca_file)
+        workers = webhook_processes()
+        with CandidateServer(engine, self.workdir, tls, app_env, workers) as server:
+            server.wait_ready(self.scale.maps)
+            served = f"gpuplace's webhook served by {engine}"
+            with self._through(server.url, served, lambda: server.reviews() > 0):
+                yield server
+
+    @contextlib.contextmanager
+    def _through(self, server: str, who: str, answers: Callable[[], bool]) -> Iterator[None]:
+        """The pod webhook's entry pointed at `server` for the block, from when the apiserver
+        calls it (a map's pod is wired and `answers` says `who` answered), and back at
+        gpuplace's webhook after, until the apiserver calls that again."""
+        original = self._point_pod_webhook(server)
+        try:
+            self.cluster.wait_for(
+                f"the apiserver to call {who}",
+                lambda: self._pod_webhook_called() and answers(),
+                60,
+            )
+            yield
+        finally:
+            self._point_pod_webhook(original)
             before = histogram_count(self._webhook_buckets())
             self.cluster.wait_for(
                 "the apiserver to call gpuplace's webhook again",

@@ -58,7 +58,13 @@ heartbeats and leases).
 
 `python -m bench.placement --nodes 100 --pods 500 --repeats 1` runs a small version;
 `--only creates` runs only the webhook's part (the burst through the webhook, without it and
-through the reference webhook, the steady 50 creates/s) and the rows it feeds;
+through the reference webhook, the steady 50 creates/s) and the rows it feeds, then the same
+burst and steady rate through gpuplace's webhook app served by candidate servers instead of its
+own (`bench._candidates`: granian, Rust over WSGI, and gunicorn's gthread worker, each with TLS
+on loopback, HTTP/1.1, as many processes as the webhook's): per candidate its creates/s and
+their ratio to gpuplace's own server's, its processes' CPU per create, its traced p99 at 50/s
+against the same creates' etcd writes and against gpuplace's own server's; a candidate that is
+not installed or does not start reads "not run" (the log says why);
 `--profile DIR` samples the controller with py-spy (`python -m bench._stacks DIR/*.txt` sums it up);
 `--budget S` starts no step (a burst, a steady rate, a drain, a repeat) more than S seconds after
 the set-up, so that a machine lent for minutes prints the table of what ran: the figures of the

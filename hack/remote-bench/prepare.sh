@@ -20,7 +20,7 @@ cp "$here/unpack.sh" .device-carry/c1/; cp "$here/bench.sh" .device-carry/c2/
 $py - > .device-carry/c2/requirements.txt <<'PY'
 import tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-dev = [r for r in project["optional-dependencies"]["dev"] if r.startswith(("grpcio", "opentelemetry-proto"))]
+dev = [r for r in project["optional-dependencies"]["dev"] if r.startswith(("grpcio", "opentelemetry-proto", "granian", "gunicorn"))]
 print("\n".join(project["dependencies"] + dev))
 PY
 # The other machine runs Python 3.12.
