@@ -184,20 +184,28 @@ def contend_creates(
     webhook, the same burst without it and through the reference webhook, and the steady rate its
     p99 is held to, through gpuplace's webhook and the reference's; then the same burst and
     steady rate through gpuplace's webhook app served by each candidate server
-    (`candidate_runs`)."""
+    (`candidate_runs`): after gpuplace's own steps in odd repeats, before them in even ones."""
     results = Results()
     log(f"the webhook serves from {webhook_processes()} process(es) ({PROCESSES_ENV})")
     for repeat in range(1, repeats + 1):
         if not budget.allows(f"repeat {repeat}"):
             break
         log(f"repeat {repeat}/{repeats} (load {os.getloadavg()[0]:.2f})")
+        # Every other repeat the candidates go first, in the other order: a machine that gets
+        # quieter (or busier) over a run favours no server in the medians.
+        first = repeat % 2 == 0
+        engines = tuple(reversed(ENGINES)) if first else ENGINES
+        if first:
+            for engine in engines:
+                candidate_runs(b, results, log, engine)
         creates_bursts(b, results, log)
         rate = TARGET_STEADY_RATE
         admission = b.admission_at(rate, int(rate * STEADY_SECONDS))
         results.admission_steady.setdefault(rate, []).append(admission)
         reference_steady(b, results, log)
-        for engine in ENGINES:
-            candidate_runs(b, results, log, engine)
+        if not first:
+            for engine in engines:
+                candidate_runs(b, results, log, engine)
     return results
 
 
