@@ -8,6 +8,7 @@ import json
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -162,8 +163,8 @@ def test_agents_publish_inventories_that_the_controller_places_by(
     # The inventories appear, field for field as the fake library reports them.
     for node in (a, b, c):
         wait_for_inventory(cluster, node, gpus[node].expected())
-        current = lease(cluster, node)
-        assert current is not None
+        # The heartbeat Lease follows the first inventory (created right after it).
+        current = wait_for(f"the heartbeat Lease of {node}", partial(lease, cluster, node))
         spec = current["spec"]
         assert spec["holderIdentity"] == agents[node].identity
         assert spec["leaseDurationSeconds"] == 3  # three missed renewals of 1 s
