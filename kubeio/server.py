@@ -88,7 +88,6 @@ class Server:
         reuse_port: bool = False,
     ) -> None:
         self.name = name
-        self._app = app
         self._host = host
         self._bounds = bounds
         self._offload = offload

@@ -9,7 +9,6 @@ import ssl
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import cast
 
 import pytest
 from cryptography import x509
@@ -127,11 +126,16 @@ def ca() -> KeyPair:
 
 
 @pytest.fixture
-def running(ca: KeyPair) -> Iterator[tuple[Server, ServingTLS]]:
+def app() -> Flask:
     settings = WebhookSettings(
         server=ServerSettings(host="127.0.0.1", port=0, shutdown_delay_seconds=0)
     )
-    app = create_app(settings, StaticModel(make_model().map("llm").obj()))
+    return create_app(settings, StaticModel(make_model().map("llm").obj()))
+
+
+@pytest.fixture
+def running(ca: KeyPair, app: Flask) -> Iterator[tuple[Server, ServingTLS]]:
+    settings = state_of(app).settings
     tls = ServingTLS(serving(ca))
     server = https_server(app, tls, settings.server).start()
     try:
@@ -236,9 +240,10 @@ def test_mismatched_pair_is_refused_at_start(ca: KeyPair) -> None:
         ServingTLS(KeyPair(one.cert_pem, two.key_pem))
 
 
-def test_draining_fails_readiness(running: tuple[Server, ServingTLS], ca: KeyPair) -> None:
+def test_draining_fails_readiness(
+    running: tuple[Server, ServingTLS], app: Flask, ca: KeyPair
+) -> None:
     server, _ = running
-    app = cast(Flask, server._app)
     assert https(server.port, ca.cert_pem, "GET", "/readyz")[0] == 200
     drain(app, state_of(app).settings.server, server)
     assert https(server.port, ca.cert_pem, "GET", "/readyz")[0] == 503
