@@ -89,10 +89,27 @@ def call(
     what: str = "",
     headers: Mapping[str, str] | None = None,
 ) -> Any:
-    """One admin request that must answer one of `wanted`; returns the decoded body."""
-    status, response = cluster.request(method, path, body, headers=headers)
+    """One admin request that must answer one of `wanted`; returns the decoded body. A 429
+    (the apiserver's priority and fairness, or gpuplace's busy map validator) is sent again
+    after the wait it asks for, up to `RETRIES_ON_429` times, as client-go does."""
+    for attempt in itertools.count():
+        status, response = cluster.request(method, path, body, headers=headers)
+        if status != 429 or attempt == RETRIES_ON_429:
+            break
+        time.sleep(retry_after(response))
     expect(status, response, wanted, what or f"{method} {path}")
     return response
+
+
+#: How often `call` sends a request again that was answered 429 (client-go's default).
+RETRIES_ON_429 = 10
+
+
+def retry_after(status: Any) -> float:
+    """The seconds a 429's Status asks to wait (`details.retryAfterSeconds`), else 1."""
+    details = status.get("details") if isinstance(status, dict) else None
+    seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    return float(seconds) if isinstance(seconds, int) and 0 < seconds <= 60 else 1.0
 
 
 def create_pods(
