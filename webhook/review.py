@@ -69,6 +69,9 @@ class Verdict:
     code: int = 200
     reason: str = ""
     message: str = ""
+    #: A denial the client may send again after this many seconds: the apiserver answers it
+    #: with `Retry-After`, which client-go (kubectl, ArgoCD, controllers) waits and retries on.
+    retry_after_seconds: int = 0
 
     @property
     def result(self) -> Result:
@@ -84,6 +87,7 @@ class Verdict:
         code: int = 403,
         reason: str = "Forbidden",
         warnings: Sequence[str] = (),
+        retry_after_seconds: int = 0,
     ) -> Verdict:
         # The message goes back through the apiserver to kubectl or ArgoCD, and into logs.
         return cls(
@@ -92,6 +96,7 @@ class Verdict:
             reason=reason,
             message=cap(message, MAX_DENIAL),
             warnings=tuple(cap(w, MAX_MESSAGE) for w in warnings),
+            retry_after_seconds=retry_after_seconds,
         )
 
 
@@ -170,6 +175,8 @@ def render_response(uid: str, verdict: Verdict) -> dict[str, Any]:
             "reason": verdict.reason,
             "message": verdict.message,
         }
+        if verdict.retry_after_seconds > 0:
+            response["status"]["details"] = {"retryAfterSeconds": verdict.retry_after_seconds}
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
     return {"apiVersion": API_VERSION, "kind": KIND, "response": response}

@@ -60,6 +60,10 @@ class ValidationPool:
         return None if seen is None else _busy(seen[0], seen[1], full, close)
 
 
+#: The wait a busy denial asks for (`Retry-After`): kubectl and ArgoCD send the map again after it.
+BUSY_RETRY_AFTER_SECONDS = 1
+
+
 def _busy(uid: str, namespace: str, full: Full, close: bool) -> bytes:
     """The review answering `uid` that the validator is busy: denied with 429, nothing stored."""
     if full.reason == QueueRefusal.NAMESPACE:
@@ -71,6 +75,7 @@ def _busy(uid: str, namespace: str, full: Full, close: bool) -> bytes:
         f"was changed: apply again in a few seconds",
         code=429,
         reason="TooManyRequests",
+        retry_after_seconds=BUSY_RETRY_AFTER_SECONDS,
     )
     body = orjson.dumps(render_response(uid, verdict))
     return encode("200 OK", [("Content-Type", "application/json")], body, close=close)

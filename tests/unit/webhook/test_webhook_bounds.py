@@ -215,6 +215,8 @@ def test_a_namespace_flooding_validations_waits_on_its_own_queue(
         busy = answer(floods[4])
         assert busy["allowed"] is False
         assert busy["status"]["code"] == 429
+        # The apiserver turns this into `Retry-After: 1`, which client-go waits and retries on.
+        assert busy["status"]["details"] == {"retryAfterSeconds": 1}
         assert "busy with 4 placement maps of namespace flood" in busy["status"]["message"]
         assert refused(app, QueueRefusal.NAMESPACE) == 1
         send_validation(other, "team-b", 0)
