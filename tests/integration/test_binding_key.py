@@ -152,7 +152,7 @@ def test_a_lost_key_blocks_the_pods_gpus_until_re_adopted(
     # (The gauge counts the whole cluster: pods of other tests may be unverifiable too.)
     blocked = metric(second, "gpuplace_unverifiable_bindings")
     assert blocked >= 1
-    assert "BindingUnverifiable" in status_row(cluster, "m-0")
+    assert "BindingUnverifiable" in status_row(cluster, team, "m-0")
     explained = subprocess.run(
         [
             sys.executable,

@@ -200,7 +200,7 @@ def test_pods_bound_by_the_earlier_tools_keep_their_gpus(
         pod = get_pod(cluster, team, "new-0")
         assert pod is not None and not pod["spec"].get("nodeName")
         assert metric(proc, "gpuplace_prebound_legacy_pods_total") >= 1
-        row = status_row(cluster, "old-trainer-0")
+        row = status_row(cluster, team, "old-trainer-0")
         assert "bound by gpu-scheduler (cut-over): holds GPUs 0,1 of its gpu-scheduling-map" in row
         # The old pod gone, its GPUs are free for the map pod at once.
         cluster.request(
@@ -258,7 +258,7 @@ def test_a_renumbered_node_marks_its_bound_pods_and_maps(
         )
         assert "1 pod(s) on renumbered GPUs" in status["message"]
         assert metric(proc, "gpuplace_renumbered_pods") == 1
-        row = status_row(cluster, "r-0")
+        row = status_row(cluster, team, "r-0")
         assert "DevicesRenumbered: GPUs of node" in row
 
 

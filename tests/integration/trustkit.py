@@ -51,10 +51,11 @@ def events(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, A
     return list(body["items"])
 
 
-def status_row(cluster: LocalCluster, pod: str) -> str:
-    """The line of `gpuplace status` that shows the pod named `pod`."""
+def status_row(cluster: LocalCluster, namespace: str, pod: str) -> str:
+    """The line of `gpuplace status` that shows pod `namespace/pod` (the table lists the pods of
+    every namespace, sorted by namespace: other tests' pods may have the same name)."""
     shown = gpuplace_status(cluster)
-    return next(line for line in shown.splitlines() if line.split()[1:2] == [pod])
+    return next(line for line in shown.splitlines() if line.split()[:2] == [namespace, pod])
 
 
 def metric(proc: ControllerProcess, name: str) -> float:
