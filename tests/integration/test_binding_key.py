@@ -58,7 +58,11 @@ def team(cluster: LocalCluster) -> Iterator[str]:
 @pytest.fixture
 def controller(cluster: LocalCluster) -> Iterator[list[ControllerProcess]]:
     """Controllers started by the test (the last one leads); all stopped after it. The key ring
-    is removed after the test too, so that a corrupt ring does not outlive it."""
+    is removed before the test, so that its keys sign this test's pods only (`gpuplace key
+    rotate` counts every bound pod of the cluster signed with a key: the controllers of earlier
+    tests sign with the ring they found), and after it, so that a corrupt ring does not outlive
+    it."""
+    cluster.request("DELETE", SECRET)
     procs: list[ControllerProcess] = []
     yield procs
     for proc in procs:
