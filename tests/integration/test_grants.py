@@ -105,6 +105,15 @@ def pod(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def unregister(cluster: LocalCluster, configuration: str) -> None:
+    """Deletes the webhook's configurations (every labelled object of every namespace goes through
+    them, failurePolicy Fail). Called before the webhook stops, so that the apiserver does not
+    call it once it is gone while a later test's objects arrive, and again after it stopped: the
+    webhook registers once it has read the model, which may have been only then."""
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        cluster.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/{configuration}")
+
+
 @pytest.fixture
 def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerProcess, Components]]:
     create_system_namespaces(cluster)
@@ -115,12 +124,10 @@ def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerPro
         yield controller, components
     finally:
         controller.stop()
+        unregister(cluster, CONFIGURATION)
         components.stop()
+        unregister(cluster, CONFIGURATION)
         cluster.request("DELETE", f"/api/v1/namespaces/{SYSTEM}/configmaps/{POLICY_CONFIGMAP}")
-        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
-            cluster.request(
-                "DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/{CONFIGURATION}"
-            )
         print(controller.log()[-3000:])
         for component in components.items:
             print(component.log_tail(30))

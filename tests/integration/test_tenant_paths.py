@@ -33,6 +33,7 @@ from tests.integration.test_grants import (
     published_grants,
     put_policy,
     source_configmap,
+    unregister,
 )
 
 pytestmark = pytest.mark.integration
@@ -57,12 +58,10 @@ def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerPro
         yield controller, components
     finally:
         controller.stop()
+        unregister(cluster, CONFIGURATION)
         components.stop()
+        unregister(cluster, CONFIGURATION)
         cluster.request("DELETE", f"/api/v1/namespaces/{SYSTEM}/configmaps/{POLICY_CONFIGMAP}")
-        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
-            cluster.request(
-                "DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/{CONFIGURATION}"
-            )
         print(controller.log()[-3000:])
         for component in components.items:
             print(component.log_tail(30))

@@ -117,11 +117,18 @@ def setup(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, str, lis
     try:
         yield namespace, configuration, replicas
     finally:
+        # Its configurations send every labelled pod of the cluster here (failurePolicy Fail):
+        # deleted before the replicas go, and again after (a replica registers as it starts).
+        unregister(cluster, configuration)
         for replica in replicas:
             replica.kill()
-        for collection in (MUTATING_PATH, VALIDATING_PATH):
-            cluster.request("DELETE", f"{collection}/{configuration}")
+        unregister(cluster, configuration)
         cluster.delete_namespace(namespace)
+
+
+def unregister(cluster: LocalCluster, configuration: str) -> None:
+    for collection in (MUTATING_PATH, VALIDATING_PATH):
+        cluster.request("DELETE", f"{collection}/{configuration}")
 
 
 def test_bootstrap_shares_the_ca_and_keeps_the_ca_bundle(

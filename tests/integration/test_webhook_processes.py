@@ -40,7 +40,6 @@ from tests.integration.test_webhook import (
 )
 from tests.integration.webhookkit import free_port
 from webhook.certs import KeyPair, generate_ca, issue_serving
-from webhook.manifests import MUTATING_PATH, VALIDATING_PATH
 from webhook.tlsbootstrap import issued_by
 
 CONFIGURATION = "gpuplace-webhook-procs-it"
@@ -244,9 +243,11 @@ def test_bootstrapped_tls_is_issued_once_and_served_by_every_process(
         assert len(workers) == 2
         assert not [pid for pid in workers if alive(pid)]
     finally:
+        # Registered without a namespace selector (failurePolicy Fail): deleted before the
+        # processes go, and again after (the parent registers once its processes serve).
+        unregister(cluster, configuration)
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-        for collection in (MUTATING_PATH, VALIDATING_PATH):
-            cluster.request("DELETE", f"{collection}/{configuration}")
+        unregister(cluster, configuration)
         cluster.delete_namespace(namespace)
