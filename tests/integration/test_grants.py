@@ -15,7 +15,8 @@ import pytest
 from gpuplace_dev.demo.components import Components
 from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, PLACEMENT_MAP_LABEL
-from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, POLICY_CONFIGMAP, POLICY_KEY
+from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, POLICY_CONFIGMAP, POLICY_KEY, GrantView
+from placement.model import MODEL_LABEL, model_data, read_model
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
@@ -72,6 +73,19 @@ def published_grants(cluster: LocalCluster) -> dict[str, Any]:
         "GET", f"/api/v1/namespaces/{SYSTEM}/configmaps/{GRANTS_CONFIGMAP}"
     )
     return json.loads(body["data"][GRANTS_KEY]) if status == 200 else {}
+
+
+def stored_grants(cluster: LocalCluster) -> GrantView | None:
+    """The grants of the model stored in gpuplace-system, which the webhook serves (None: caught
+    half-way through a write)."""
+    status, body = cluster.request(
+        "GET", f"/api/v1/namespaces/{SYSTEM}/configmaps?labelSelector={MODEL_LABEL}%3Dtrue"
+    )
+    assert status == 200, body
+    try:
+        return read_model(model_data(body["items"])).grants
+    except ValueError:
+        return None
 
 
 def source_configmap(namespace: str, name: str, text: str) -> str:

@@ -33,6 +33,7 @@ from tests.integration.test_grants import (
     published_grants,
     put_policy,
     source_configmap,
+    stored_grants,
     unregister,
 )
 
@@ -46,6 +47,10 @@ PER_NAMESPACE = 2
 @pytest.fixture
 def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerProcess, Components]]:
     create_system_namespaces(cluster)
+    # Grants off until a test puts a policy: none left by an earlier test, and none of its grants
+    # served (a model that denies by default refuses every map until this controller writes its
+    # own).
+    cluster.request("DELETE", f"/api/v1/namespaces/{SYSTEM}/configmaps/{POLICY_CONFIGMAP}")
     controller = solo_controller(cluster, "tenantpaths")
     components = Components(cluster, tmp_path)
     components.webhook(
@@ -55,6 +60,10 @@ def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[ControllerPro
         f"--validation-queue-per-namespace={PER_NAMESPACE}",
     )
     try:
+        wait_for(
+            "a stored model whose grants allow everything",
+            lambda: (grants := stored_grants(cluster)) is not None and grants.allows_everything,
+        )
         yield controller, components
     finally:
         controller.stop()
