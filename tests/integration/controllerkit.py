@@ -382,6 +382,18 @@ class ControllerProcess:
         self.stop()
 
 
+def refused_binds(proc: ControllerProcess, pods: Iterable[str]) -> list[str]:
+    """The lines of the controller's log where the apiserver refused a Binding of one of `pods`
+    (by name: its message names the pod, not the namespace). A controller also binds what is
+    left of earlier tests, whose pods may go away under it with their namespace."""
+    names = list(pods)
+    return [
+        line
+        for line in proc.log().splitlines()
+        if "bind refused" in line and any(name in line for name in names)
+    ]
+
+
 def solo_controller(cluster: LocalCluster, prefix: str, *extra: str) -> ControllerProcess:
     """A controller campaigning for a lease of its own (both named `<prefix>-xxxxxx`)."""
     return ControllerProcess(cluster, unique(prefix), *extra, lease=unique(prefix))
