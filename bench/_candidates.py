@@ -63,8 +63,11 @@ def missing(engine: str) -> str | None:
     return None
 
 
-def command(engine: str, port: int, cert: Path, key: Path, workers: int) -> list[str]:
-    """The command line that serves the app with `engine` on 127.0.0.1:`port` over TLS."""
+def command(
+    engine: str, port: int, cert: Path, key: Path, workers: int, app: str = APP
+) -> list[str]:
+    """The command line that serves the app factory `app` ("module:function") with `engine` on
+    127.0.0.1:`port` over TLS."""
     if engine == "granian":
         return [
             sys.executable,
@@ -80,7 +83,7 @@ def command(engine: str, port: int, cert: Path, key: Path, workers: int) -> list
             f"--blocking-threads={THREADS}",
             f"--ssl-certificate={cert}",
             f"--ssl-keyfile={key}",
-            APP,
+            app,
         ]
     if engine == "gunicorn":
         return [
@@ -97,21 +100,25 @@ def command(engine: str, port: int, cert: Path, key: Path, workers: int) -> list
             f"--timeout={START_TIMEOUT:.0f}",  # a worker loads the model before it answers
             "--graceful-timeout=5",
             "--no-control-socket",
-            f"{APP}()",
+            f"{app}()",
         ]
     raise CandidateError(missing(engine) or engine)
 
 
 def environment(kubeconfig: Path, enforcement: str, ready_dir: Path) -> dict[str, str]:
     """What the app factory reads, and this checkout first on the path (as the bench runs)."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {
         KUBECONFIG_ENV: str(kubeconfig),
         ENFORCEMENT_ENV: enforcement,
-        READY_DIR_ENV: str(ready_dir),
-        "PYTHONPATH": path,
-        "PYTHONUNBUFFERED": "1",
+        **process_environment(ready_dir),
     }
+
+
+def process_environment(ready_dir: Path) -> dict[str, str]:
+    """What every app factory's process needs: where it notes that it is ready, and this checkout
+    first on the path."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {READY_DIR_ENV: str(ready_dir), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 class CandidateServer:
@@ -125,9 +132,11 @@ class CandidateServer:
         tls: tuple[Path, Path, Path],
         app_env: Mapping[str, str],
         workers: int = 1,
+        app: str = APP,
     ) -> None:
         """`tls`: the serving certificate, its key and the CA that issued it; `app_env`: the
-        app factory's settings (`environment`; its ready directory is emptied first)."""
+        app factory's settings (`environment`; its ready directory is emptied first); `app`: the
+        app factory, which notes each process in the ready directory as `APP` does."""
         if reason := missing(engine):
             raise CandidateError(reason)
         cert, key, ca = tls
@@ -140,7 +149,7 @@ class CandidateServer:
         self.log_path = workdir / f"candidate-{engine}.log"
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
-            command(engine, self.port, cert, key, workers),
+            command(engine, self.port, cert, key, workers, app),
             cwd=ROOT,
             env={**os.environ, **app_env},
             stdout=self._log,
@@ -208,6 +217,9 @@ class CandidateServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self._proc.pid, signal.SIGKILL)
                 self._proc.wait()
+        # Whatever worker outlived it (its own session: the group is its pid).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
         self._log.close()
 
     def __enter__(self) -> CandidateServer:
