@@ -38,6 +38,8 @@ from tests.integration.test_real_node import admit, wait_running
 pytestmark = [pytest.mark.argocd, pytest.mark.preflight, pytest.mark.real_node]
 
 APP = "gpuplace-maps-preflight"
+#: What ArgoCD says of an Application whose AppProject its controller has not seen yet.
+PROJECT_NOT_SEEN = "Application referencing project"
 NS = "preflight"
 MAP = "llm"
 GOOD = map_yaml(NS, MAP, [(0, "localhost", [1]), (1, "localhost", [2])])
@@ -106,20 +108,45 @@ class GitOps:
 
     def sync_of(self, revision: str, timeout: float = 400) -> AppState:
         """Until the sync of `revision` has ended: succeeded, or failed (or failed and waiting to
-        retry, should ArgoCD retry it after all)."""
+        retry, should ArgoCD retry it after all). An attempt refused because the application
+        controller had not yet seen the AppProject (right after ArgoCD starts) is asked for
+        again once, as `argocd app sync` asks: the automated policy does not retry a revision
+        whose sync failed, and what is checked here is the preflight, not ArgoCD's start."""
+        refused_at: list[str] = []  # the startedAt of the attempt refused that way, once
 
         def ended() -> AppState | None:
             self.argocd.check_alive()
             self.workflows.check_alive()
-            state = self.state()
-            if state is None or state.operation_revision != revision:
+            status, body = self.cluster.request("GET", APPLICATIONS.item(APP, "argocd"))
+            if status != 200:
                 return None
-            return state if state.attempt_ended else None
+            state = AppState.from_object(body)
+            if state.operation_revision != revision or not state.attempt_ended:
+                return None
+            started = str(((body.get("status") or {}).get("operationState") or {}).get("startedAt"))
+            if PROJECT_NOT_SEEN in state.operation_message:
+                if not refused_at:
+                    refused_at.append(started)
+                    self.sync_again(revision)
+                    return None
+                if started == refused_at[0]:
+                    return None  # the attempt asked for again has not ended yet
+            return state
 
         state: AppState = wait_for(
             lambda: f"the sync of {revision[:7]}: {self.state()}", ended, timeout=timeout
         )
         return state
+
+    def sync_again(self, revision: str) -> None:
+        """Asks ArgoCD for a sync of `revision` (the Application's `operation`, as the CLI sets it)."""
+        operation = {"initiatedBy": {"username": "gpuplace-e2e"}, "sync": {"revision": revision}}
+        path = APPLICATIONS.item(APP, "argocd")
+        status, body = self.cluster.request("PATCH", path, {"operation": operation})
+        assert status == 200, body
+        print(
+            f"ArgoCD's controller had not seen the AppProject yet: sync of {revision[:7]} asked again"
+        )
 
     def placement(self) -> str | None:
         status, body = self.cluster.request("GET", f"/api/v1/namespaces/{NS}/configmaps/{MAP}")
