@@ -17,7 +17,7 @@ from placement.devices import GpuId
 from placement.gate import Path, identify, judge
 from placement.keyring import TrustView, Verdict
 from placement.nodes import resolve_node
-from placement.podmeta import legacy_text_of, map_name_of, prebound_line
+from placement.podmeta import legacy_text_of, map_name_of, prebound_line, rank_annotations_of
 from placement.types import NodeName, Sharing, SlotKey
 
 
@@ -29,6 +29,7 @@ def facts(pod: Pod, legacy: bool) -> PodFacts:
         labels=pod.labels,
         owner_kind=pod.owner_kind,
         generated_name=pod.generated,
+        rank_annotations=rank_annotations_of(pod),
         map_name=map_name_of(pod),
         legacy_map=legacy_text_of(pod) if legacy else None,
     )

@@ -20,6 +20,14 @@ PLACEMENT_MAP_LABEL = "gpuplace.io/placement-map"
 PLACEMENT_KEY = "placement.yaml"
 STATUS_ANNOTATION = "gpuplace.io/status"
 STATEFULSET_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+# The ranks that training workloads' controllers write on their pods (placement/indexing.py).
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # label and annotation
+JOBSET_GLOBAL_INDEX_LABEL = "jobset.sigs.k8s.io/job-global-index"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+KUEUE_POD_GROUP_INDEX_LABEL = "kueue.x-k8s.io/pod-group-pod-index"
 
 NODE_ANNOTATION = "gpuplace.io/node"
 INDEX_ANNOTATION = "gpuplace.io/index"

@@ -77,6 +77,8 @@ class PodFacts:
     map_name: str | None = None  # label gpuplace.io/map
     legacy_map: str | None = None  # annotation gpu-scheduling-map
     generated_name: bool = False  # metadata.name came from metadata.generateName
+    #: The pod's annotations that rank resolution reads (`placement.indexing.RANK_ANNOTATIONS`).
+    rank_annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 class Held(Protocol):
@@ -173,8 +175,10 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
         return _wait(
             Reason.MAP_NOT_FOUND, f"placement map {key} is not in the model", WakeKey.model()
         )
-    identity = PodIdentity(pod.name, pod.labels, pod.owner_kind, pod.generated_name)
-    choice = resolve_index(identity, cmap.indexing)
+    identity = PodIdentity(
+        pod.name, pod.labels, pod.owner_kind, pod.generated_name, pod.rank_annotations
+    )
+    choice = resolve_index(identity, cmap.indexing, cmap.ranks)
     if choice.error:
         return _fail(Reason.INDEX_INVALID, f"map {key}: {choice.error}")
     if choice.source is IndexSource.ALLOCATE:

@@ -337,6 +337,8 @@ def assemble(
         {s.index: s.tolerations for s in pmap.slots if s.tolerations},
         {s.index: s.fallback for s in pmap.slots if s.fallback},
         pmap.same_clique,
+        pmap.ranks,
+        pmap.gang,
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from placement.errors import Diagnostic, Location
+from placement.indexing import RankRules
 from placement.taints import Toleration
 from placement.types import DeviceRef, EnvMode, Indexing, MapKey, RolloutStrategy, Sharing
 
@@ -27,6 +28,14 @@ class Requirement:
         if self.min_memory_mib:
             parts.append(f">= {self.min_memory_mib} MiB")
         return ", ".join(parts) or "any GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """The map's slots bind together or not at all (placement/gang.py); a gang waiting longer
+    than `timeout_seconds` is reported stuck."""
+
+    timeout_seconds: int = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +99,9 @@ class PlacementMap:
     warnings: tuple[Diagnostic, ...] = field(default=(), compare=False)
     #: All slots' nodes must carry one value of the GPU clique label (one NVLink domain).
     same_clique: bool = False
+    #: spec.indexLabel and spec.podsPerJob (placement/indexing.py).
+    ranks: RankRules = field(default_factory=RankRules)
+    gang: Gang | None = None
     by_index: Mapping[int, DeclaredSlot] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from placement.bulk import without_cycle_collection
 from placement.devices import UNDECLARED, DeclaredDevices, GpuId, gpu_ids
 from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, GrantView
-from placement.maps import MigRequest, Rollout
+from placement.indexing import RankRules
+from placement.maps import Gang, MigRequest, Rollout
 from placement.reasons import Reason
 from placement.taints import Toleration
 from placement.types import (
@@ -129,6 +130,10 @@ class CompiledMap:
     fallback: Mapping[int, tuple[DeviceRef, ...]] = field(default_factory=dict)
     #: All slots' nodes must carry one GPU clique label value.
     same_clique: bool = False
+    #: spec.indexLabel and spec.podsPerJob (placement/indexing.py).
+    ranks: RankRules = field(default_factory=RankRules)
+    #: spec.gang: the slots bind together or not at all (placement/gang.py).
+    gang: Gang | None = None
     sorted_indices: tuple[int, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -254,6 +259,12 @@ def encode_map(cmap: CompiledMap, *, include_generation: bool = True) -> dict[st
         out["fallback"] = {str(i): list(cmap.fallback[i]) for i in sorted(cmap.fallback)}
     if cmap.same_clique:
         out["sameClique"] = True
+    if cmap.ranks.index_label:
+        out["indexLabel"] = cmap.ranks.index_label
+    if cmap.ranks.pods_per_job:
+        out["podsPerJob"] = cmap.ranks.pods_per_job
+    if cmap.gang is not None:
+        out["gang"] = cmap.gang.timeout_seconds
     if include_generation:
         out["generation"] = cmap.generation
     return out
@@ -293,6 +304,8 @@ def decode_map(key: MapKey, data: Mapping[str, Any]) -> CompiledMap:
             for i, refs in (data.get("fallback") or {}).items()
         },
         same_clique=bool(data.get("sameClique", False)),
+        ranks=RankRules(str(data.get("indexLabel", "")), int(data.get("podsPerJob", 0))),
+        gang=Gang(int(data["gang"])) if "gang" in data else None,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from placement.annotations import LEGACY_ANNOTATION, MAP_LABEL, has_binding_annotations
 from placement.errors import PlacementError
-from placement.indexing import PodIdentity
+from placement.indexing import RANK_ANNOTATIONS, PodIdentity
 from placement.legacy import PodLine, pod_line
 
 
@@ -48,7 +48,15 @@ def has_binding(pod: PodMeta) -> bool:
 
 def identity_of(pod: PodMeta) -> PodIdentity:
     """What a map's `indexing` reads to choose the pod's index."""
-    return PodIdentity(pod.name, pod.labels, pod.owner_kind, pod.generated)
+    return PodIdentity(
+        pod.name, pod.labels, pod.owner_kind, pod.generated, rank_annotations_of(pod)
+    )
+
+
+def rank_annotations_of(pod: PodMeta) -> Mapping[str, str]:
+    """The few annotations rank resolution reads (an Indexed Job's completion index on older
+    clusters, a LeaderWorkerSet's group size): all a decision needs to keep of them."""
+    return {k: pod.annotations[k] for k in RANK_ANNOTATIONS if k in pod.annotations}
 
 
 def legacy_line(pod: PodMeta) -> PodLine:

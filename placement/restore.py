@@ -40,4 +40,6 @@ def declared_map(cmap: CompiledMap) -> PlacementMap:
         legacy_sharing=cmap.legacy_sharing,
         source=f"stored model of {cmap.key}",
         same_clique=cmap.same_clique,
+        ranks=cmap.ranks,
+        gang=cmap.gang,
     )

@@ -197,6 +197,30 @@ class RolloutSpec(BaseModel):
     )
 
 
+#: A label key as Kubernetes writes one: an optional DNS prefix and '/', then a name.
+_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+
+
+class GangSpec(BaseModel):
+    """The map's slots are one gang: bound together when every slot has its pod and can be
+    served, never in part."""
+
+    model_config = _STRICT
+
+    timeout_seconds: StrictInt = Field(
+        default=600,
+        alias="timeoutSeconds",
+        ge=1,
+        le=7 * 24 * 3600,
+        description="How long a gang may wait, from its first waiting pod, before it is "
+        "reported stuck (Event GangStuck, map condition, gpuplace_gangs_stuck); it goes on "
+        "waiting and is still never bound in part.",
+    )
+
+
 class MapSpec(BaseModel):
     """Where each pod of the map goes: one entry per slot, in `placements` or in `map`."""
 
@@ -208,8 +232,30 @@ class MapSpec(BaseModel):
     )
     indexing: Indexing = Field(
         default=Indexing.AUTO,
-        description="How a pod finds its index: auto (label, then StatefulSet ordinal, then "
-        "name suffix, else allocated), ordinal, label (gpuplace.io/index), allocate.",
+        description="How a pod finds its index: auto (label gpuplace.io/index, indexLabel, the "
+        "rank its workload wrote (LeaderWorkerSet, JobSet, Indexed Job, Kueue pod group, "
+        "StatefulSet), name suffix, else allocated), ordinal, label, allocate.",
+    )
+    index_label: StrictStr | None = Field(
+        default=None,
+        alias="indexLabel",
+        max_length=316,
+        description="A pod label that carries the pod's rank (for controllers gpuplace does not "
+        "know); read after gpuplace.io/index, before the workload ranks (indexing auto, label).",
+    )
+    pods_per_job: StrictInt | None = Field(
+        default=None,
+        alias="podsPerJob",
+        ge=1,
+        le=MAX_INDEX,
+        description="JobSet: the pods of each child Job (the replicated Jobs' parallelism); a "
+        "pod's rank is job global index * podsPerJob + completion index. Absent: one pod a Job.",
+    )
+    gang: GangSpec | None = Field(
+        default=None,
+        description="The map's slots are one gang: no pod is bound until every slot has its "
+        "pod and can be served, then all are bound at once; a rank that restarts later takes "
+        "its slot back alone.",
     )
     env_mode: EnvMode = Field(
         default=EnvMode.INDEX,
@@ -232,6 +278,17 @@ class MapSpec(BaseModel):
         default_factory=RolloutSpec,
         description="What happens to bound pods whose slot a new version of the map changed.",
     )
+
+    @field_validator("index_label")
+    @classmethod
+    def _label_key(cls, key: str | None) -> str | None:
+        if key is not None and not _LABEL_KEY.fullmatch(key):
+            raise ValueError(
+                f"{key!r} is not a label key: a name of letters, digits, '-', '_', '.' (at most "
+                "63), optionally after a DNS prefix and '/', e.g. example.com/rank"
+            )
+        return key
+
     same_clique: StrictBool = Field(
         default=False,
         alias="sameClique",

@@ -41,8 +41,20 @@ def map_document(pmap: PlacementMap) -> dict[str, Any]:
             "envMode": pmap.env_mode.value,
             "placements": [slot_document(s) for s in pmap.slots],
             **_rollout_document(pmap),
+            **_rank_document(pmap),
         },
     }
+
+
+def _rank_document(pmap: PlacementMap) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if pmap.ranks.index_label:
+        out["indexLabel"] = pmap.ranks.index_label
+    if pmap.ranks.pods_per_job:
+        out["podsPerJob"] = pmap.ranks.pods_per_job
+    if pmap.gang is not None:
+        out["gang"] = {"timeoutSeconds": pmap.gang.timeout_seconds}
+    return out
 
 
 def _rollout_document(pmap: PlacementMap) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from placement.errors import Diagnostic, Location, PlacementError, oversized
+from placement.indexing import RankRules
 from placement.legacy import LegacyEntry, parse_legacy, shared_gpus
-from placement.maps import DeclaredSlot, MigRequest, PlacementMap, Requirement, Rollout
+from placement.maps import DeclaredSlot, Gang, MigRequest, PlacementMap, Requirement, Rollout
 from placement.migprofiles import product_problem, profile_form_problem
 from placement.schema import (
     EXPECTED_API_VERSION,
@@ -70,6 +71,10 @@ _KNOWN_FIELDS = (
     "fallback",
     "nvlink",
     "sameClique",
+    "indexLabel",
+    "podsPerJob",
+    "gang",
+    "timeoutSeconds",
 )
 _TYPE_NAMES = {
     "int_type": "an integer",
@@ -554,6 +559,8 @@ def document_to_map(doc: Document) -> PlacementMap:
         legacy_sharing=lines_share,
         warnings=tuple(warnings),
         same_clique=spec.same_clique,
+        ranks=RankRules(spec.index_label or "", spec.pods_per_job or 0),
+        gang=Gang(spec.gang.timeout_seconds) if spec.gang is not None else None,
     )
 
 

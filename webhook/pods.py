@@ -24,7 +24,6 @@ from placement.annotations import (
     MANAGED_ENV,
     MAP_LABEL,
     PLACEMENT_MAP_LABEL,
-    STATEFULSET_INDEX_LABEL,
     STATUS_ANNOTATION,
     spoofed_annotations,
 )
@@ -33,7 +32,7 @@ from placement.errors import PlacementError
 from placement.gate import Path as GatePath
 from placement.gate import Refusal, identify, judge
 from placement.grants import GrantView
-from placement.indexing import IndexChoice, IndexSource, resolve_index
+from placement.indexing import describe_source, resolve_index
 from placement.legacy import LegacyEntry, shared_gpus
 from placement.model import CompiledMap, Model
 from placement.podmeta import identity_of, legacy_line
@@ -244,15 +243,6 @@ def describe_indices(indices: Iterable[int]) -> str:
     return ", ".join(shown) or "none"
 
 
-def _source_of(choice: IndexChoice) -> str:
-    return {
-        IndexSource.LABEL: f"label {INDEX_LABEL}",
-        IndexSource.ORDINAL: f"label {STATEFULSET_INDEX_LABEL}",
-        IndexSource.NAME: "the pod name's ordinal suffix",
-        IndexSource.ALLOCATE: "allocation",
-    }[choice.source]
-
-
 def _shared_lines(cmap: CompiledMap, index: int) -> list[str]:
     """Warnings for the GPUs that slot `index` shares with other lines of legacy text."""
     slot = cmap.slots.get(index)
@@ -283,7 +273,7 @@ def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Ve
             f"{key.namespace!r} with label {PLACEMENT_MAP_LABEL}=true and key placement.yaml, "
             f"and check its {STATUS_ANNOTATION} annotation"
         )
-    choice = resolve_index(identity_of(pod.pod), cmap.indexing)
+    choice = resolve_index(identity_of(pod.pod), cmap.indexing, cmap.ranks)
     if choice.error:
         return Verdict.deny(f"pod {pod}: placement map {key}: {choice.error}")
     if pod.pod.node_name:
@@ -297,7 +287,8 @@ def _admit_mapped(pod: PodView, model: Model, settings: AdmissionSettings) -> Ve
         if slot is None:
             return Verdict.deny(
                 f"pod {pod}: placement map {key} has no index {choice.index} (from "
-                f"{_source_of(choice)}); it declares {describe_indices(cmap.sorted_indices)}; "
+                f"{describe_source(choice, cmap.ranks)}); it declares "
+                f"{describe_indices(cmap.sorted_indices)}; "
                 f"declare index {choice.index} in the map or run fewer replicas"
             )
         warnings.extend(_shared_lines(cmap, choice.index))
