@@ -9,7 +9,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from kubeio.bounds import Bounds, Refusal
@@ -28,10 +28,13 @@ class ContextSource(Protocol):
 
 class Acceptor:
     """Binds the port and accepts its connections, each wrapped in TLS (from the context current
-    at the accept) when `tls` is set. Past `max_connections` a new connection takes the place of
-    the oldest one that never sent a request, closed by `evict` (a flood of idle connections
-    cannot lock the apiserver or the kubelet's probe out), or is closed; `refused(reason)` counts
-    each."""
+    at the accept) when `tls` is set.
+
+    No client holds the port (docs/trust.md, "A client on the port"): a new connection past its
+    client address's cap (`Bounds.per_client`) takes the place of that client's connection that
+    has waited the longest on it, and one past `max_connections` the place of the port's
+    (`longest_waiting`), whoever holds it, closed by `evict`; only when the server is answering
+    on every candidate is the new connection closed. `refused(reason)` counts each."""
 
     def __init__(
         self,
@@ -53,8 +56,8 @@ class Acceptor:
         self.listener: socket.socket | None = None
         self.port = 0
         self.connections: set[Connection] = set()
-        #: The connections no request has started on, oldest first (dict order).
-        self.fresh: dict[Connection, None] = {}
+        #: The open connections of each client address.
+        self.clients: dict[str, set[Connection]] = {}
         #: The most connections held at once since the start.
         self.peak_connections = 0
 
@@ -88,8 +91,10 @@ class Acceptor:
             except OSError as exc:  # e.g. out of file descriptors: try again on the next event
                 log.warning("cannot accept a connection: %s", exc)
                 return
-            if not self._room():
-                self._refused(Refusal.CONNECTIONS)
+            client = str(remote[0])
+            refusal = self._room(client)
+            if refusal is not None:
+                self._refused(refusal)
                 sock.close()
                 continue
             try:
@@ -102,33 +107,64 @@ class Acceptor:
                         sock, server_side=True, do_handshake_on_connect=False
                     )
             except (OSError, ValueError) as exc:
-                log.debug("dropped a connection from %s: %r", remote[0], exc)
+                log.debug("dropped a connection from %s: %r", client, exc)
                 sock.close()
                 continue
-            conn = Connection(sock, (str(remote[0]), int(remote[1])), time.monotonic())
+            conn = Connection(sock, (client, int(remote[1])), time.monotonic())
             conn.handshaken = self._tls is None
             self.connections.add(conn)
-            self.fresh[conn] = None
+            self.clients.setdefault(client, set()).add(conn)
             self.peak_connections = max(self.peak_connections, len(self.connections))
             yield conn
 
-    def _room(self) -> bool:
-        """Whether a new connection may open: under the cap, or after closing the oldest
-        connection that never started a request (its client loses nothing it asked for)."""
-        if len(self.connections) < self._bounds.max_connections:
-            return True
-        oldest = next(iter(self.fresh), None)
-        if oldest is None:
-            return False
+    def _room(self, client: str) -> Refusal | None:
+        """Makes room for a new connection of `client`: under both caps, or after closing the
+        longest-waiting connection of that client (at its cap) or of the port (full). The
+        refusal to count when there is none to close."""
+        held = self.clients.get(client, ())
+        if len(held) >= self._bounds.per_client:
+            victim = longest_waiting(held)
+            if victim is None:
+                return Refusal.CLIENT_CONNECTIONS
+        elif len(self.connections) >= self._bounds.max_connections:
+            victim = longest_waiting(self.connections)
+            if victim is None:
+                return Refusal.CONNECTIONS
+        else:
+            return None
         self._refused(Refusal.EVICTED)
-        self._evict(oldest)
-        return True
-
-    def started(self, conn: Connection) -> None:
-        """A request started on the connection: it is no longer the first to make room."""
-        self.fresh.pop(conn, None)
+        self._evict(victim)
+        return None
 
     def forget(self, conn: Connection) -> None:
         """The connection is closed."""
         self.connections.discard(conn)
-        self.fresh.pop(conn, None)
+        held = self.clients.get(conn.remote[0])
+        if held is not None:
+            held.discard(conn)
+            if not held:
+                del self.clients[conn.remote[0]]
+
+
+def longest_waiting(connections: Iterable[Connection]) -> Connection | None:
+    """The connection to close to make room: the one idle the longest (no request in progress:
+    never used, between requests, or still in its handshake), else the one whose client has left
+    a request or an answer half sent the longest; None when the server is answering on each
+    (`busy`), the only work a client loses by an eviction that it did not leave waiting itself.
+
+    A scan, run only when a cap is reached: it costs less than the TLS handshake of the
+    connection that asked for the room."""
+    best: Connection | None = None
+    best_key = (2, 0.0)
+    for conn in connections:
+        if conn.busy or conn.closed:
+            continue
+        if conn.out:
+            key = (1, conn.written)
+        elif conn.in_request:
+            key = (1, conn.since)
+        else:
+            key = (0, conn.since)
+        if key < best_key:
+            best, best_key = conn, key
+    return best

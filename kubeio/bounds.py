@@ -15,9 +15,13 @@ from enum import StrEnum
 
 
 class Refusal(StrEnum):
-    #: A new connection past `max_connections`, with no idle unused connection to make room.
+    #: A new connection past `max_connections` while the server is answering on every open one.
     CONNECTIONS = "connections"
-    #: An open connection that never sent a request, closed to make room for a new one.
+    #: A new connection past its client's `per_client` cap while the server is answering on every
+    #: connection of that client.
+    CLIENT_CONNECTIONS = "client_connections"
+    #: An open connection that waited the longest on its client (idle, or a request or an answer
+    #: half sent), closed to make room for a new one.
     EVICTED = "evicted"
     #: A request whose body does not fit in the shared byte pool now: 503, then closed.
     BUFFER = "buffer"
@@ -40,8 +44,8 @@ class Refusal(StrEnum):
 class Bounds:
     """One server's caps and timeouts (each server process has its own)."""
 
-    #: Open connections; past it a new one takes the place of a connection that never sent a
-    #: request, or is closed at once.
+    #: Open connections; past it a new one takes the place of the connection that has waited the
+    #: longest on its client (`kubeio.acceptor`), or is closed at once.
     max_connections: int
     #: The request line and headers together.
     max_head_bytes: int
@@ -69,10 +73,18 @@ class Bounds:
     keep_alive: bool = True
     #: Connections the kernel queues before the loop accepts them.
     backlog: int = socket.SOMAXCONN
+    #: Open connections of one client address; past it the client's own longest-waiting
+    #: connection makes room. 0: half of `max_connections` (`per_client`).
+    max_connections_per_client: int = 0
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError("max connections must be at least 1")
+        if not 0 <= self.max_connections_per_client <= self.max_connections:
+            raise ValueError(
+                f"max connections per client {self.max_connections_per_client} must be between "
+                f"1 and max connections {self.max_connections} (0: half of them)"
+            )
         if self.connection_share_bytes < self.max_head_bytes + 4:
             raise ValueError(
                 f"a connection's share of {self.connection_share_bytes} bytes must hold a whole "
@@ -87,6 +99,13 @@ class Bounds:
             )
 
     @property
+    def per_client(self) -> int:
+        """Open connections one client address may hold. Half the port by default: one client
+        alone never holds the port, yet the apiserver, one address that opens a connection per
+        admission in flight, keeps room for hundreds (docs/trust.md, "A client on the port")."""
+        return self.max_connections_per_client or max(1, self.max_connections // 2)
+
+    @property
     def pool_bytes(self) -> int:
         """What bodies larger than a connection's share draw on, all connections together."""
         return self.max_buffered_bytes - self.max_connections * self.connection_share_bytes
@@ -94,7 +113,8 @@ class Bounds:
 
 def small_bounds(connections: int, head_bytes: int, seconds: float = 10.0) -> Bounds:
     """Bounds of a port for probes, scrapes and pages: no request body, one request a
-    connection, and a connection silent for `seconds` (its head, its answer) cut."""
+    connection, a connection silent for `seconds` (its head, its answer) cut, and a quarter of
+    the connections to one client (a scraper and the kubelet need a few each)."""
     share = 2 * head_bytes
     return Bounds(
         max_connections=connections,
@@ -109,6 +129,7 @@ def small_bounds(connections: int, head_bytes: int, seconds: float = 10.0) -> Bo
         shutdown_timeout_seconds=seconds,
         keep_alive=False,
         backlog=128,
+        max_connections_per_client=max(1, connections // 4),
     )
 
 

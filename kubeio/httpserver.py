@@ -3,12 +3,14 @@ components' one server (`kubeio.server`), and what the small ports share: their 
 refusal counter and plain answers.
 
 Any pod that can reach such a port can open connections to it, so each one is bounded
-(`kubeio.bounds.small_bounds`): 64 connections (a new one past the cap closes the oldest that never
-sent a request, so a flood of idle connections never locks out the kubelet's probe), an 8 KiB
-head, no request body (413 before it is read), one request a connection, and 10 seconds for the
-head, for the answer to be read and for a connection that sends nothing. Requests are answered by
-a fixed pool of threads (`EveryRequest`): a scrape or a handler that blocks holds a pool thread,
-never the loop. Every refusal is counted in `gpuplace_http_refused_total{server, reason}`.
+(`kubeio.bounds.small_bounds`): 64 connections, 16 of them to one client address (past either
+cap a new connection closes the one that has waited the longest on its client, so no client
+locks out the kubelet's probe), an 8 KiB head, no request body (413 before it is read), one
+request a connection, and 10 seconds for the head, for the answer to be read and for a connection
+that sends nothing. Requests are answered by a fixed pool of threads (`EveryRequest`): a scrape or
+a handler that blocks holds a pool thread, never the loop; the probes (`PROBE_PATHS`) are
+answered on the loop, behind no scrape. Every refusal is counted in
+`gpuplace_http_refused_total{server, reason}`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ REASONS: Final = (
 #: Probes and scrapes: short heads, a couple of requests at a time.
 OPS_BOUNDS = small_bounds(connections=64, head_bytes=8192)
 OPS_THREADS = 2
+#: What the kubelet asks; their handlers read a few fields, so they are answered on the loop.
+PROBE_PATHS: Final = frozenset({"/healthz", "/readyz"})
 
 
 class ServerMetrics:
@@ -63,16 +67,17 @@ def small_server(
     metrics: ServerMetrics,
     bounds: Bounds,
     threads: int,
+    on_loop: frozenset[str] = frozenset(),
 ) -> Server:
-    """A small port's server (not started): every request on `threads` threads, its refusals
-    counted under `server=name`."""
+    """A small port's server (not started): every request on `threads` threads but GET and
+    HEAD of `on_loop` paths, its refusals counted under `server=name`."""
     return Server(
         f"{name}-http",
         app,
         host,
         port,
         bounds,
-        offload=EveryRequest(threads, bounds.max_connections),
+        offload=EveryRequest(threads, bounds.max_connections, on_loop),
         refused=partial(metrics.refuse, name),
     )
 
@@ -136,7 +141,9 @@ class OpsServer:
         #: The process's refusal counter; pass it to the process's other small ports.
         self.metrics = metrics or ServerMetrics(registry)
         app = ops_app(registry, ready, healthy)
-        self.server = small_server("ops", app, host, port, self.metrics, bounds, threads)
+        self.server = small_server(
+            "ops", app, host, port, self.metrics, bounds, threads, on_loop=PROBE_PATHS
+        )
 
     @property
     def port(self) -> int:

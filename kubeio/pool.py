@@ -109,13 +109,19 @@ class Fifo:
 
 
 class EveryRequest:
-    """Every request on `threads` threads, first come first served."""
+    """Every request on `threads` threads, first come first served, but GET and HEAD of
+    `on_loop` paths, answered on the loop: the kubelet's probes (whose handlers only read a few
+    fields) never wait behind the scrapes and pages of others."""
 
-    def __init__(self, threads: int, cap: int) -> None:
+    def __init__(self, threads: int, cap: int, on_loop: frozenset[str] = frozenset()) -> None:
         self.threads = threads
         self.queue: WorkQueue = Fifo(cap)
+        self._on_loop = on_loop
 
     def key(self, request: Request) -> str | None:
+        head = request.head
+        if head.method in ("GET", "HEAD") and head.target.partition("?")[0] in self._on_loop:
+            return None
         return ""
 
     def refused(self, request: Request, full: Full, close: bool) -> bytes | None:

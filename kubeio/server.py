@@ -9,9 +9,11 @@ on a fixed pool of threads instead, chosen by an `Offload` policy (`kubeio.pool`
 hold up the others; their connection reads nothing more until the answer is back.
 
 Bounded (every cap and timeout is a `Bounds` field; each refusal counted through `refused`):
-- connections: past `max_connections` a new connection takes the place of the oldest one that
-  never sent a request (a flood of idle connections cannot lock the apiserver or the kubelet's
-  probe out), or is closed;
+- connections: past its client address's cap (`Bounds.per_client`) or `max_connections` a new
+  connection takes the place of the connection that has waited the longest on its client, that
+  client's or the port's (`kubeio.acceptor.longest_waiting`): no client holds the port against
+  the apiserver or the kubelet's probe; it is closed only while every candidate is being
+  answered;
 - request bytes: each connection reads at most `connection_share_bytes` of requests on its own; a
   body larger than that reserves the rest from one pool when its head arrives, or is answered 503
   and closed: a flood of large unfinished bodies holds the pool, not the small requests, which
@@ -99,7 +101,7 @@ class Server:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._acceptor = Acceptor(host, port, bounds, tls, reuse_port, self._refused, self._close)
-        self._reader = RequestReader(bounds, self._acceptor.started)
+        self._reader = RequestReader(bounds)
         self._stopping = threading.Event()
         self._draining = threading.Event()
         self._dispatch = Dispatch(

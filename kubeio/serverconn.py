@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import ssl
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeio.bounds import Bounds, BytePool, Refusal
@@ -33,7 +32,6 @@ class Connection:
     written: float = 0.0  # when `out` last became non-empty or shrank
     head: Head | None = None  # of the request whose body is arriving
     granted: int = 0  # bytes reserved from the pool for the request in progress
-    fresh: bool = True  # no request has started on it yet: the first to make room for another
     busy: bool = False  # a worker is answering its request
     closing: bool = False  # no more requests: close once the answers are written
     in_request: bool = False  # bytes of a request not answered yet arrived
@@ -53,13 +51,11 @@ class Connection:
 class RequestReader:
     """Reads the connections' requests within the bounds: each connection at most
     `connection_share_bytes` on its own; a body larger than that reserves the rest from one pool
-    when its head arrives, or is refused (503). Bytes are read only up to what is reserved.
-    `started(conn)` is told when the first byte of a connection's first request arrives."""
+    when its head arrives, or is refused (503). Bytes are read only up to what is reserved."""
 
-    def __init__(self, bounds: Bounds, started: Callable[[Connection], None]) -> None:
+    def __init__(self, bounds: Bounds) -> None:
         self._bounds = bounds
         self._bytes = BytePool(bounds.pool_bytes)
-        self._started = started
         self.buffered = 0  # len(inbox) summed over the connections
         #: The most buffered bytes held at once since the start.
         self.peak_buffered_bytes = 0
@@ -89,9 +85,6 @@ class RequestReader:
             if not conn.in_request:
                 conn.in_request = True
                 conn.since = time.monotonic()
-            if conn.fresh:
-                conn.fresh = False
-                self._started(conn)
             conn.inbox += data
             self.buffered += len(data)
             self.peak_buffered_bytes = max(self.peak_buffered_bytes, self.buffered)
@@ -113,11 +106,11 @@ class RequestReader:
         """The next complete request in the inbox, taken out of it; None while incomplete.
         Raises RefusedError for a request that cannot be framed or whose body does not fit."""
         if conn.head is None:
-            bounds = self._bounds
-            head = parse_head(conn.inbox, bounds.max_body_bytes, bounds.max_head_bytes)
+            head = self._parse_head(conn)
             if head is None:
                 return None
             self.drop(conn, head.size)
+            bounds = self._bounds
             beyond = head.length - bounds.connection_share_bytes
             if beyond > 0:
                 # What does not fit in the connection's own share is reserved before it is
@@ -140,3 +133,16 @@ class RequestReader:
         self.drop(conn, head.length)
         conn.head = None
         return Request(head, body)
+
+    def _parse_head(self, conn: Connection) -> Head | None:
+        """The head at the start of the inbox. Whatever the parser fails on is a head it cannot
+        frame, answered 400 and counted, never a connection dropped unanswered."""
+        bounds = self._bounds
+        try:
+            return parse_head(conn.inbox, bounds.max_body_bytes, bounds.max_head_bytes)
+        except RefusedError:
+            raise
+        except (ValueError, UnicodeError, IndexError) as exc:
+            raise RefusedError(
+                400, f"a malformed request head: {exc}"[:200], Refusal.MALFORMED
+            ) from exc

@@ -86,6 +86,7 @@ def bounds_of(settings: ServerSettings) -> Bounds:
     caps = settings.per_process()
     return Bounds(
         max_connections=caps.max_connections,
+        max_connections_per_client=caps.max_connections_per_client,
         max_head_bytes=MAX_HEAD_BYTES,
         max_body_bytes=settings.max_body_bytes,
         connection_share_bytes=CONNECTION_SHARE_BYTES,

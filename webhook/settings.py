@@ -33,6 +33,13 @@ CONNECTION_SHARE_BYTES = 128 * 1024
 #: its interpreter and model cache and the bodies its loop and validation thread decode, the caps
 #: do not cover: about 130 MiB a process, for the memory limit to allow.
 DEFAULT_MAX_CONNECTIONS = 512
+#: 0: half of `max_connections` to one client address (`kubeio.bounds.Bounds.per_client`): a
+#: tenant alone never holds the port, yet the apiserver (one address, or one per apiserver
+#: replica; behind a NAT or konnectivity every replica's) opens a connection per admission in
+#: flight and keeps room for 256 at once on each webhook replica by default. A client at its cap
+#: loses its own longest-waiting connection for the new one, so an apiserver's pool only turns
+#: over.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 0
 DEFAULT_MAX_BUFFERED_BYTES = DEFAULT_MAX_CONNECTIONS * CONNECTION_SHARE_BYTES + 64 * 1024 * 1024
 DEFAULT_VALIDATION_THREADS = 2
 DEFAULT_VALIDATION_QUEUE_PER_NAMESPACE = 4
@@ -44,6 +51,7 @@ class ProcessCaps:
     """One server process's share of the server's caps (`ServerSettings.per_process`)."""
 
     max_connections: int
+    max_connections_per_client: int
     max_buffered_bytes: int
     validation_threads: int
     validation_queue_per_namespace: int
@@ -76,9 +84,12 @@ class ServerSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # The caps below hold for the server, all its processes together: each process keeps
     # 1/`processes` of them (`per_process`), so the pod's worst case does not grow with processes.
-    #: Open connections; past it a new one takes the place of a connection that never sent a
-    #: request, or is closed at once.
+    #: Open connections; past it a new one takes the place of the connection that has waited the
+    #: longest on its client, or is closed at once.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: Open connections of one client address; past it the client's own longest-waiting
+    #: connection makes room for its new one. 0: half of `max_connections`.
+    max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     #: Request bytes buffered, all connections together: each connection's
     #: `CONNECTION_SHARE_BYTES`, the rest a pool larger bodies draw on (past it: 503).
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
@@ -111,6 +122,11 @@ class ServerSettings:
             raise ValueError("max connections and validation threads must be at least 1")
         if min(self.validation_queue_per_namespace, self.validation_queue) < 1:
             raise ValueError("the validation queue's caps must be at least 1")
+        if not 0 <= self.max_connections_per_client <= self.max_connections:
+            raise ValueError(
+                f"max connections per client {self.max_connections_per_client} must be between "
+                f"1 and max connections {self.max_connections} (0: half of them)"
+            )
         if self.max_connections < self.processes:
             raise ValueError(
                 f"max connections {self.max_connections} leave none to some of the "
@@ -128,13 +144,17 @@ class ServerSettings:
                 f"{CONNECTION_SHARE_BYTES}{each}: give at least {least}"
             )
 
+    def _per_client(self) -> int:
+        return self.max_connections_per_client or max(1, self.max_connections // 2)
+
     def per_process(self) -> ProcessCaps:
         """What each of the `processes` keeps: the caps divided between them (rounded down, so
         together they stay within the caps), with at least one validation thread and one place
-        in each validation queue a process."""
+        in each validation queue a process, and one connection a client."""
         n = self.processes
         return ProcessCaps(
             max_connections=self.max_connections // n,
+            max_connections_per_client=self._per_client() // n or 1,
             max_buffered_bytes=self.max_buffered_bytes // n,
             validation_threads=max(1, self.validation_threads // n),
             validation_queue_per_namespace=max(1, self.validation_queue_per_namespace // n),

@@ -25,6 +25,7 @@ from webhook.settings import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SERVICE_NAME,
     DEFAULT_VALIDATION_QUEUE,
@@ -93,8 +94,16 @@ def _add_bound_flags(flags: EnvFlags) -> None:
         "--max-connections",
         "GPUPLACE_WEBHOOK_MAX_CONNECTIONS",
         DEFAULT_MAX_CONNECTIONS,
-        help="open connections, all processes together; past it a new one replaces the oldest "
-        "that never sent a request, or is closed (default %(default)s)",
+        help="open connections, all processes together; past it a new one replaces the one "
+        "that has waited the longest on its client, or is closed (default %(default)s)",
+    )
+    flags.integer(
+        "--max-connections-per-client",
+        "GPUPLACE_WEBHOOK_MAX_CONNECTIONS_PER_CLIENT",
+        DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        help="open connections of one client address, all processes together; past it the "
+        "client's own longest-waiting connection makes room; 0: half of --max-connections "
+        "(default %(default)s)",
     )
     flags.integer(
         "--max-buffered-bytes",
@@ -209,6 +218,7 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
             processes=args.processes,
             max_body_bytes=args.max_body_bytes,
             max_connections=args.max_connections,
+            max_connections_per_client=args.max_connections_per_client,
             max_buffered_bytes=args.max_buffered_bytes,
             validation_threads=args.validation_threads,
             validation_queue_per_namespace=args.validation_queue_per_namespace,

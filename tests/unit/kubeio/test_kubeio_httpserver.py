@@ -53,8 +53,9 @@ def get(port: int, path: str = "/healthz", method: str = "GET") -> tuple[int, by
         return exc.code, exc.read()
 
 
-def connect(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+def connect(port: int, client: str = "127.0.0.1") -> socket.socket:
+    """A connection from `client`, a loopback address: each one is a client of its own."""
+    return socket.create_connection(("127.0.0.1", port), timeout=WAIT, source_address=(client, 0))
 
 
 def exchange(port: int, data: bytes) -> bytes:
@@ -96,6 +97,14 @@ def ops(registry: CollectorRegistry, bounds: Bounds = OPS_BOUNDS) -> OpsServer:
 Handler = Callable[[], bytes]
 
 
+def all_busy(server: Server) -> bool:
+    """Whether the server is answering on every open connection (none may make room)."""
+    try:
+        return all(conn.busy for conn in list(server._acceptor.connections))
+    except RuntimeError:  # the loop's thread changed the set meanwhile: look again
+        return False
+
+
 def serve(registry: CollectorRegistry, handler: Handler, bounds: Bounds, threads: int) -> Server:
     """`handler`'s body, 200, on a small port's server."""
 
@@ -128,7 +137,8 @@ def test_probes_and_metrics(registry: CollectorRegistry) -> None:
 def test_an_idle_flood_stays_under_the_cap_and_healthz_is_answered(
     registry: CollectorRegistry,
 ) -> None:
-    server = ops(registry, small_bounds(connections=8, head_bytes=8192))
+    bounds = replace(small_bounds(connections=8, head_bytes=8192), max_connections_per_client=8)
+    server = ops(registry, bounds)
     flood = [connect(server.port) for _ in range(40)]
     try:
         # Each connection past the eighth closes the oldest idle one.
@@ -156,13 +166,13 @@ def test_a_full_house_of_requests_in_progress_closes_a_new_connection() -> None:
         return b"done\n"
 
     server = serve(registry, handler, small_bounds(connections=2, head_bytes=8192), threads=1)
-    busy = [connect(server.port) for _ in range(2)]
+    busy = [connect(server.port, client) for client in ("127.0.0.2", "127.0.0.3")]
     try:
         for sock in busy:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert entered.acquire(timeout=WAIT)
-        # The second waits for the pool's one thread: started, so not evictable either.
-        assert eventually(lambda: server.connections == 2 and not server._acceptor.fresh)
+        # The second is queued for the pool's one thread: being answered, so not evictable either.
+        assert eventually(lambda: server.connections == 2 and all_busy(server))
         assert exchange(server.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") == b""
         assert refused(registry, "connections") == 1
         release.set()
@@ -260,7 +270,7 @@ def test_requests_are_answered_by_a_fixed_pool() -> None:
         for sock in clients:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         # Every request is complete and waits for the pool before any is released.
-        assert eventually(lambda: server.connections == 10 and not server._acceptor.fresh)
+        assert eventually(lambda: server.connections == 10 and all_busy(server))
         release.set()
         assert all(read_all(sock).endswith(b"ok\n") for sock in clients)
         assert inside[1] == 2

@@ -29,6 +29,7 @@ def test_one_process_keeps_the_caps_whole() -> None:
     server = ServerSettings()
     assert server.per_process() == ProcessCaps(
         max_connections=server.max_connections,
+        max_connections_per_client=server.max_connections // 2,
         max_buffered_bytes=server.max_buffered_bytes,
         validation_threads=server.validation_threads,
         validation_queue_per_namespace=server.validation_queue_per_namespace,
@@ -42,6 +43,7 @@ def test_processes_together_stay_within_the_caps(processes: int) -> None:
     server = ServerSettings(processes=processes)
     each = server.per_process()
     assert processes * each.max_connections <= server.max_connections
+    assert processes * each.max_connections_per_client <= server.max_connections // 2
     assert processes * each.max_buffered_bytes <= server.max_buffered_bytes
     # Rounded down by less than one a process: the pod keeps (nearly) what it was given.
     assert processes * each.max_connections > server.max_connections - processes
