@@ -21,7 +21,7 @@ from controller import podfacts
 from controller.bindsend import Dispatcher, SideWrites, Waiting
 from controller.claimfinalizers import ClaimFinalizers
 from controller.dra import ClaimWriter, DraTracker
-from controller.heldtwice import HeldTwice
+from controller.heldtwice import HeldTwice, MapRef
 from controller.metrics import ControllerMetrics
 from controller.pendingreport import PendingReports
 from controller.queue import SchedulingQueue
@@ -67,6 +67,7 @@ class Binder:
         fence: Callable[[], bool] = lambda: True,
         sender: Callable[[], Sender] | None = None,  # the Bindings' loop (tests: a fake)
         on_trust_change: Callable[[MapKey], None] = lambda _key: None,  # a map's trust report
+        map_ref: MapRef = lambda _key: None,  # where a map's Events go
     ) -> None:
         self.kube = kube
         #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
@@ -103,7 +104,7 @@ class Binder:
         self._not_granted: set[str] = set()  # pre-bound legacy pods already reported as such
         self.queue = SchedulingQueue(max_backoff=settings.max_backoff_seconds)
         self.side = SideWrites()
-        self.held_twice = HeldTwice(self.cache, metrics, events, self.side.run)
+        self.held_twice = HeldTwice(self.cache, metrics, events, self.side.run, map_ref)
         self.pending = PendingReports(
             kube,
             events,
@@ -237,7 +238,7 @@ class Binder:
         self.pending.forget(uid)
         holding = self.cache.release(uid)
         if holding is not None:
-            self.metrics.gpus_held_twice.set(len(self.cache.conflicts()))
+            self.held_twice.recount()
             self.on_bound(holding.slot)  # the map's bound count moved
             keys = [WakeKey.slot(holding.slot), WakeKey.map(holding.slot.map)]
             keys += [WakeKey.gpu(holding.node, gpu) for gpu in holding.gpus]
@@ -249,6 +250,9 @@ class Binder:
         keys = list(keys)
         unparked = self.cache.unpark(keys)
         self.queue.wake([*keys, *(WakeKey.map(key) for key in unparked)])
+        if self.dra is not None and self.active.is_set() and not self._stop.is_set():
+            # The leader's: a device two claims' allocations name, whoever wrote them.
+            self.held_twice.report_claims(self.dra.held_twice(self.cache))
 
     # -- running ------------------------------------------------------------------------------
     def prepare(self) -> None:

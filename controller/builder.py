@@ -39,13 +39,13 @@ from controller.statuswriter import StatusWriter
 from controller.templatesync import TemplateSync
 from controller.writer import ModelWriter
 from kubeio.client import Kube, Obj
-from kubeio.events import EventRecorder
+from kubeio.events import EventRecorder, ObjectRef
 from kubeio.informer import DELETED, Informer
 from kubeio.leader import LeaderElector, LeaderSettings
 from placement.binding import slot_status
 from placement.compile import Compiler
 from placement.dra import Enforcement
-from placement.types import MapKey, SlotKey
+from placement.types import API_VERSION, KIND, MapKey, SlotKey
 
 Handler = Callable[[str, Obj, Obj | None], None]
 
@@ -97,6 +97,17 @@ def build(
         statuses.add(key)
         inbox.notify()
 
+    def map_ref(key: MapKey) -> ObjectRef | None:
+        """Where a map's Events go: its PlacementMap, else its source ConfigMap."""
+        for informer, kind, api in (
+            (informers.resources, KIND, API_VERSION),
+            (informers.sources, "ConfigMap", "v1"),
+        ):
+            obj = informer.get(key.namespace, key.name) if informer is not None else None
+            if obj is not None:
+                return ObjectRef.of({**obj, "kind": kind, "apiVersion": api})
+        return None
+
     binder = Binder(
         kube,
         settings.binder,
@@ -107,6 +118,7 @@ def build(
         dra=dra,
         fence=elector.holds,
         on_trust_change=on_trust_change,
+        map_ref=map_ref,
     )
     renumber = RenumberTracker(kube, events, metrics.renumbered.set)
     policies = policy_informers(informers)

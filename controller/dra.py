@@ -42,7 +42,16 @@ from placement.dra import (
     template_matches,
     template_name,
 )
-from placement.draalloc import ClaimPlan, DeviceId, DraView, device_taints, plan_claim
+from placement.draalloc import (
+    ClaimPlan,
+    DeviceId,
+    DraView,
+    GpuHolders,
+    HeldTwice,
+    device_taints,
+    held_twice,
+    plan_claim,
+)
 from placement.grants import GrantView
 from placement.inventory import NodeInventory, SourcedTaint
 from placement.taints import DeviceTaint, TaintRule, Toleration, read_taint_rule
@@ -67,6 +76,8 @@ class DraTracker:
         self._by_id: dict[DeviceId, DraDevice] = {}
         self._claims: dict[tuple[str, str], ClaimState] = {}
         self._allocated: dict[DeviceId, set[tuple[str, str]]] = defaultdict(set)
+        #: The devices that more than one claim's allocation names (normally none).
+        self._doubled: set[DeviceId] = set()
         #: Claims generated from gpuplace's templates that lack the delete-protection finalizer.
         self._unprotected: dict[tuple[str, str], ClaimState] = {}
         self._finalizers: ClaimFinalizers | None = None
@@ -144,20 +155,14 @@ class DraTracker:
         with self._lock:
             before = self._claims.pop(claim.key, None)
             if before is not None:
-                for device_id in before.allocated:
-                    holders = self._allocated.get(device_id)
-                    if holders is not None:
-                        holders.discard(claim.key)
-                        if not holders:
-                            del self._allocated[device_id]
-                    device = self._by_id.get(device_id)
-                    if device is not None:
-                        keys.add(WakeKey.gpu(device.node, device.uuid))
+                keys |= self._forget_allocation(before)
             self._unprotected.pop(claim.key, None)
             if event != DELETED:
                 self._claims[claim.key] = claim
                 for device_id in claim.allocated:
                     self._allocated[device_id].add(claim.key)
+                    if len(self._allocated[device_id]) > 1:
+                        self._doubled.add(device_id)
                 if needs_protection(claim) and claim.templated:
                     self._unprotected[claim.key] = claim
         finalizers = self._finalizers
@@ -169,6 +174,22 @@ class DraTracker:
         if claim.owner_uid:
             keys.add(WakeKey.claim(claim.owner_uid))
         self._wake(keys)
+
+    def _forget_allocation(self, claim: ClaimState) -> set[WakeKey]:
+        """Takes the claim's allocation out of the index (under the lock); the GPUs to wake."""
+        keys: set[WakeKey] = set()
+        for device_id in claim.allocated:
+            holders = self._allocated.get(device_id)
+            if holders is not None:
+                holders.discard(claim.key)
+                if len(holders) < 2:
+                    self._doubled.discard(device_id)
+                if not holders:
+                    del self._allocated[device_id]
+            device = self._by_id.get(device_id)
+            if device is not None:
+                keys.add(WakeKey.gpu(device.node, device.uuid))
+        return keys
 
     # -- reading --------------------------------------------------------------------------------
     def devices_of(self, node: NodeName) -> dict[GpuUuid, DraDevice]:
@@ -182,6 +203,17 @@ class DraTracker:
     def claim(self, key: tuple[str, str]) -> ClaimState | None:
         with self._lock:
             return self._claims.get(key)
+
+    def held_twice(self, slots: GpuHolders) -> list[HeldTwice]:
+        """The devices the allocations of more than one claim name (`placement.draalloc.
+        held_twice`): cheap when there are none, as there normally are."""
+        with self._lock:
+            if not self._doubled:
+                return []
+            view = DraView(
+                self.settings.driver, self._devices, self._claims, self._allocated, self._rules
+            )
+            return held_twice(self._doubled, self._by_id, view, slots)
 
     def unprotected(self) -> list[ClaimState]:
         """Claims generated from gpuplace's templates that lack the finalizer."""

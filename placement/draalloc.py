@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from placement.binding import Code, Placement, Status
+from placement.binding import Code, Held, Placement, Status
 from placement.dra import (
     POD_CLAIM_NAME,
     ClaimState,
@@ -66,6 +66,10 @@ class GpuHolders(Protocol):
         """The pods that hold the GPU by a slot, by uid, and how."""
         ...
 
+    def holding(self, uid: str) -> Held | None:
+        """The slot the pod `uid` holds (its `pod` is namespace/name)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class DraView:
@@ -112,10 +116,10 @@ def plan_claim(
 
     The gate judges the allocation on the devices the driver publishes for the node (a MIG
     instance as its parent GPU, each named as the node's `inventory` names it) before it is
-    written: outside the pod's namespace's `grants` it is refused, NotGranted. Another
-    claim's allocation that no holding of the slot cache backs (written by someone other
-    than the binder for a gpuplace pod) is judged the same way, and one the gate refuses
-    keeps no GPU from this pod: what the gate would refuse never holds anything."""
+    written: outside the pod's namespace's `grants` it is refused, NotGranted. Every other
+    claim's allocation of a device holds it, whoever wrote it (one owner per GPU; a tenant's
+    claim cannot get a managed GPU from kube-scheduler past the chart's `gpu-claims` admission
+    policy, docs/trust.md); only the claims of pods sharing it by a shared slot do not."""
     allowed = grants if grants is not None else GrantView()
     decision = placement.decision
     node, uid = decision.node, pod.uid
@@ -174,7 +178,7 @@ def plan_claim(
             f"{where}: ResourceClaim {claim.namespace}/{claim.name} is being deleted",
             WakeKey.claim(uid),
         )
-    busy = _busy(where, claim, node, devices, slots, view, allowed, inventory)
+    busy = _busy(where, claim, node, devices, slots, view)
     if busy is not None:
         return busy
     done = bool(claim.allocated) and (
@@ -224,24 +228,19 @@ def _busy(
     devices: Iterable[DraDevice],
     slots: GpuHolders,
     view: DraView,
-    grants: GrantView,
-    inventory: NodeInventory | None,
 ) -> Status | None:
-    """Whether another claim's allocation keeps one of `devices` from `claim`. A pod the slot
-    cache lets share the GPU (a `shared` map) does not; nor does a gpuplace pod's claim
-    allocated by someone other than the binder (no holding of the slot cache backs it) outside
-    its namespace's grants: the gate refuses it, so it holds nothing."""
+    """Whether another claim's allocation keeps one of `devices` from `claim`. Every allocation
+    holds its devices, whoever wrote it (the binder, kube-scheduler, a driver's controller): the
+    binder never gives a device to a second claim. The one exception is a claim generated for a
+    pod that the slot cache lets share the GPU (a `shared` map's pod, in the claim's own
+    namespace): facts a tenant cannot write (the owner pod, held by a signed binding), never a
+    label or an annotation on the claim."""
     for device in devices:
-        sharers = slots.gpu_holders(node, device.uuid)
         for other_key in view.allocated.get((view.driver, device.pool, device.name), ()):
             other = view.claims.get(other_key)
             if other is None or other.key == claim.key:
                 continue
-            if other.owner_uid is not None and other.owner_uid in sharers:
-                continue
-            if other.templated and (
-                judge_claim(grants, other.namespace, node, (device,), inventory) is not None
-            ):
+            if _sharer(other, node, device.uuid, slots):
                 continue
             return _wait(
                 Reason.DEVICE_BUSY,
@@ -250,6 +249,61 @@ def _busy(
                 WakeKey.gpu(node, device.uuid),
             )
     return None
+
+
+def _sharer(claim: ClaimState, node: NodeName, uuid: GpuUuid, slots: GpuHolders) -> bool:
+    """Whether `claim` is the claim of a pod that holds the GPU by a shared slot (its owner
+    pod, of the claim's namespace, held by the slot cache as sharing the GPU)."""
+    owner = claim.owner_uid
+    if owner is None or slots.gpu_holders(node, uuid).get(owner) is not Sharing.SHARED:
+        return False
+    held = slots.holding(owner)
+    return held is not None and held.pod.partition("/")[0] == claim.namespace
+
+
+@dataclass(frozen=True, slots=True)
+class HeldTwice:
+    """A device that the allocations of two or more claims name, where they may not share it."""
+
+    node: NodeName
+    uuid: GpuUuid
+    device: DeviceId
+    claims: tuple[ClaimState, ...]  # sorted by namespace and name
+
+    def describe(self) -> str:
+        names = ", ".join(f"{c.namespace}/{c.name}" for c in self.claims)
+        return (
+            f"GPU {self.uuid} on node {self.node} ({self.device[1]}/{self.device[2]}) is "
+            f"allocated to {len(self.claims)} ResourceClaims: {names}; one device, one owner: "
+            "delete the pods of all but one of them"
+        )
+
+
+def held_twice(
+    devices: Iterable[DeviceId],
+    by_id: Mapping[DeviceId, DraDevice],
+    view: DraView,
+    slots: GpuHolders,
+) -> list[HeldTwice]:
+    """Which of `devices` the allocations of more than one claim name, the claims of pods that
+    share the GPU by a shared slot counting as one holder: what the binder reports as
+    `GPUHeldTwice`. A device no slice publishes any more is named by its pool and name."""
+    found: list[HeldTwice] = []
+    for device_id in sorted(devices):
+        keys = view.allocated.get(device_id, ())
+        if len(keys) < 2:
+            continue
+        claims = sorted(
+            (c for k in keys if (c := view.claims.get(k)) is not None), key=lambda c: c.key
+        )
+        device = by_id.get(device_id)
+        node = device.node if device is not None else NodeName(device_id[1])
+        uuid = device.uuid if device is not None else GpuUuid(device_id[2])
+        owners = [c for c in claims if not _sharer(c, node, uuid, slots)]
+        if len(owners) + (len(claims) > len(owners)) < 2:
+            continue
+        found.append(HeldTwice(node, uuid, device_id, tuple(claims)))
+    return found
 
 
 def _untolerated(device: DraDevice, tolerations: tuple[Toleration, ...], view: DraView) -> str:

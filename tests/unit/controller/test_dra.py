@@ -7,6 +7,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,6 +24,7 @@ from kubeio.pod import Pod
 from placement.annotations import MAP_LABEL, BindingDecision
 from placement.binding import Placement, Status
 from placement.dra import (
+    BINDER_ONLY,
     CLAIM_MAP_LABEL,
     DELETE_PROTECTION,
     POD_CLAIM_ANNOTATION,
@@ -94,16 +96,40 @@ def test_template_names_are_valid_object_names() -> None:
     assert len(long) == 253 and long != template_name("m" * 252 + "n")
     body = claim_template(KEY, SETTINGS)
     request = body["spec"]["spec"]["devices"]["requests"][0]
-    assert request["exactly"] == {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}
+    assert request["exactly"] == {
+        "deviceClassName": "gpu.nvidia.com",
+        "allocationMode": "All",
+        # No device matches: kube-scheduler can never allocate a claim of the template.
+        "selectors": [{"cel": {"expression": BINDER_ONLY}}],
+    }
+
+
+@dataclass(frozen=True)
+class Holds:
+    pod: str  # namespace/name
+    slot: SlotKey
 
 
 class Slots:
-    """A SlotView in which given pods share given GPUs."""
+    """A SlotView in which given pods share given GPUs; `pods` says which pod (namespace/name)
+    holds a slot for a uid (a sharer of namespace NS when not given)."""
 
-    def __init__(self, holders: Mapping[str, Mapping[str, Sharing]] | None = None) -> None:
+    def __init__(
+        self,
+        holders: Mapping[str, Mapping[str, Sharing]] | None = None,
+        pods: Mapping[str, str] | None = None,
+    ) -> None:
         self.holders = holders or {}
+        self.pods = pods or {}
 
     def slot_holder(self, slot: SlotKey) -> str | None:
+        return None
+
+    def holding(self, uid: str) -> Holds | None:
+        if uid in self.pods:
+            return Holds(self.pods[uid], SlotKey(KEY, 0))
+        if any(uid in users for users in self.holders.values()):
+            return Holds(f"{NS}/pod-{uid}", SlotKey(KEY, 0))
         return None
 
     def gpu_holders(self, node: NodeName, gpu: str) -> Mapping[str, Sharing]:

@@ -17,7 +17,7 @@ from controller.settings import BinderSettings
 from kubeio.events import EventRecorder
 from kubeio.pod import Pod
 from placement.annotations import BindingDecision
-from placement.binding import Cluster, Code, FreeSlots, Held, Placement, Status
+from placement.binding import Cluster, Code, FreeSlots, Placement, Status
 from placement.devices import GpuId
 from placement.dra import DELETE_PROTECTION, DraDevice, claim_devices, slice_for
 from placement.draalloc import ClaimPlan
@@ -56,10 +56,7 @@ ELSEWHERE = NodeName("gpu-b-01")
 
 
 class Slots(SharedGpus):
-    """A slot cache (`SlotView`) in which given pods share given GPUs and no pod holds a slot."""
-
-    def holding(self, uid: str) -> Held | None:
-        return None
+    """A slot cache (`SlotView`) in which given pods share given GPUs."""
 
     def free_slots(self, cmap: CompiledMap) -> FreeSlots:
         raise AssertionError("a claim check reads no free slots")
@@ -170,33 +167,30 @@ def tenants_claim(*, templated: bool = True) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("view", "templated", "busy"),
-    [
-        (grants(), True, False),  # outside the tenant's grants: it holds nothing
-        (grants(tenant_here=True), True, True),  # granted: it holds GPU 3
-        (GrantView(), True, True),  # no policy: everything is granted
-        (grants(), False, True),  # not a gpuplace pod's claim (kube-scheduler's): it counts
-    ],
-    ids=["refused", "granted", "no-policy", "not-gpuplaces"],
+    "view", [grants(), grants(tenant_here=True), GrantView()], ids=["outside", "granted", "none"]
 )
-def test_an_allocation_the_binder_did_not_make_holds_only_what_the_gate_allows(
-    view: GrantView, templated: bool, busy: bool
+@pytest.mark.parametrize("templated", [True, False], ids=["labelled-as-gpuplaces", "plain"])
+def test_an_allocation_the_binder_did_not_make_holds_its_device(
+    view: GrantView, templated: bool
 ) -> None:
+    """Whoever allocated it (kube-scheduler for a tenant's claim), the device is held: the
+    binder never gives it to a second claim, whatever the claim's labels and the grants say."""
     t, _ = tracker(claim(), tenants_claim(templated=templated))
     outcome = t.check(Pod.of(pod()), placement(3), Slots(), (), view, inventory())
-    if busy:
-        assert isinstance(outcome, Status) and outcome.reason == Reason.DEVICE_BUSY, outcome
-        assert f"ResourceClaim {TENANT}/squat-gpuplace-gpus-y" in outcome.message
-    else:
-        assert isinstance(outcome, ClaimPlan), outcome
+    assert isinstance(outcome, Status) and outcome.reason == Reason.DEVICE_BUSY, outcome
+    assert f"ResourceClaim {TENANT}/squat-gpuplace-gpus-y" in outcome.message
 
 
 def test_an_allocation_backed_by_the_slot_cache_is_not_judged_again() -> None:
     """A signed binding was judged when it was made: its pod's claim keeps its GPU shared as the
     cache says, whatever the grants say now."""
     t, _ = tracker(claim(), tenants_claim())
-    shared = Slots({uuid(3): {"u9": Sharing.SHARED}})
+    shared = Slots({uuid(3): {"u9": Sharing.SHARED}}, {"u9": f"{TENANT}/squat"})
     assert isinstance(t.check(Pod.of(pod()), placement(3), shared, (), grants()), ClaimPlan)
+    # The same claim naming a sharer of another namespace as its owner: busy.
+    elsewhere = Slots({uuid(3): {"u9": Sharing.SHARED}}, {"u9": f"{NS}/web-9"})
+    busy = t.check(Pod.of(pod()), placement(3), elsewhere, (), grants())
+    assert isinstance(busy, Status) and busy.reason == Reason.DEVICE_BUSY
 
 
 # ------------------------------------------------------------------- through the binder

@@ -18,6 +18,7 @@ from placement.draalloc import (
     DeviceId,
     DraView,
     device_taints,
+    held_twice,
     plan_claim,
 )
 from placement.grants import Grant, GrantView, PlacementPolicy, resolve
@@ -47,14 +48,31 @@ class FakePod:
         return self.claim_name if name == "gpuplace-gpus" else None
 
 
-class Slots:
-    """A SlotView in which given pods share given GPUs."""
+@dataclass(frozen=True)
+class Holds:
+    pod: str
+    slot: SlotKey = field(default_factory=lambda: SlotKey(KEY, 1))
 
-    def __init__(self, holders: Mapping[str, Mapping[str, Sharing]] | None = None) -> None:
+
+class Slots:
+    """A SlotView in which given pods share given GPUs; each holder is a pod of namespace ml
+    unless `namespaces` says otherwise."""
+
+    def __init__(
+        self,
+        holders: Mapping[str, Mapping[str, Sharing]] | None = None,
+        namespaces: Mapping[str, str] | None = None,
+    ) -> None:
         self.holders = holders or {}
+        self.namespaces = namespaces or {}
 
     def gpu_holders(self, node: NodeName, gpu: str) -> Mapping[str, Sharing]:
         return self.holders.get(gpu, {})
+
+    def holding(self, uid: str) -> Holds | None:
+        if not any(uid in users for users in self.holders.values()):
+            return None
+        return Holds(f"{self.namespaces.get(uid, 'ml')}/pod-{uid}")
 
 
 def device(i: int, *taints: DeviceTaint) -> DraDevice:
@@ -225,18 +243,53 @@ def test_the_gate_refuses_an_allocation_outside_the_namespaces_grants() -> None:
     assert isinstance(granted, ClaimPlan)
 
 
-@pytest.mark.parametrize(
-    ("templated", "tenant_nodes", "busy"),
-    [(True, (), False), (True, (NODE,), True), (False, (), True)],
-    ids=["refused-holds-nothing", "granted-holds", "not-gpuplaces-holds"],
-)
-def test_an_allocation_the_gate_would_refuse_keeps_no_gpu_from_the_pod(
-    templated: bool, tenant_nodes: tuple[NodeName, ...], busy: bool
+@pytest.mark.parametrize("templated", [True, False], ids=["labelled-as-gpuplaces", "plain"])
+@pytest.mark.parametrize("tenant_nodes", [(), (NODE,)], ids=["outside-grants", "granted"])
+def test_every_allocation_holds_its_device_whoever_wrote_it(
+    templated: bool, tenant_nodes: tuple[NodeName, ...]
 ) -> None:
+    """One owner per GPU: a claim that kube-scheduler (or anyone) allocated keeps the device from
+    the binder's claims, whatever its labels say and whatever the grants say of it."""
     squat = claim("squat", owner="u9", devices=(3,), namespace="tenant", templated=templated)
     state = State(claims=[claim(), squat])
     outcome = plan_claim(FakePod(), placement(1, 3), Slots(), state.view(), (), gate(*tenant_nodes))
-    if busy:
-        assert isinstance(outcome, Status) and outcome.reason == Reason.DEVICE_BUSY, outcome
-    else:
-        assert isinstance(outcome, ClaimPlan), outcome
+    assert isinstance(outcome, Status) and outcome.reason == Reason.DEVICE_BUSY, outcome
+    assert "ResourceClaim tenant/squat" in outcome.message
+
+
+def test_a_sharer_of_another_namespace_does_not_share_by_naming_its_owner() -> None:
+    """A claim whose owner reference names a pod that shares the GPU by a shared slot shares it
+    only in that pod's namespace: an owner reference is written by whoever creates the claim."""
+    forged = claim("forged", owner="u2", devices=(3,), namespace="tenant")
+    state = State(claims=[claim(), forged])
+    shared = Slots({"GPU-3": {"u2": Sharing.SHARED}})
+    outcome = plan_claim(FakePod(), placement(1, 3), shared, state.view())
+    assert isinstance(outcome, Status) and outcome.reason == Reason.DEVICE_BUSY, outcome
+    exclusive = Slots({"GPU-3": {"u2": Sharing.EXCLUSIVE}})
+    outcome = plan_claim(
+        FakePod(), placement(1, 3), exclusive, State(claims=[claim(), BUSY]).view()
+    )
+    assert isinstance(outcome, Status) and outcome.reason == Reason.DEVICE_BUSY, outcome
+
+
+def test_a_device_in_two_claims_is_found_and_sharers_count_as_one_holder() -> None:
+    mine = claim(devices=(3,), reserved_for=("u1",), reserved_names=("web-0",))
+    squat = claim("squat", owner=None, devices=(3, 2), namespace="tenant")
+    view = State(claims=[mine, squat, BUSY]).view()
+    by_id = {(DRIVER, NODE, d.name): d for d in State().devices}
+    devices = list(view.allocated)
+    [found] = held_twice(devices, by_id, view, Slots())
+    assert (found.node, found.uuid) == (NODE, "GPU-3")
+    assert [c.name for c in found.claims] == ["other", CLAIM, "squat"]
+    assert found.describe().startswith(
+        f"GPU GPU-3 on node {NODE} ({NODE}/gpu-3) is allocated to 3 ResourceClaims: ml/other, "
+        f"ml/{CLAIM}, tenant/squat; one device, one owner"
+    )
+    # Two pods sharing GPU 3 by a shared slot hold it once; a third claim still makes two.
+    sharing = Slots({"GPU-3": {"u1": Sharing.SHARED, "u2": Sharing.SHARED}})
+    two = State(claims=[mine, BUSY]).view()
+    assert held_twice(list(two.allocated), by_id, two, sharing) == []
+    assert len(held_twice(devices, by_id, view, sharing)) == 1
+    # One claim alone, or none, holds nothing twice.
+    one = State(claims=[mine]).view()
+    assert held_twice(list(one.allocated), by_id, one, Slots()) == []
