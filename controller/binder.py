@@ -21,6 +21,7 @@ from controller import podfacts
 from controller.bindsend import Dispatcher, SideWrites, Waiting
 from controller.claimfinalizers import ClaimFinalizers
 from controller.dra import ClaimWriter, DraTracker
+from controller.gangs import Gangs
 from controller.heldtwice import HeldTwice, MapRef
 from controller.metrics import ControllerMetrics
 from controller.pendingreport import PendingReports
@@ -35,6 +36,7 @@ from kubeio.pod import Pod
 from placement.binding import Cluster, Code, Placement, PodFacts, Status, plan
 from placement.draalloc import ClaimPlan
 from placement.keyring import RingKey, TrustView
+from placement.podmeta import map_name_of
 from placement.reasons import Reason
 from placement.types import MapKey, SlotKey
 from placement.wake import WakeKey
@@ -129,6 +131,15 @@ class Binder:
         )
         self._thread: threading.Thread | None = None
         self.active = threading.Event()
+        self.gangs = Gangs(
+            lambda pod: podfacts.facts(pod, settings.legacy),
+            self._outcome,
+            self._wait,
+            self._send,
+            self._pods,
+            self._lock,
+            metrics.gangs_stuck.set,
+        )
 
     # -- feeding -------------------------------------------------------------------------------
     def rebuild(self, pods: Iterable[Pod], shared_maps: set[str]) -> int:
@@ -153,11 +164,13 @@ class Binder:
         if event == "DELETED" or pod.finished:
             with self._lock:
                 self._pods.pop(uid, None)
+            self.gangs.forget(uid)
             self._release(uid)
             return
         if pod.bound:
             with self._lock:
                 self._pods.pop(uid, None)
+            self.gangs.forget(uid)
             self.queue.remove(uid)
             self.pending.forget(uid)
             held = self.cache.holding(uid)
@@ -174,6 +187,9 @@ class Binder:
             self._pods[uid] = pod
             if uid in self._in_flight:
                 return
+        map_name = map_name_of(pod)
+        if map_name is not None:
+            self.gangs.note(MapKey(pod.namespace, map_name), uid)
         self.queue.add(uid)
         self.metrics.pending.set(len(self._pods))
         if self.finalizers is not None and self.dra is not None and self._thread is not None:
@@ -328,6 +344,20 @@ class Binder:
             return
         facts = podfacts.facts(pod, self.settings.legacy)
         cluster = self.cluster()
+        gang = self.gangs.gang_of(facts, cluster, self.cache)
+        if gang is not None:
+            self.gangs.decide(uid, pod, gang, cluster)
+            return
+        outcome, claim = self._outcome(pod, facts, cluster)
+        if isinstance(outcome, Status):
+            self._wait(uid, pod, outcome)
+            return
+        self._send(uid, pod, outcome, claim)
+
+    def _outcome(
+        self, pod: Pod, facts: PodFacts, cluster: Cluster
+    ) -> tuple[Placement | Status, ClaimPlan | None]:
+        """The decision for one pod alone, its claim checked in dra enforcement."""
         outcome: Placement | Status = plan(facts, cluster, self.cache)
         self._park(cluster, facts, outcome)
         claim: ClaimPlan | None = None
@@ -351,14 +381,18 @@ class Binder:
                 outcome = replace(
                     outcome, decision=replace(outcome.decision, cuda_visible_devices=uuids)
                 )
-        if isinstance(outcome, Status):
-            self.metrics.unschedulable.labels(outcome.reason).inc()
-            if outcome.code is Code.UNRESOLVABLE and not outcome.waits_for:
-                self.queue.unschedulable(uid, frozenset({WakeKey.pod(uid)}))
-            else:
-                self.queue.unschedulable(uid, outcome.waits_for, outcome.cohort)
-            self._report(pod, outcome)
-            return
+        return outcome, claim
+
+    def _wait(self, uid: str, pod: Pod, outcome: Status) -> None:
+        self.metrics.unschedulable.labels(outcome.reason).inc()
+        if outcome.code is Code.UNRESOLVABLE and not outcome.waits_for:
+            self.queue.unschedulable(uid, frozenset({WakeKey.pod(uid)}))
+        else:
+            self.queue.unschedulable(uid, outcome.waits_for, outcome.cohort)
+        self._report(pod, outcome)
+
+    def _send(self, uid: str, pod: Pod, outcome: Placement, claim: ClaimPlan | None) -> None:
+        """Assumes the decision and sends its writes (every assume has a forget on failure)."""
         self.queue.placed(uid)
         self.pending.settle(uid)
         self.cache.assume(uid, pod.key, outcome)

@@ -51,6 +51,11 @@ class ControllerMetrics:
             registry=r,
         )
         self.pending = Gauge("gpuplace_pending_pods", "Pods waiting to be bound", registry=r)
+        self.gangs_stuck = Gauge(
+            "gpuplace_gangs_stuck",
+            "Gang maps whose pods have waited past the gang's timeoutSeconds (none bound)",
+            registry=r,
+        )
         self.claim_finalizers = Counter(
             "gpuplace_claim_finalizer_writes",
             "Delete-protection finalizers written to ResourceClaims (dra enforcement): when the "

@@ -39,6 +39,10 @@ class Reason(StrEnum):
     REQUIREMENT_MISMATCH = "RequirementMismatch"
     NO_NVLINK_SET = "NoNVLinkSet"  # require.nvlink: no free set of GPUs all joined by NVLink
     CLIQUE_MISMATCH = "CliqueMismatch"  # sameClique: the slot's node is in another GPU clique
+    # gangs (placement/gang.py)
+    GANG_WAITING = "GangWaiting"  # not every slot of the gang has its pod and can be served
+    GANG_STUCK = "GangStuck"  # ... for longer than the gang's timeoutSeconds
+    GANG_UNRANKED = "GangUnranked"  # a pod of a gang map without a rank of its own
     # dra enforcement
     CLAIM_PENDING = "ClaimPending"
     CLAIM_MISSING = "ClaimMissing"

@@ -1,0 +1,143 @@
+"""The binder's gangs: the waiting pods of each gang map that holds no slot, decided together.
+
+A pod of a gang map is not decided alone while its gang holds no slot: every waiting pod of the
+gang is planned (`plan`, as for any pod, its claim checked in dra enforcement), and
+`placement.gang.decide` says whether all go now or all wait. All go: each is assumed and its
+Binding sent, one after the other from this one decision, so the Bindings leave together. All
+wait: no slot is assumed, so no GPU of the gang is held; the pod decided reports the gang's
+status (`GangWaiting: 3 of 4 ranks ready; slot 3 waits NodeCordoned: ...`) and waits for what
+any member waits for. A gang waiting past its `timeoutSeconds` is stuck: every member reports
+GangStuck (condition and Event) and `gpuplace_gangs_stuck` counts it; it still binds whole or not
+at all. Once the gang holds a slot, its pods are decided alone (a restarted rank).
+
+Contract: `note` and `forget` are called from informer threads and the binder thread, under
+`_lock`; `decide` and the clocks run on the binder thread only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from kubeio.pod import Pod
+from placement.binding import Cluster, Placement, PodFacts, SlotView, Status
+from placement.draalloc import ClaimPlan
+from placement.gang import GangVerdict, Member, decide, gang_is_bound, unranked
+from placement.indexing import resolve_index
+from placement.model import CompiledMap
+from placement.podmeta import identity_of
+from placement.types import MapKey
+
+#: The binder's per-pod steps, as the gang uses them: plan one pod (with its claim), park one
+#: with a status, send one placement.
+Outcome = Callable[[Pod, PodFacts, Cluster], "tuple[Placement | Status, ClaimPlan | None]"]
+Wait = Callable[[str, Pod, Status], None]
+Send = Callable[[str, Pod, Placement, "ClaimPlan | None"], None]
+
+
+@dataclass
+class Gangs:
+    facts: Callable[[Pod], PodFacts]
+    outcome: Outcome
+    wait: Wait
+    send: Send
+    pending: Mapping[str, Pod]  # the binder's waiting pods (read under `pending_lock`)
+    pending_lock: threading.Lock
+    report_stuck: Callable[[int], None] = lambda _count: None  # gpuplace_gangs_stuck
+    clock: Callable[[], float] = time.monotonic
+    _members: dict[MapKey, dict[str, None]] = field(default_factory=dict)
+    _map_of: dict[str, MapKey] = field(default_factory=dict)
+    _since: dict[MapKey, float] = field(default_factory=dict)
+    _stuck: set[MapKey] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, key: MapKey, uid: str) -> None:
+        """A waiting pod of map `key` (any map: whether it is a gang is read when deciding)."""
+        with self._lock:
+            self._members.setdefault(key, {})[uid] = None
+            self._map_of[uid] = key
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            key = self._map_of.pop(uid, None)
+            if key is not None:
+                line = self._members.get(key)
+                if line is not None:
+                    line.pop(uid, None)
+                    if not line:
+                        del self._members[key]
+
+    def gang_of(self, facts: PodFacts, cluster: Cluster, slots: SlotView) -> CompiledMap | None:
+        """The pod's gang map, when the gang holds no slot (a bound gang's pods go alone)."""
+        if facts.map_name is None:
+            return None
+        cmap = cluster.model.maps.get(MapKey(facts.namespace, facts.map_name))
+        if cmap is None or cmap.gang is None or gang_is_bound(cmap, slots):
+            return None
+        return cmap
+
+    def decide(self, uid: str, pod: Pod, cmap: CompiledMap, cluster: Cluster) -> None:
+        """Decides the whole gang of `pod` (see the module's docstring)."""
+        members: list[Member] = []
+        pods: dict[str, Pod] = {}
+        claims: dict[str, ClaimPlan | None] = {}
+        for other_uid, other in self._waiting(cmap.key, uid, pod):
+            facts = self.facts(other)
+            choice = resolve_index(identity_of(other), cmap.indexing, cmap.ranks)
+            if not choice.ranked:
+                if other_uid == uid:
+                    self.wait(uid, pod, unranked(cmap))
+                    return
+                continue
+            outcome, claim = self.outcome(other, facts, cluster)
+            members.append(Member(other_uid, choice.index, outcome))
+            pods[other_uid] = other
+            claims[other_uid] = claim
+        verdict = decide(cmap, members, self._waited(cmap.key))
+        if verdict.bind:
+            self._bound(cmap.key)
+            for member_uid, placement in verdict.bind:
+                self.send(member_uid, pods[member_uid], placement, claims[member_uid])
+            return
+        self._report(cmap.key, uid, pod, pods, verdict)
+
+    def _waiting(self, key: MapKey, uid: str, pod: Pod) -> list[tuple[str, Pod]]:
+        """The gang's waiting pods, oldest first, this one included."""
+        with self._lock:
+            uids = list(self._members.get(key, {}))
+        with self.pending_lock:
+            found = [(u, self.pending[u]) for u in uids if u in self.pending]
+        if not any(u == uid for u, _ in found):
+            found.append((uid, pod))
+        return found
+
+    def _waited(self, key: MapKey) -> float:
+        now = self.clock()
+        return now - self._since.setdefault(key, now)
+
+    def _bound(self, key: MapKey) -> None:
+        self._since.pop(key, None)
+        if key in self._stuck:
+            self._stuck.discard(key)
+            self.report_stuck(len(self._stuck))
+
+    def _report(
+        self,
+        key: MapKey,
+        uid: str,
+        pod: Pod,
+        pods: Mapping[str, Pod],
+        verdict: GangVerdict,
+    ) -> None:
+        """The pod decided reports the gang's status; when the gang turns stuck, every member
+        does (the condition and Event of each, once)."""
+        assert verdict.status is not None
+        self.wait(uid, pod, verdict.status)
+        if verdict.stuck and key not in self._stuck:
+            self._stuck.add(key)
+            self.report_stuck(len(self._stuck))
+            for other_uid, other in pods.items():
+                if other_uid != uid:
+                    self.wait(other_uid, other, verdict.status)

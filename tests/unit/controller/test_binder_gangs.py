@@ -1,0 +1,64 @@
+"""The binder's gangs (controller/gangs.py): a gang map's pods are bound all at once, when every
+rank is there and servable, from one decision; until then none is, and each reports why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from kubeio.pod import Pod
+from placement.annotations import JOB_COMPLETION_INDEX, MAP_LABEL
+from placement.binding import Cluster, NodeState
+from placement.maps import Gang
+from placement.types import NodeName
+from tests.unit.controller.test_binder import Apiserver, binder_for, make_pod, settle
+from tests.unit.placement.test_binding_plan import KEY, build
+from tests.unit.placement.test_gang import FOUR, NODES
+
+
+def gang_cluster(cordoned: str = "") -> Cluster:
+    nodes = dict(NODES)
+    if cordoned:
+        nodes[cordoned] = NodeState(NodeName(cordoned), schedulable=False)
+    cluster = build(FOUR, nodes=nodes)
+    cmap = replace(cluster.model.maps[KEY], gang=Gang(600))
+    return replace(cluster, model=replace(cluster.model, maps={KEY: cmap}))
+
+
+def rank(index: int) -> dict[str, Any]:
+    pod = make_pod(f"train-{index}-x2x4z").label(MAP_LABEL, "llm")
+    pod = pod.label(JOB_COMPLETION_INDEX, str(index)).obj()
+    pod["metadata"]["ownerReferences"] = [{"kind": "Job", "controller": True, "name": "train"}]
+    pod["metadata"]["generateName"] = f"train-{index}-"
+    return pod
+
+
+def test_a_gang_binds_only_when_its_last_rank_is_servable_and_then_all_at_once() -> None:
+    api = Apiserver()
+    cordoned = gang_cluster(cordoned="gpu-2")  # the node of slots 1 and 3
+    current = [cordoned]
+    binder = binder_for(api, cordoned)
+    binder.cluster = lambda: current[0]
+    pods = [rank(i) for i in (3, 0, 2, 1)]
+    for pod in pods:
+        binder.on_pod("ADDED", Pod.of(pod))
+        uid = binder.queue.pop(timeout=0)
+        assert uid is not None
+        binder._decide(uid, Pod.of(pod))
+    settle(binder)
+    assert api.bindings == []
+    assert binder.cache.holding("uid-train-0-x2x4z") is None  # no GPU of the gang is held
+    reasons = {e["reason"] for e in api.events}
+    assert reasons == {"GangWaiting"}
+    last = api.events[-1]["message"]
+    assert last.startswith("map ml/llm gang: 2 of 4 ranks ready; slot 1 waits NodeCordoned")
+    current[0] = gang_cluster()  # uncordoned
+    uid = "uid-train-1-x2x4z"
+    binder._decide(uid, Pod.of(pods[3]))
+    settle(binder)
+    bound = sorted(
+        (body["metadata"]["annotations"]["gpuplace.io/index"], path) for path, body in api.bindings
+    )
+    assert bound == [
+        (str(i), f"/api/v1/namespaces/ml/pods/train-{i}-x2x4z/binding") for i in range(4)
+    ]
