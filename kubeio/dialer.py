@@ -11,9 +11,10 @@ import selectors
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from kubeio.http11 import ResponseReader
 from kubeio.requests import Request
 
 #: (scheme, host, port, TLS context, server name), as `Kube.endpoint` gives it.
@@ -27,7 +28,7 @@ class Connection(Generic[J]):
     state: str = "connecting"  # connecting | handshaking | idle | writing | reading
     job: J | None = None
     out: bytes = b""
-    inbox: bytearray = field(default_factory=bytearray)
+    answer: ResponseReader | None = None  # its answers, from its first request on
     deadline: float = 0.0  # of its request, or (idle) when it is closed
     answered_before: bool = False  # a request was answered on it (a kept-alive connection)
 

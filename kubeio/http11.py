@@ -1,10 +1,14 @@
-"""HTTP/1.1 requests off a byte buffer and WSGI calls into their answers, without I/O.
+"""HTTP/1.1 on both sides, without I/O: the server's requests and the WSGI calls that answer
+them (`kubeio.server`), and the request loop's answers (`kubeio.loop`). The bytes are parsed by
+llhttp, Node.js's parser, through httptools (the parser under uvicorn): one well-kept, fuzzed
+parser for every message gpuplace reads off a socket of its own; docs/architecture.md says why it
+and not h11 (bench/httpcodec.py).
 
-What `kubeio.server` needs to serve the apiserver, probes and scrapes: a request line and headers
-(the block limited in size), bodies framed by Content-Length (the apiserver always sends one),
-keep-alive and `Connection: close`. A request the server will not serve raises `RefusedError`,
-whose answer closes the connection: the rest of the stream cannot be framed; its `reason` is the
-refusal the server counts.
+The server's side: a request line and headers (the block limited in size), bodies framed by
+Content-Length (the apiserver always sends one), keep-alive and `Connection: close`. A request the
+server will not serve raises `RefusedError`, whose answer closes the connection: the rest of the
+stream cannot be framed; its `reason` is the refusal the server counts. The client's side:
+`ResponseReader`, one answer read as it arrives.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_to_bytes
+
+import httptools
 
 from kubeio.bounds import Refusal
 
@@ -76,8 +82,42 @@ class Request:
     body: bytes
 
 
+class _HeadParts:
+    """What llhttp reports of a request's head, its callbacks' receiver. The head's own facts
+    are taken when it completes: llhttp resets them once a message without a body is complete."""
+
+    __slots__ = ("complete", "headers", "keep_alive", "method", "parser", "url", "version")
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.headers: list[tuple[str, str]] = []
+        self.complete = False
+        self.keep_alive = False
+        self.method = b""
+        self.version = ""
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1").strip(" \t")))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        self.complete = True
+        self.keep_alive = parser.should_keep_alive()
+        self.method = parser.get_method()
+        self.version = "HTTP/" + parser.get_http_version()
+
+
 def parse_head(buf: bytearray, max_body: int, max_head: int = MAX_HEAD_BYTES) -> Head | None:
-    """The head at the start of `buf`; None while incomplete. Raises `RefusedError`."""
+    """The head at the start of `buf`; None while incomplete. Raises `RefusedError`.
+
+    The head ends at its first blank line; llhttp parses it (request line, header syntax,
+    Content-Length's digits, one Content-Length, no Content-Length beside Transfer-Encoding). It
+    is fed in two steps, so a head llhttp would end elsewhere (before the blank line) is refused:
+    what follows the head is framed by this head's Content-Length, by the caller."""
     end = buf.find(b"\r\n\r\n", 0, max_head + 4)
     if end < 0:
         if len(buf) > max_head:
@@ -85,46 +125,160 @@ def parse_head(buf: bytearray, max_body: int, max_head: int = MAX_HEAD_BYTES) ->
                 431, f"the request line and headers exceed {max_head} bytes", HEAD_TOO_LARGE
             )
         return None
-    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[1]:
-        raise RefusedError(400, f"not an HTTP request line: {lines[0][:80]!r}", MALFORMED)
-    method, target, version = parts
+    parts = _HeadParts()
+    with memoryview(buf) as view:
+        _feed(parts.parser, view[: end + 2])
+        if parts.complete:
+            raise RefusedError(400, "the head ends before its blank line", MALFORMED)
+        _feed(parts.parser, view[end + 2 : end + 4])
+    if not parts.complete:
+        raise RefusedError(400, "blank lines where a request line was expected", MALFORMED)
+    version = parts.version
     if version not in ("HTTP/1.1", "HTTP/1.0"):
-        if version.startswith("HTTP/"):
-            raise RefusedError(505, f"{version[:16]!r} is not served; use HTTP/1.1", MALFORMED)
-        raise RefusedError(400, f"not an HTTP request line: {lines[0][:80]!r}", MALFORMED)
-    headers = tuple(_header(line) for line in lines[1:])
-    length: int | None = None
-    tokens: set[str] = set()
+        raise RefusedError(505, f"{version!r} is not served; use HTTP/1.1", MALFORMED)
+    length = 0
     expects_continue = False
-    for name, value in headers:
+    for name, value in parts.headers:
         lower = name.lower()
         if lower == "content-length":
-            if not value.isdigit() or (length is not None and length != int(value)):
-                raise RefusedError(400, f"bad Content-Length {value[:40]!r}", MALFORMED)
-            length = int(value)
+            try:
+                length = int(value)  # digits only, and only one: llhttp refused the rest
+            except ValueError:
+                raise RefusedError(400, f"bad Content-Length {value[:40]!r}", MALFORMED) from None
         elif lower == "transfer-encoding":
             raise RefusedError(
                 411, "send the body with a Content-Length, not Transfer-Encoding", BODY
             )
-        elif lower == "connection":
-            tokens.update(t.strip().lower() for t in value.split(","))
-        elif lower == "expect" and value.strip().lower() == "100-continue":
+        elif lower == "expect" and value.lower() == "100-continue":
             expects_continue = version == "HTTP/1.1"
-    length = length or 0
     if length > max_body:
         raise RefusedError(413, f"the body of {length} bytes exceeds {max_body} bytes", BODY)
     # HTTP/1.0 connections are closed after their answer: the apiserver speaks HTTP/1.1.
-    keep_alive = version == "HTTP/1.1" and "close" not in tokens
+    keep_alive = version == "HTTP/1.1" and parts.keep_alive
+    method = parts.method.decode("ascii")
+    target = parts.url.decode("latin-1")
+    headers = tuple(parts.headers)
     return Head(method, target, version, headers, length, keep_alive, expects_continue, end + 4)
 
 
-def _header(line: str) -> tuple[str, str]:
-    name, colon, value = line.partition(":")
-    if not colon or not name or name != name.strip() or line[0] in " \t":
-        raise RefusedError(400, f"not a header line: {line[:80]!r}", MALFORMED)
-    return name, value.strip()
+def _feed(parser: httptools.HttpRequestParser, data: memoryview) -> None:
+    try:
+        parser.feed_data(data)
+    except httptools.HttpParserUpgrade:
+        pass  # the head is whole; no protocol is switched to, the request is served as sent
+    except httptools.HttpParserError as exc:
+        raise RefusedError(400, f"not an HTTP/1.1 request: {exc}", MALFORMED) from None
+
+
+class ProtocolError(Exception):
+    """An answer that is not HTTP/1.1, or that the client will not read (too large, unframed)."""
+
+
+#: The most an answer may carry: a Binding's answer is a Status of a few hundred bytes.
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+
+
+class ResponseReader:
+    """The answers on one client connection, one request at a time: `expect` before each
+    request, then `feed` the bytes as they arrive until it says the answer is complete: `status`,
+    `body`, and whether the connection may carry another request (`keep_alive`). llhttp frames
+    them (Content-Length, chunked, no body for 1xx, 204 and 304); an interim 1xx answer is
+    skipped. Raises `ProtocolError` for what is not an answer, is larger than `max_bytes`, or is
+    framed by the connection's end (never sent by the apiserver, and the end cannot be told from
+    a failure); the connection is then unusable. Bytes past an answer are not read: the
+    connection is not kept."""
+
+    __slots__ = (
+        "_framed",
+        "_keep",
+        "_max",
+        "_parser",
+        "body",
+        "complete",
+        "keep_alive",
+        "received",
+        "status",
+    )
+
+    def __init__(self, max_bytes: int = MAX_RESPONSE_BYTES) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self._max = max_bytes
+        self._framed = False
+        self._keep = False
+        self.status = 0
+        self.body = bytearray()
+        self.complete = False
+        self.keep_alive = False
+        self.received = 0  # bytes of the answer that arrived
+
+    def expect(self) -> None:
+        """A request was sent: its answer comes next (llhttp goes on, as the connection does)."""
+        self.status = 0
+        self.body = bytearray()
+        self.complete = False
+        self.keep_alive = False
+        self.received = 0
+
+    def feed(self, data: bytes) -> bool:
+        """True once the answer is complete."""
+        if self.complete:
+            self.keep_alive = False
+            return True
+        self.received += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, ProtocolError):
+                raise exc.__context__ from None
+            raise ProtocolError(f"not an HTTP/1.1 answer: {exc}") from None
+        except httptools.HttpParserUpgrade:
+            raise ProtocolError("the server switched protocols") from None
+        except httptools.HttpParserError as exc:
+            if not self.complete:
+                raise ProtocolError(f"not an HTTP/1.1 answer: {exc}") from None
+            self.keep_alive = False  # what follows the answer is no answer
+        return self.complete
+
+    # llhttp's callbacks
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.keep_alive = False  # a second answer to one request
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) not in (14, 17):  # neither framing header: most of the apiserver's
+            return
+        lower = name.lower()
+        if lower == b"transfer-encoding":
+            self._framed = True
+        elif lower == b"content-length":
+            self._framed = True
+            if int(value) > self._max:  # digits only: llhttp refused the rest
+                raise ProtocolError(f"an answer of {int(value)} bytes")
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if not self._framed and not (100 <= status < 200 or status in (204, 304)):
+            raise ProtocolError("an answer framed by neither Content-Length nor chunked")
+        self._framed = False
+        # Taken now: llhttp resets it once a message without a body is complete.
+        self._keep = self._parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:
+            return
+        self.body += body
+        if len(self.body) > self._max:
+            raise ProtocolError(f"an answer of more than {self._max} bytes")
+
+    def on_message_complete(self) -> None:
+        if self.complete:
+            return
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            return  # interim (100 Continue): the answer follows
+        self.status = status
+        self.complete = True
+        self.keep_alive = self._keep
 
 
 def environ(

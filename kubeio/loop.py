@@ -5,8 +5,8 @@ then runs a hundred threads, and in one Python process most of what each request
 threads taking the interpreter lock in turn (a futex wait and a context switch each time), not the
 request. `RequestLoop` sends them all from one thread: each request is written whole on an idle
 connection (a new one is opened, TCP and TLS without blocking, by `kubeio.dialer`, while fewer
-than `connections` are open), and its answer is read when its socket is readable. The status line, Content-Length and
-chunked bodies are all it parses: what the apiserver's answers need.
+than `connections` are open), and its answer is read when its socket is readable, by
+`kubeio.http11.ResponseReader` (llhttp).
 
 `warm(count)` opens connections ahead of any request (a binder that is about to start binding a
 backlog): otherwise the first `connections` requests each wait for TCP and TLS, on the same
@@ -39,13 +39,12 @@ from typing import Protocol
 from kubeio.client import Kube, Response
 from kubeio.dialer import Connection, Dialer, encode
 from kubeio.errors import APIError, APITransportError, FencedError, error_for
+from kubeio.http11 import ProtocolError, ResponseReader
 from kubeio.requests import Request
 
 log = logging.getLogger(__name__)
 
 Done = Callable[[Response | APIError], None]
-#: The most a response may carry: a Binding's answer is a Status of a few hundred bytes.
-MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _READ_SIZE = 64 * 1024
 #: How often the loop looks for requests past their timeout.
 _TICK_SECONDS = 0.5
@@ -65,25 +64,12 @@ class _Job:
 _Connection = Connection[_Job]
 
 
-class _Parsed:
-    """One complete HTTP response at the start of a buffer (or None while it is incomplete)."""
-
-    __slots__ = ("body", "close", "status")
-
-    def __init__(self, status: int, body: bytes, close: bool) -> None:
-        self.status, self.body, self.close = status, body, close
-
-
 def answer_error(answer: Response | APIError) -> APIError | None:
     """What a request's answer means to its caller: None when it succeeded, else the error
     `Kube.request` would have raised for it."""
     if isinstance(answer, APIError):
         return answer
     return None if answer.status < 300 else error_for(answer.status, answer.data)
-
-
-class ProtocolError(Exception):
-    pass
 
 
 class Sender(Protocol):
@@ -100,71 +86,6 @@ class Sender(Protocol):
     def close(self) -> None: ...
 
     def alive(self) -> bool: ...
-
-
-def parse_response(buf: bytearray) -> tuple[_Parsed, int] | None:
-    """The first response in `buf` and how many bytes it took; None while incomplete."""
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        if len(buf) > 64 * 1024:
-            raise ProtocolError("response headers larger than 64 KiB")
-        return None
-    head = bytes(buf[:end]).decode("latin-1").split("\r\n")
-    parts = head[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise ProtocolError(f"not an HTTP/1.x status line: {head[0][:80]!r}")
-    status = int(parts[1])
-    length, chunked, close = _framing(head[1:], close=parts[0] == "HTTP/1.0")
-    start = end + 4
-    if chunked:
-        return _chunked(buf, start, status, close)
-    if length is None:
-        if status in (204, 304) or 100 <= status < 200:
-            length = 0
-        else:
-            raise ProtocolError("a response without Content-Length or chunked encoding")
-    if length > MAX_RESPONSE_BYTES:
-        raise ProtocolError(f"a response of {length} bytes")
-    if len(buf) < start + length:
-        return None
-    return _Parsed(status, bytes(buf[start : start + length]), close), start + length
-
-
-def _framing(lines: list[str], close: bool) -> tuple[int | None, bool, bool]:
-    """(Content-Length, chunked, Connection: close) from the header lines."""
-    length: int | None = None
-    chunked = False
-    for line in lines:
-        name, _, value = line.partition(":")
-        name = name.strip().lower()
-        if name == "content-length":
-            length = int(value.strip())
-        elif name == "transfer-encoding":
-            chunked = "chunked" in value.lower()
-        elif name == "connection":
-            close = "close" in value.lower()
-    return length, chunked, close
-
-
-def _chunked(buf: bytearray, at: int, status: int, close: bool) -> tuple[_Parsed, int] | None:
-    body = bytearray()
-    while True:
-        line_end = buf.find(b"\r\n", at)
-        if line_end < 0:
-            return None
-        size = int(bytes(buf[at:line_end]).split(b";", 1)[0].strip() or b"0", 16)
-        at = line_end + 2
-        if size == 0:
-            trailer_end = buf.find(b"\r\n\r\n", at - 2)
-            if trailer_end < 0:
-                return None
-            return _Parsed(status, bytes(body), close), trailer_end + 4
-        if len(buf) < at + size + 2:
-            return None
-        body += buf[at : at + size]
-        if len(body) > MAX_RESPONSE_BYTES:
-            raise ProtocolError(f"a response of more than {MAX_RESPONSE_BYTES} bytes")
-        at += size + 2
 
 
 def _unsent(job: _Job) -> FencedError:
@@ -371,7 +292,9 @@ class RequestLoop:
             job.done(FencedError(0, "Fenced", f"{request.describe()}: not sent, guard failed"))
             return
         conn.job = job
-        conn.inbox.clear()
+        if conn.answer is None:
+            conn.answer = ResponseReader()
+        conn.answer.expect()
         conn.deadline = time.monotonic() + self._timeout
         conn.out = encode(request, self._kube.headers, self._endpoint[1])
         conn.state = "writing"
@@ -393,6 +316,8 @@ class RequestLoop:
         self._read(conn)
 
     def _read(self, conn: _Connection) -> None:
+        answer = conn.answer
+        assert answer is not None
         ended = False  # the server closed the connection (after its answer, or before it)
         while True:
             try:
@@ -404,23 +329,21 @@ class RequestLoop:
             if not data:
                 ended = True
                 break
-            conn.inbox += data
-        parsed = parse_response(conn.inbox)
-        if parsed is None:
+            answer.feed(data)
+        if not answer.complete:
             if ended:
                 raise ConnectionResetError("closed by the server")
             return
-        response, _used = parsed
         job, conn.job = conn.job, None
         conn.answered_before = True
-        if response.close or ended:
+        if not answer.keep_alive or ended:
             self._discard(conn)
         else:
             conn.state = "idle"
             conn.deadline = time.monotonic() + IDLE_SECONDS
             self._idle.append(conn)
         if job is not None:
-            job.done(Response(response.status, response.body))
+            job.done(Response(answer.status, bytes(answer.body)))
 
     def _idle_readable(self, conn: _Connection) -> None:
         """Readable with no request on it: the server closed it, or (TLS 1.3) sent the session
@@ -441,7 +364,8 @@ class RequestLoop:
             job is not None
             and not job.retried
             and conn.answered_before
-            and not conn.inbox
+            and conn.answer is not None
+            and not conn.answer.received
             and isinstance(exc, (ConnectionResetError, BrokenPipeError))
         )
         self._discard(conn)

@@ -1,6 +1,6 @@
 """The request loop against local servers (plain HTTP and TLS): many requests in flight from one
 thread, keep-alive reuse, a connection the server closed while idle, the guard, timeouts, close;
-and its response parser on the shapes the apiserver answers with."""
+and its answer reader on the shapes the apiserver answers with."""
 
 from __future__ import annotations
 
@@ -22,44 +22,62 @@ from kubeio import loop as loop_module
 from kubeio import pki
 from kubeio.client import ClientSettings, Kube, Response
 from kubeio.errors import APIError, APITransportError, FencedError
-from kubeio.loop import ProtocolError, RequestLoop, answer_error, parse_response
+from kubeio.http11 import ProtocolError, ResponseReader
+from kubeio.loop import RequestLoop, answer_error
 from kubeio.requests import prepare
 from tests.unit.kubeio.test_kubeio_client import Server
 
-# -- the parser ------------------------------------------------------------------------------
+# -- the answer reader ------------------------------------------------------------------------
+
+
+def _read_in(raw: bytes, cut: int) -> ResponseReader:
+    reader = ResponseReader()
+    reader.feed(raw[:cut])
+    if cut < len(raw):
+        reader.feed(raw[cut:])
+    return reader
 
 
 def test_a_response_with_content_length_is_complete_only_with_its_whole_body() -> None:
     raw = b"HTTP/1.1 201 Created\r\nContent-Length: 5\r\nContent-Type: x\r\n\r\nhello"
     for cut in range(len(raw)):
-        assert parse_response(bytearray(raw[:cut])) is None
-    parsed = parse_response(bytearray(raw + b"HTTP/1.1 200"))
-    assert parsed is not None
-    response, used = parsed
-    assert (response.status, response.body, response.close, used) == (
-        201,
-        b"hello",
-        False,
-        len(raw),
-    )
+        assert not ResponseReader().feed(raw[:cut])
+        reader = _read_in(raw, cut)
+        assert (reader.complete, reader.status, bytes(reader.body), reader.keep_alive) == (
+            True,
+            201,
+            b"hello",
+            True,
+        )
+
+
+def test_bytes_after_the_answer_keep_it_but_not_its_connection() -> None:
+    reader = ResponseReader()
+    assert reader.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200")
+    assert (reader.status, bytes(reader.body), reader.keep_alive) == (200, b"ok", False)
 
 
 def test_a_chunked_response_is_joined_and_complete_only_after_its_last_chunk() -> None:
     raw = b"HTTP/1.1 409 Conflict\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
     for cut in range(len(raw)):
-        assert parse_response(bytearray(raw[:cut])) is None
-    parsed = parse_response(bytearray(raw))
-    assert parsed is not None
-    assert (parsed[0].status, parsed[0].body, parsed[1]) == (409, b"abcde", len(raw))
+        assert not ResponseReader().feed(raw[:cut])
+        reader = _read_in(raw, cut)
+        assert (reader.complete, reader.status, bytes(reader.body)) == (True, 409, b"abcde")
+
+
+def test_an_interim_answer_is_skipped() -> None:
+    reader = ResponseReader()
+    assert reader.feed(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n")
+    assert (reader.status, reader.body, reader.keep_alive) == (204, b"", True)
 
 
 def test_connection_close_and_http_1_0_end_the_connection() -> None:
-    closing = parse_response(
-        bytearray(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-    )
-    old = parse_response(bytearray(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"))
-    assert closing is not None and closing[0].close
-    assert old is not None and old[0].close
+    closing = ResponseReader()
+    old = ResponseReader()
+    assert closing.feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+    assert old.feed(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+    assert not closing.keep_alive
+    assert not old.keep_alive
 
 
 @pytest.mark.parametrize(
@@ -69,11 +87,21 @@ def test_connection_close_and_http_1_0_end_the_connection() -> None:
         b"HTTP/1.1 abc OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\n\r\n",  # neither a length nor chunked: the end is unknowable
         b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",  # a digit to str.isdigit
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     ],
 )
 def test_what_is_not_an_answer_it_can_read_is_a_protocol_error(raw: bytes) -> None:
     with pytest.raises(ProtocolError):
-        parse_response(bytearray(raw))
+        ResponseReader().feed(raw)
+
+
+def test_an_answer_larger_than_its_bound_is_a_protocol_error() -> None:
+    reader = ResponseReader(max_bytes=4)
+    assert not reader.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+    with pytest.raises(ProtocolError):
+        reader.feed(b"3\r\nabc\r\n")
 
 
 # -- the loop ----------------------------------------------------------------------------------

@@ -534,7 +534,14 @@ def test_heads(head: bytes, expected: tuple[int, bool, bool]) -> None:
         (b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\n folded: x\r\n\r\n", 400),
-        (b"GET  / HTTP/1.1\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400),  # a digit to str.isdigit
+        (b"GET / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHo st: x\r\n\r\n", 400),
+        (b"G\x00T / HTTP/1.1\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\nHost: x\n\n\r\n\r\n", 400),  # bare LF: the head would end early
+        (b"\r\n\r\n", 400),
+        (b"GET / HTTP/2.0\r\n\r\n", 505),
         (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 411),
         (b"POST / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1), 413),
     ],
