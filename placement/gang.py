@@ -10,7 +10,7 @@ unbinding the others (`gang_is_bound`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from placement.binding import Code, Placement, SlotView, Status
@@ -115,8 +115,3 @@ def _waiting(
     message = f"map {cmap.key} gang: {ready} of {total} ranks ready; {shown}{more}{late}"
     status = Status(Code.UNSCHEDULABLE, reason, message, frozenset(waits))
     return GangVerdict(status=status, ready=ready, total=total, stuck=stuck)
-
-
-def member_order(members: Sequence[Member]) -> list[Member]:
-    """The members as `decide` reads them: by rank, pods of one rank in the order they came."""
-    return sorted(members, key=lambda m: (m.index is None, m.index or 0))
