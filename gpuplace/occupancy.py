@@ -12,15 +12,18 @@ import yaml
 from controller.holders import holder_of
 from gpuplace.fleet import Reading, unreachable_text
 from kubeio.client import Kube
-from kubeio.paths import CONFIGMAPS, PODS
+from kubeio.errors import APIForbiddenError, APINotFoundError
+from kubeio.paths import CONFIGMAPS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 from kubeio.pod import Pod
+from placement.dra import DraSettings, read_claim, slice_devices
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
-from placement.occupancy import CellState, GpuCell, Holder, occupancy, summary
+from placement.occupancy import CellState, ClaimedGpu, GpuCell, Holder, occupancy, summary
 from placement.types import NodeName
 
 DEFAULT_SCHEDULERS = ("gpuplace", "gpu-scheduler")
 
 _COLOURS = {
+    CellState.HELD_TWICE: "31",  # red
     CellState.FREE: "32",  # green
     CellState.SHARED: "36",  # cyan
     CellState.DRIFTED: "33",  # yellow
@@ -69,6 +72,7 @@ def read_cells(
             continue
         inventories[inventory.node] = inventory
     holders: list[Holder] = []
+    claims = read_claims(kube, filters.namespace)
     for name in schedulers:
         items = kube.get(
             PODS.collection(filters.namespace), fieldSelector=f"spec.schedulerName={name}"
@@ -78,8 +82,30 @@ def read_cells(
             holder = holder_of(pod) if not pod.finished else None
             if holder is not None:
                 holders.append(holder)
-    cells = occupancy(inventories, holders)
+    cells = occupancy(inventories, holders, claims=claims)
     return select(cells, filters)
+
+
+def read_claims(kube: Kube, namespace: str | None) -> list[ClaimedGpu]:
+    """The GPUs that ResourceClaims' allocations name, whoever allocated them, as the DRA
+    driver's ResourceSlices name them (one LIST of each); none where the resource API is not
+    served or readable (a cluster without DRA)."""
+    settings = DraSettings()
+    try:
+        slices = kube.get(RESOURCE_SLICES.collection())["items"]
+        items = kube.get(RESOURCE_CLAIMS.collection(namespace))["items"]
+    except (APINotFoundError, APIForbiddenError):
+        return []
+    by_id = {(settings.driver, d.pool, d.name): d for d in slice_devices(slices, settings)}
+    out: list[ClaimedGpu] = []
+    for obj in items:
+        claim = read_claim(obj)
+        for device_id in claim.allocated:
+            device = by_id.get(device_id)
+            if device is not None:
+                gpu = device.parent or device.uuid
+                out.append((f"{claim.namespace}/{claim.name}", device.node, gpu))
+    return out
 
 
 def select(cells: Iterable[GpuCell], filters: Filters) -> list[GpuCell]:
@@ -95,8 +121,10 @@ def select(cells: Iterable[GpuCell], filters: Filters) -> list[GpuCell]:
 def cell_text(cell: GpuCell, filters: Filters) -> str:
     if cell.state in (CellState.DEGRADED, CellState.MISSING) and not cell.holders:
         return cell.state.value.upper()
+    if cell.state is CellState.HELD_TWICE:
+        return f"{len(cell.claims)} claims !held-twice"
     if not cell.holders:
-        return "free"
+        return "claim" if cell.claims else "free"
     shown = [f"{h.map}#{h.index}" if filters.holder_matches(h) else "(other)" for h in cell.holders]
     text = "+".join(shown)
     if cell.state not in (CellState.HELD, CellState.SHARED):
@@ -211,6 +239,8 @@ def _detail(cell: GpuCell, filters: Filters) -> str:
         for h in cell.holders
     )
     why = f": {cell.reason}" if cell.reason else ""
+    if not pods and cell.claims and cell.state is not CellState.HELD_TWICE:
+        pods = "claim " + ", ".join(cell.claims)
     return f"{where}  {cell.state.value}{why}" + (f"  held by {pods}" if pods else "")
 
 

@@ -16,6 +16,7 @@ from placement.types import NodeName
 class CellState(StrEnum):
     """What a GPU is, the first that applies in this order."""
 
+    HELD_TWICE = "held-twice"  # two claims' allocations name it, and they may not share it
     DEGRADED = "degraded"  # the agent reports it unhealthy
     MISSING = "missing"  # a pod holds it, the node's inventory does not have it
     DRIFTED = "drifted"  # a holder's binding no longer matches its map
@@ -55,6 +56,9 @@ class GpuCell:
     state: CellState
     holders: tuple[Holder, ...] = ()
     reason: str = ""  # why degraded, drifted, renumbered, unverifiable or missing
+    #: The ResourceClaims (namespace/name) whose allocations name the GPU (dra enforcement, or
+    #: claims that kube-scheduler allocated): whoever allocated them, each holds it.
+    claims: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -68,6 +72,7 @@ class GpuCell:
                 {"namespace": h.namespace, "pod": h.pod, "map": h.map, "index": h.index}
                 for h in self.holders
             ],
+            "claims": list(self.claims),
         }
 
 
@@ -76,15 +81,22 @@ class _Slot:
     device: GpuDevice | None
     uuid: str
     holders: list[Holder] = field(default_factory=list)
+    claims: list[str] = field(default_factory=list)
+
+
+#: A claim's allocation of one GPU: (namespace/name of the claim, node, GPU UUID).
+ClaimedGpu = tuple[str, NodeName, str]
 
 
 def occupancy(
     inventories: Mapping[NodeName, NodeInventory],
     holders: Iterable[Holder],
     nodes: Iterable[NodeName] = (),
+    claims: Iterable[ClaimedGpu] = (),
 ) -> list[GpuCell]:
-    """Every GPU of every inventory (and of `nodes`, which may have none), each with its holders;
-    a GPU a pod holds that no inventory lists is a MISSING cell of its own."""
+    """Every GPU of every inventory (and of `nodes`, which may have none), each with its holders
+    and the claims whose allocations name it; a GPU a pod or a claim holds that no inventory
+    lists is a MISSING cell of its own."""
     cells: dict[NodeName, dict[str, _Slot]] = {n: {} for n in nodes}
     for node, inventory in inventories.items():
         row = cells.setdefault(node, {})
@@ -94,6 +106,8 @@ def occupancy(
         row = cells.setdefault(holder.node, {})
         for uuid in _uuids(holder, inventories.get(holder.node)):
             row.setdefault(uuid, _Slot(None, uuid)).holders.append(holder)
+    for claim, node, uuid in claims:
+        cells.setdefault(node, {}).setdefault(uuid, _Slot(None, uuid)).claims.append(claim)
     out = [_cell(node, slot) for node, row in cells.items() for slot in row.values()]
     return sorted(out, key=lambda c: (c.node, c.index is None, c.index or 0, c.uuid))
 
@@ -110,8 +124,9 @@ def _uuids(holder: Holder, inventory: NodeInventory | None) -> list[str]:
 
 def _cell(node: NodeName, slot: _Slot) -> GpuCell:
     holders = tuple(sorted(slot.holders, key=lambda h: (h.namespace, h.pod)))
+    claims = tuple(sorted(slot.claims))
     device = slot.device
-    state, reason = _state(device, holders)
+    state, reason = _state(device, holders, claims)
     return GpuCell(
         node,
         device.index if device is not None else None,
@@ -120,14 +135,21 @@ def _cell(node: NodeName, slot: _Slot) -> GpuCell:
         state,
         holders,
         reason,
+        claims,
     )
 
 
-def _state(device: GpuDevice | None, holders: tuple[Holder, ...]) -> tuple[CellState, str]:
+def _state(
+    device: GpuDevice | None, holders: tuple[Holder, ...], claims: tuple[str, ...]
+) -> tuple[CellState, str]:
+    # Pods that share the GPU by a shared slot have a claim each; a claim beyond them is a
+    # second owner.
+    if len(claims) > 1 and len(claims) > max(len(holders), 1):
+        return CellState.HELD_TWICE, f"allocated to {len(claims)} claims: {', '.join(claims)}"
     if device is not None and not device.healthy:
         return CellState.DEGRADED, device.health_reason
     if device is None:
-        return CellState.MISSING, "held by a pod, not in the node's inventory"
+        return CellState.MISSING, "held, not in the node's inventory"
     for state, attribute in (
         (CellState.DRIFTED, "drifted"),
         (CellState.RENUMBERED, "renumbered"),
@@ -138,7 +160,7 @@ def _state(device: GpuDevice | None, holders: tuple[Holder, ...]) -> tuple[CellS
             return state, why
     if len(holders) > 1:
         return CellState.SHARED, ""
-    return (CellState.HELD if holders else CellState.FREE), ""
+    return (CellState.HELD if holders or claims else CellState.FREE), ""
 
 
 def summary(cells: Iterable[GpuCell]) -> dict[str, int]:

@@ -158,5 +158,29 @@ def test_json_and_yaml_carry_the_same_cells() -> None:
         "state": "held",
         "reason": "",
         "holders": [{"namespace": "ml", "pod": "web-0", "map": "llm", "index": 0}],
+        "claims": [],
     }
     assert data["summary"]["free"] == 4
+
+
+def test_a_gpu_two_claims_allocate_is_held_twice_and_a_claim_alone_holds_it() -> None:
+    """Claims hold GPUs whoever allocated them: a tenant's claim beside a gpuplace pod's claim
+    is a second owner; the claims of two pods sharing a GPU by a shared slot are not."""
+    holders = [holder("web-0", A, 0), holder("web-1", B, 1), holder("web-2", B, 1)]
+    claims = [
+        ("ml/web-0-gpus", A, "GPU-node-a-0"),
+        ("tenant-a/squat", A, "GPU-node-a-0"),
+        ("tenant-a/own", A, "GPU-node-a-1"),
+        ("ml/web-1-gpus", B, "GPU-node-b-1"),
+        ("ml/web-2-gpus", B, "GPU-node-b-1"),
+    ]
+    cells = {(c.node, c.index): c for c in occupancy(INVENTORIES, holders, claims=claims)}
+    twice = cells[(A, 0)]
+    assert twice.state is CellState.HELD_TWICE
+    assert twice.reason == "allocated to 2 claims: ml/web-0-gpus, tenant-a/squat"
+    assert (cells[(A, 1)].state, cells[(A, 1)].claims) == (CellState.HELD, ("tenant-a/own",))
+    assert cells[(B, 1)].state is CellState.SHARED
+    text = grid(list(cells.values()))
+    assert "2 claims !held-twice" in text
+    assert "node-a GPU1 GPU-node-a-1  held  held by claim tenant-a/own" in text
+    assert cells[(A, 0)].to_dict()["claims"] == ["ml/web-0-gpus", "tenant-a/squat"]
