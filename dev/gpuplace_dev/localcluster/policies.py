@@ -9,6 +9,10 @@ every integration test runs under what a release of the chart enforces:
 - `gpuplace-pod-bindings`: gpuplace.io/* annotations come only through the Binding subresource and
   never change; a map's pods get CUDA_VISIBLE_DEVICES only as the webhook wires it and only the
   binder's schedulerName.
+- `gpuplace-gpu-claims` (rendered for `dra` enforcement, `dra_policies`): only gpuplace creates
+  claims and claim templates of the DeviceClasses it manages. Not installed by LocalCluster: the
+  tests of dra enforcement install it (their controller runs as a cluster administrator, which
+  the policy lets through).
 
 The local copies are named with the prefix `localcluster-`, so that `helm install` into a local
 cluster creates the chart's own (identical) objects instead of refusing to adopt these.
@@ -31,6 +35,7 @@ LOCAL_PREFIX = "localcluster-"
 AGENT = "gpuplace-agent"
 CONTROLLER = "gpuplace-controller"
 POD_BINDINGS = "gpuplace-pod-bindings"
+GPU_CLAIMS = "gpuplace-gpu-claims"
 _TEMPLATES = (
     "agent-validatingadmissionpolicy.yaml",
     "agent-validatingadmissionpolicybinding.yaml",
@@ -45,10 +50,20 @@ class PolicyError(RuntimeError):
     """helm could not render the chart's policies."""
 
 
+_DRA_TEMPLATES = (
+    "gpu-claims-validatingadmissionpolicy.yaml",
+    "gpu-claims-validatingadmissionpolicybinding.yaml",
+)
+_DRA_VALUES = ("--set", "global.enforcement.mode=dra")
+
+
 @functools.cache
-def _rendered() -> tuple[dict[str, Any], ...]:
+def _rendered(
+    templates: tuple[str, ...] = _TEMPLATES, values: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], ...]:
     argv = [str(helm_binary()), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
-    for template in _TEMPLATES:
+    argv += values
+    for template in templates:
         argv += ["--show-only", f"templates/{template}"]
     result = subprocess.run(
         argv, capture_output=True, text=True, check=False, timeout=120, env=helm_env()
@@ -63,11 +78,19 @@ def chart_policies(*names: str) -> list[dict[str, Any]]:
     return [copy.deepcopy(o) for o in _rendered() if o["metadata"]["name"] in names]
 
 
-def local_copies(*names: str, prefix: str = LOCAL_PREFIX) -> list[dict[str, Any]]:
-    """`chart_policies(*names)` renamed with `prefix`, without the release's labels and
-    annotations (they belong to no release)."""
+def dra_policies(*names: str) -> list[dict[str, Any]]:
+    """The policies `names` and their bindings as the chart renders them in `dra` enforcement."""
+    rendered = _rendered(_DRA_TEMPLATES, _DRA_VALUES)
+    return [copy.deepcopy(o) for o in rendered if o["metadata"]["name"] in names]
+
+
+def local_copies(
+    *names: str, prefix: str = LOCAL_PREFIX, dra: bool = False
+) -> list[dict[str, Any]]:
+    """`chart_policies(*names)` (`dra_policies` with `dra`) renamed with `prefix`, without the
+    release's labels and annotations (they belong to no release)."""
     out = []
-    for obj in chart_policies(*names):
+    for obj in dra_policies(*names) if dra else chart_policies(*names):
         spec = obj["spec"]
         if obj["kind"] == "ValidatingAdmissionPolicyBinding":
             spec["policyName"] = prefix + spec["policyName"]
