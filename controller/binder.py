@@ -221,7 +221,7 @@ class Binder:
         if bound.trust is None:
             raise RuntimeError("the binder judged a bound pod before the key ring was loaded")
         holding = bound.holding(shared_maps)
-        if holding is None and self.settings.legacy:
+        if holding is None and podfacts.is_legacy(bound.pod, self.settings):
             holding = self._adopt_prebound(bound.uid, bound.pod)
         if holding is not None:
             self.held_twice.report(bound.pod, self.cache.add_bound(holding))

@@ -3,6 +3,7 @@ decision, and a bound pod's binding, decoded and judged once."""
 
 from __future__ import annotations
 
+from controller.settings import BinderSettings
 from controller.slotcache import Holding
 from controller.trustreport import Judged
 from kubeio.pod import Pod
@@ -13,12 +14,20 @@ from placement.annotations import (
     legacy_map_key,
 )
 from placement.binding import Cluster, PodFacts
+from placement.declared import declared_elsewhere
 from placement.devices import GpuId
 from placement.gate import Path, identify, judge
 from placement.keyring import TrustView, Verdict
 from placement.nodes import resolve_node
 from placement.podmeta import legacy_text_of, map_name_of, prebound_line, rank_annotations_of
 from placement.types import NodeName, Sharing, SlotKey
+
+
+def is_legacy(pod: Pod, settings: BinderSettings) -> bool:
+    """Whether a pod is the earlier tools' (one of their schedulerNames): only those are placed or
+    hold GPUs by a gpu-scheduling-map line of their own; a pod of the binder's name carrying one
+    skipped the legacy checks of the webhook and never does."""
+    return settings.legacy and pod.scheduler_name in settings.legacy_scheduler_names
 
 
 def facts(pod: Pod, legacy: bool) -> PodFacts:
@@ -122,7 +131,8 @@ def flagged_unverifiable(pod: Pod) -> bool:
 def prebound_legacy(pod: Pod, cluster: Cluster) -> Holding | str | None:
     """What a pod that another scheduler bound holds, by its `gpu-scheduling-map` line (cut-over
     from the earlier tools): a Holding; a reason it holds nothing (the gate refuses it: its line
-    resolves to another node than the one it runs on, or outside its namespace's grants); or
+    resolves to another node than the one it runs on, or outside its namespace's grants, or a
+    GPU a served map slot declares, `placement.declared`); or
     None when it is not such a pod (gpuplace annotations, no line for its index)."""
     line = prebound_line(pod)
     if line is None or line.index is None or line.entry is None:
@@ -149,6 +159,13 @@ def prebound_legacy(pod: Pod, cluster: Cluster) -> Holding | str | None:
     )
     if refusal is not None:
         return f"pod {pod.key} annotation gpu-scheduling-map: {refusal}"
+    # A pod no scheduler placed does not take a GPU a served slot declares (its pod away).
+    taken = declared_elsewhere(cluster.model, pod.namespace, pod.name, node, devices)
+    if taken is not None:
+        return (
+            f"pod {pod.key} annotation gpu-scheduling-map line {entry.line}: the pod was bound "
+            f"to node {node} by another scheduler, but {taken}: it holds no GPUs"
+        )
     # Kept by UUID, as binder holdings are, whenever the node's inventory names the device.
     gpus = tuple(
         GpuId.of_uuid(d.uuid) if d.uuid is not None else GpuId.of(ref)

@@ -13,15 +13,15 @@ from enum import StrEnum
 from typing import Protocol
 
 from placement.annotations import (
-    LEGACY_MAP_PREFIX,
     LEGACY_NODE_LABEL,
     BindingDecision,
     legacy_map_key,
 )
-from placement.devices import DeclaredDevices, GpuId, gpu_ids
+from placement.declared import declared_elsewhere
+from placement.devices import DeclaredDevices, GpuId
 from placement.errors import PlacementError
+from placement.gate import Device, identify, judge
 from placement.gate import Path as GatePath
-from placement.gate import identify, judge
 from placement.indexing import IndexSource, PodIdentity, resolve_index
 from placement.inventory import NodeInventory, device_problems, taint_problem
 from placement.legacy import LegacyEntry, pod_line, shared_gpus
@@ -515,7 +515,7 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
     )
     if isinstance(outcome, Status):
         return outcome
-    return _declared_elsewhere(source, key, slot, cluster.model) or outcome
+    return _declared_elsewhere(source, pod.name, pod.namespace, slot, cluster.model) or outcome
 
 
 def _legacy_slot(
@@ -576,30 +576,23 @@ def _legacy_slot(
 
 
 def _declared_elsewhere(
-    source: str, legacy: MapKey, slot: CompiledSlot, model: Model
+    source: str, pod_name: str, namespace: str, slot: CompiledSlot, model: Model
 ) -> Status | None:
-    """A GPU the model serves to a map's slot is that slot's, held or not: a legacy line (held
-    exclusively) does not take it while the map's pod is away (restarting, evicted). The one
-    exception is the same slot written both ways: the line of index i of the pods `<name>-<i>`
-    serves index i of map `<name>` of their namespace (a map made from the same
-    `gpu-scheduling-map` text, its pods not migrated yet), as the map's own pod would."""
-    namespace, name = legacy.namespace, legacy.name.removeprefix(LEGACY_MAP_PREFIX)
-    ids = [*slot.gpus, *gpu_ids((), slot.device_indices)] if slot.devices else list(slot.gpus)
-    for gpu in dict.fromkeys(ids):
-        declaring = [
-            d
-            for d in model.declared_by(slot.node, gpu)
-            if not (d.map == MapKey(namespace, name) and d.index == slot.index)
-        ]
-        if declaring:
-            other = declaring[0]
-            return _wait(
-                Reason.DEVICE_BUSY,
-                f"{source}: GPU {gpu} on node {slot.node} is declared by map {other.map} index "
-                f"{other.index}; it stays that slot's while its pod is away",
-                WakeKey.model(),
-            )
-    return None
+    """A GPU the model serves to a map's slot is that slot's, held or not: a legacy line does not
+    take it while the map's pod is away (`placement.declared`, which also names the one
+    exception, the same slot written both ways)."""
+    if slot.resolved:
+        devices = tuple(
+            Device(u, i) for u, i in zip(slot.devices, slot.device_indices, strict=True)
+        )
+    else:
+        devices = tuple(Device(index=i) for i in slot.device_indices) or tuple(
+            Device(uuid=u) for u in slot.devices
+        )
+    found = declared_elsewhere(model, namespace, pod_name, slot.node, devices)
+    if found is None:
+        return None
+    return _wait(Reason.DEVICE_BUSY, f"{source}: {found}", WakeKey.model())
 
 
 def slot_status(uid: str, slot_key: SlotKey, cluster: Cluster, slots: SlotView) -> Status | None:

@@ -11,6 +11,7 @@ exclusive. Only a PlacementMap that says `sharing: exclusive` explicitly refuses
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -118,6 +119,60 @@ def pod_line(text: str, pod_name: str, source: str) -> PodLine:
     index = name_ordinal(pod_name)
     entry = None if index is None else next((e for e in entries if e.index == index), None)
     return PodLine(entries, index, entry)
+
+
+#: At most this many other lines naming the pod's node are read for sharing (`own_line`).
+MAX_PARTNER_LINES = 64
+_INDEX_RE = re.compile(r"^[ \t]*(\d+)[ \t]*=", re.MULTILINE)
+
+
+def own_line(
+    text: str, pod_name: str, source: str, *, max_partners: int = MAX_PARTNER_LINES
+) -> PodLine:
+    """A pod's annotation read for admission at a cost that does not grow with the text: nothing
+    is parsed for a name without a `-<n>` suffix; otherwise only the pod's own line (its errors
+    located as `pod_line` locates them) and at most `max_partners` other lines naming the same
+    node (for the GPUs they share) are parsed, found by a scan in C. The other lines are read
+    in full, with every error, by the binder (`pod_line`) before the pod is bound."""
+    index = name_ordinal(pod_name)
+    if index is None:
+        return PodLine((), None, None)
+    size = oversized(text, MAX_LEGACY_BYTES)
+    if size is not None:
+        parse_legacy(text, source)  # raises the located error for the size
+    # splitlines' line breaks, as parse_legacy counts lines, each made one "\n".
+    flat = "\n".join(text.splitlines())
+
+    def read(match: re.Match[str]) -> LegacyEntry:
+        lineno = flat.count("\n", 0, match.start()) + 1
+        end = flat.find("\n", match.start())
+        raw = flat[match.start() : end if end >= 0 else len(flat)]
+        try:
+            return _parse_line(raw.split("#", 1)[0], lineno, 0, 0)
+        except _LineError as exc:
+            loc = Location(source, lineno, exc.column)
+            raise PlacementError((Diagnostic(loc, exc.message, hint=exc.hint),)) from None
+
+    mine = re.compile(rf"^[ \t]*0*{index}[ \t]*=", re.MULTILINE).search(flat)
+    if mine is None:
+        return PodLine((), index, None)
+    entry = read(mine)
+    partners = re.compile(rf"^[ \t]*\d+[ \t]*=[ \t]*{re.escape(entry.node)}[ \t]*:", re.MULTILINE)
+    entries = {entry.line: entry}
+    for found in partners.finditer(flat):
+        if len(entries) > max_partners:
+            break
+        try:
+            other = read(found)
+        except PlacementError:
+            continue  # the binder reports it, located, before the pod is bound
+        entries.setdefault(other.line, other)
+    return PodLine(tuple(entries[k] for k in sorted(entries)), index, entry)
+
+
+def declared_indices(text: str) -> list[int]:
+    """The indices the text's lines declare, sorted, found by a scan (for a message)."""
+    return sorted({int(i) for i in _INDEX_RE.findall(text) if len(i) <= 9})
 
 
 def _parse_line(content: str, lineno: int, line_offset: int, column_offset: int) -> LegacyEntry:

@@ -25,17 +25,19 @@ from placement.annotations import (
     MAP_LABEL,
     PLACEMENT_MAP_LABEL,
     STATUS_ANNOTATION,
+    name_ordinal,
     spoofed_annotations,
 )
+from placement.declared import Declared, declared_elsewhere
 from placement.dra import POD_CLAIM_NAME, Enforcement, template_name
 from placement.errors import PlacementError
 from placement.gate import Path as GatePath
 from placement.gate import Refusal, identify, judge
 from placement.grants import GrantView
 from placement.indexing import describe_source, resolve_index
-from placement.legacy import LegacyEntry, shared_gpus
+from placement.legacy import LegacyEntry, declared_indices, own_line, shared_gpus
 from placement.model import CompiledMap, Model
-from placement.podmeta import identity_of, legacy_line
+from placement.podmeta import identity_of, legacy_text_of
 from placement.types import EnvMode, Indexing, MapKey
 from webhook.jsonpatch import Operation, add, pointer, remove
 from webhook.review import AdmissionRequest, Verdict
@@ -360,33 +362,41 @@ def claim_wiring(pod: PodView, template: str) -> list[Operation]:
     return ops
 
 
-def _admit_legacy(pod: PodView, grants: GrantView) -> Verdict:
+def _admit_legacy(pod: PodView, model: Model) -> Verdict:
     source = f"pod {pod} annotation {LEGACY_ANNOTATION}"
-    try:
-        line = legacy_line(pod.pod)
-    except PlacementError as exc:
-        return Verdict.deny(exc.format(), code=422, reason="Invalid")
-    if not line.entries:
-        return Verdict.deny(
-            f"{source}: the map has no entries (expected lines like '0=node1:0,1')",
-            code=422,
-            reason="Invalid",
-        )
-    index, entry = line.index, line.entry
-    if index is None:
+    text = legacy_text_of(pod.pod) or ""
+    # Refused before the text is read: the admission loop answers every other team's pods too.
+    if name_ordinal(pod.name) is None:
         return Verdict.deny(
             f"pod {pod}: pods using annotation {LEGACY_ANNOTATION} take their index from the name's "
             "'-<n>' suffix, and this name has none; run them as a StatefulSet"
         )
-    if entry is None:
-        declared = sorted({e.index for e in line.entries})
+    try:
+        line = own_line(text, pod.name, source)
+    except PlacementError as exc:
+        return Verdict.deny(exc.format(), code=422, reason="Invalid")
+    index, entry = line.index, line.entry
+    if entry is None or index is None:
+        declared = declared_indices(text)
+        if not declared:
+            return Verdict.deny(
+                f"{source}: the map has no entries (expected lines like '0=node1:0,1')",
+                code=422,
+                reason="Invalid",
+            )
         return Verdict.deny(
             f"pod {pod}: annotation {LEGACY_ANNOTATION} has no line for index {index} (the pod "
             f"name's suffix); it declares {describe_indices(declared)}"
         )
-    refusal = _gate_line(pod, entry, grants)
+    refusal = _gate_line(pod, entry, model.grants)
     if refusal is not None:
         return Verdict.deny(f"{source}:{entry.line}:{entry.node_column}: error: {refusal}")
+    if pod.pod.node_name:
+        taken = declared_elsewhere(
+            model, pod.namespace, pod.name, pod.pod.node_name, identify(None, entry.devices)
+        )
+        if taken is not None:
+            return Verdict.deny(_squatting(pod, f"{source}:{entry.line}", taken))
     sharing = [
         f"annotation {LEGACY_ANNOTATION}: {shared.describe()}"
         for shared in shared_gpus(line.entries)
@@ -394,6 +404,14 @@ def _admit_legacy(pod: PodView, grants: GrantView) -> Verdict:
     ]
     ops, warnings = _wiring(pod, EnvMode.INDEX, None)
     return Verdict(True, patch=ops, warnings=(*sharing, *warnings))
+
+
+def _squatting(pod: PodView, where: str, taken: Declared) -> str:
+    return (
+        f"{where}: error: pod {pod} is created bound to node {taken.node} (spec.nodeName), but "
+        f"{taken}; a pod that no scheduler placed may not take it: remove spec.nodeName and let "
+        "the binder place the pod, or give it another GPU"
+    )
 
 
 def _gate_line(pod: PodView, entry: LegacyEntry, grants: GrantView) -> Refusal | None:
@@ -430,5 +448,5 @@ def admit_pod(request: AdmissionRequest, model: Model, settings: AdmissionSettin
         and LEGACY_ANNOTATION in pod.annotations
         and pod.pod.scheduler_name in settings.legacy_scheduler_names
     ):
-        return _admit_legacy(pod, model.grants)
+        return _admit_legacy(pod, model)
     return Verdict(True)

@@ -128,12 +128,12 @@ DENIED = [
         ("spec.nodeName 'gpu-node-00'", "remove spec.nodeName"),
     ),
     Denied(
-        "legacy annotation with a broken line",
-        make_pod("web-0")
+        "legacy annotation whose own line is broken",
+        make_pod("web-1")
         .annotation(LEGACY_ANNOTATION, "0=node1:0,1\n1=node2:x\n")
         .scheduler("gpu-scheduler")
         .obj(),
-        (f"pod inference/web-0 annotation {LEGACY_ANNOTATION}:2:9: error:", "'x'"),
+        (f"pod inference/web-1 annotation {LEGACY_ANNOTATION}:2:9: error:", "'x'"),
         code=422,
     ),
     Denied(
