@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 from controller import podfacts
 from controller.bindsend import Dispatcher, SideWrites, Waiting
@@ -24,6 +23,7 @@ from controller.dra import ClaimWriter, DraTracker
 from controller.gangs import Gangs
 from controller.heldtwice import HeldTwice, MapRef
 from controller.metrics import ControllerMetrics
+from controller.onepod import OnePod
 from controller.pendingreport import PendingReports
 from controller.queue import SchedulingQueue
 from controller.settings import BinderSettings
@@ -33,10 +33,8 @@ from kubeio.client import Kube
 from kubeio.events import WARNING, EventRecorder
 from kubeio.loop import RequestLoop, Sender
 from kubeio.pod import Pod
-from placement.binding import Cluster, Code, Placement, PodFacts, Status, plan
-from placement.draalloc import ClaimPlan
+from placement.binding import Cluster
 from placement.keyring import RingKey, TrustView
-from placement.podmeta import map_name_of
 from placement.reasons import Reason
 from placement.types import MapKey, SlotKey
 from placement.wake import WakeKey
@@ -49,9 +47,11 @@ class Binder:
 
     Contract: informer threads feed pods (`on_pod`, `rebuild`) and wake keys (`wake`); the binder
     thread pops and decides (`_decide`), the only place a slot or GPU is chosen, so decisions never
-    race. `_lock` guards the pending pods and the set in flight; the slot cache and the queue have
-    locks of their own. A decision is assumed in the cache before its Binding is sent and is
-    confirmed when the Binding succeeds or forgotten when it fails (every assume has a forget).
+    race: a pod alone by the steps of controller/onepod.py, a gang's members together by
+    controller/gangs.py with the same steps. `_lock` guards the pending pods and the set in
+    flight; the slot cache and the queue have locks of their own. A decision is assumed in the
+    cache before its Binding is sent and is confirmed when the Binding succeeds or forgotten when
+    it fails (every assume has a forget).
     In dra enforcement, `finalizers` (claimfinalizers.py) protects each pod's claim on threads of
     its own from the moment the claim is seen, so that Reserve normally is the claim's status
     write alone, sent from the loop right before the Binding.
@@ -131,15 +131,10 @@ class Binder:
         )
         self._thread: threading.Thread | None = None
         self.active = threading.Event()
-        self.gangs = Gangs(
-            lambda pod: podfacts.facts(pod, settings.legacy),
-            self._outcome,
-            self._wait,
-            self._send,
-            self._pods,
-            self._lock,
-            metrics.gangs_stuck.set,
+        self.steps = OnePod(
+            settings, metrics, self.cache, self.queue, self.pending, waiting, self.dispatcher, dra
         )
+        self.gangs = Gangs(self.steps, waiting, metrics.gangs_stuck.set)
 
     # -- feeding -------------------------------------------------------------------------------
     def rebuild(self, pods: Iterable[Pod], shared_maps: set[str]) -> int:
@@ -187,9 +182,7 @@ class Binder:
             self._pods[uid] = pod
             if uid in self._in_flight:
                 return
-        map_name = map_name_of(pod)
-        if map_name is not None:
-            self.gangs.note(MapKey(pod.namespace, map_name), uid)
+        self.gangs.note(uid, pod)
         self.queue.add(uid)
         self.metrics.pending.set(len(self._pods))
         if self.finalizers is not None and self.dra is not None and self._thread is not None:
@@ -221,7 +214,7 @@ class Binder:
         if bound.trust is None:
             raise RuntimeError("the binder judged a bound pod before the key ring was loaded")
         holding = bound.holding(shared_maps)
-        if holding is None and podfacts.is_legacy(bound.pod, self.settings):
+        if holding is None and self.settings.legacy:
             holding = self._adopt_prebound(bound.uid, bound.pod)
         if holding is not None:
             self.held_twice.report(bound.pod, self.cache.add_bound(holding))
@@ -342,79 +335,10 @@ class Binder:
         if not self.fence():
             self.dispatcher.fenced(uid)
             return
-        facts = podfacts.facts(pod, self.settings.legacy)
+        facts = self.steps.facts(pod)
         cluster = self.cluster()
-        gang = self.gangs.gang_of(facts, cluster, self.cache)
-        if gang is not None:
-            self.gangs.decide(uid, pod, gang, cluster)
-            return
-        outcome, claim = self._outcome(pod, facts, cluster)
-        if isinstance(outcome, Status):
-            self._wait(uid, pod, outcome)
-            return
-        self._send(uid, pod, outcome, claim)
-
-    def _outcome(
-        self, pod: Pod, facts: PodFacts, cluster: Cluster
-    ) -> tuple[Placement | Status, ClaimPlan | None]:
-        """The decision for one pod alone, its claim checked in dra enforcement."""
-        outcome: Placement | Status = plan(facts, cluster, self.cache)
-        self._park(cluster, facts, outcome)
-        claim: ClaimPlan | None = None
-        if isinstance(outcome, Placement) and self.dra is not None and facts.map_name is not None:
-            tolerations = cluster.model.tolerations(outcome.slot.map, outcome.slot.index)
-            state = cluster.inventories.get(outcome.decision.node)
-            checked = self.dra.check(
-                pod,
-                outcome,
-                self.cache,
-                tolerations,
-                cluster.model.grants,
-                state.inventory if state is not None else None,
-            )
-            if isinstance(checked, Status):
-                outcome = checked
-            else:
-                claim = checked
-                # The container sees only its own GPUs: host indices would name the wrong ones.
-                uuids = ",".join(outcome.decision.devices)
-                outcome = replace(
-                    outcome, decision=replace(outcome.decision, cuda_visible_devices=uuids)
-                )
-        return outcome, claim
-
-    def _wait(self, uid: str, pod: Pod, outcome: Status) -> None:
-        self.metrics.unschedulable.labels(outcome.reason).inc()
-        if outcome.code is Code.UNRESOLVABLE and not outcome.waits_for:
-            self.queue.unschedulable(uid, frozenset({WakeKey.pod(uid)}))
-        else:
-            self.queue.unschedulable(uid, outcome.waits_for, outcome.cohort)
-        self._report(pod, outcome)
-
-    def _send(self, uid: str, pod: Pod, outcome: Placement, claim: ClaimPlan | None) -> None:
-        """Assumes the decision and sends its writes (every assume has a forget on failure)."""
-        self.queue.placed(uid)
-        self.pending.settle(uid)
-        self.cache.assume(uid, pod.key, outcome)
-        with self._lock:
-            self._in_flight.add(uid)
-        try:
-            self.dispatcher.dispatch(uid, pod, outcome, claim)
-        except Exception:
-            self.cache.forget(uid)
-            self.dispatcher.finish(uid, requeue=False)
-            raise
-
-    def _park(self, cluster: Cluster, facts: PodFacts, outcome: Placement | Status) -> None:
-        """The free slots an allocation found unservable are left out of the next decisions
-        until what they wait for changes (`wake`)."""
-        if outcome.unservable and facts.map_name is not None:
-            cmap = cluster.model.maps.get(MapKey(facts.namespace, facts.map_name))
-            if cmap is not None:
-                self.cache.park(cmap, outcome.unservable)
-
-    def _report(self, pod: Pod, status: Status) -> None:
-        self.pending.report(pod, status)
+        if not self.gangs.decide(uid, pod, facts, cluster):
+            self.steps.decide(uid, pod, facts, cluster)
 
     # -- a second holder ------------------------------------------------------------------------
     def _may_share(self, a: Holding, b: Holding, gpu: str) -> bool:

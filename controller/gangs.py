@@ -11,7 +11,9 @@ GangStuck (condition and Event) and `gpuplace_gangs_stuck` counts it; it still b
 at all. Once the gang holds a slot, its pods are decided alone (a restarted rank).
 
 Contract: `note` and `forget` are called from informer threads and the binder thread, under
-`_lock`; `decide` and the clocks run on the binder thread only.
+`_lock`; `decide` and the clocks run on the binder thread only. Each member is planned, reported
+and sent by the binder's own steps for one pod (controller/onepod.py), so a gang's pod waits and
+binds exactly as a pod decided alone does.
 """
 
 from __future__ import annotations
@@ -21,30 +23,22 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from controller.bindsend import Waiting
+from controller.onepod import OnePod
 from kubeio.pod import Pod
-from placement.binding import Cluster, Placement, PodFacts, SlotView, Status
+from placement.binding import Cluster, PodFacts, SlotView
 from placement.draalloc import ClaimPlan
 from placement.gang import GangVerdict, Member, decide, gang_is_bound, unranked
 from placement.indexing import resolve_index
 from placement.model import CompiledMap
-from placement.podmeta import identity_of
+from placement.podmeta import identity_of, map_name_of
 from placement.types import MapKey
-
-#: The binder's per-pod steps, as the gang uses them: plan one pod (with its claim), park one
-#: with a status, send one placement.
-Outcome = Callable[[Pod, PodFacts, Cluster], "tuple[Placement | Status, ClaimPlan | None]"]
-Wait = Callable[[str, Pod, Status], None]
-Send = Callable[[str, Pod, Placement, "ClaimPlan | None"], None]
 
 
 @dataclass
 class Gangs:
-    facts: Callable[[Pod], PodFacts]
-    outcome: Outcome
-    wait: Wait
-    send: Send
-    pending: Mapping[str, Pod]  # the binder's waiting pods (read under `pending_lock`)
-    pending_lock: threading.Lock
+    steps: OnePod  # the binder's steps for one pod: each member is planned, parked, sent alike
+    waiting: Waiting  # the binder's waiting pods (read under its lock)
     report_stuck: Callable[[int], None] = lambda _count: None  # gpuplace_gangs_stuck
     clock: Callable[[], float] = time.monotonic
     _members: dict[MapKey, dict[str, None]] = field(default_factory=dict)
@@ -53,8 +47,12 @@ class Gangs:
     _stuck: set[MapKey] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def note(self, key: MapKey, uid: str) -> None:
-        """A waiting pod of map `key` (any map: whether it is a gang is read when deciding)."""
+    def note(self, uid: str, pod: Pod) -> None:
+        """A waiting pod of a map (any map: whether it is a gang is read when deciding)."""
+        name = map_name_of(pod)
+        if name is None:
+            return
+        key = MapKey(pod.namespace, name)
         with self._lock:
             self._members.setdefault(key, {})[uid] = None
             self._map_of[uid] = key
@@ -69,6 +67,15 @@ class Gangs:
                     if not line:
                         del self._members[key]
 
+    def decide(self, uid: str, pod: Pod, facts: PodFacts, cluster: Cluster) -> bool:
+        """Decides the pod with its gang when it is a member of a gang that holds no slot; False
+        when it is not (the binder decides it alone)."""
+        cmap = self.gang_of(facts, cluster, self.steps.cache)
+        if cmap is None:
+            return False
+        self._decide(uid, pod, cmap, cluster)
+        return True
+
     def gang_of(self, facts: PodFacts, cluster: Cluster, slots: SlotView) -> CompiledMap | None:
         """The pod's gang map, when the gang holds no slot (a bound gang's pods go alone)."""
         if facts.map_name is None:
@@ -78,20 +85,20 @@ class Gangs:
             return None
         return cmap
 
-    def decide(self, uid: str, pod: Pod, cmap: CompiledMap, cluster: Cluster) -> None:
+    def _decide(self, uid: str, pod: Pod, cmap: CompiledMap, cluster: Cluster) -> None:
         """Decides the whole gang of `pod` (see the module's docstring)."""
         members: list[Member] = []
         pods: dict[str, Pod] = {}
         claims: dict[str, ClaimPlan | None] = {}
         for other_uid, other in self._waiting(cmap.key, uid, pod):
-            facts = self.facts(other)
+            facts = self.steps.facts(other)
             choice = resolve_index(identity_of(other), cmap.indexing, cmap.ranks)
             if not choice.ranked:
                 if other_uid == uid:
-                    self.wait(uid, pod, unranked(cmap))
+                    self.steps.wait(uid, pod, unranked(cmap))
                     return
                 continue
-            outcome, claim = self.outcome(other, facts, cluster)
+            outcome, claim = self.steps.outcome(other, facts, cluster)
             members.append(Member(other_uid, choice.index, outcome))
             pods[other_uid] = other
             claims[other_uid] = claim
@@ -99,7 +106,7 @@ class Gangs:
         if verdict.bind:
             self._bound(cmap.key)
             for member_uid, placement in verdict.bind:
-                self.send(member_uid, pods[member_uid], placement, claims[member_uid])
+                self.steps.send(member_uid, pods[member_uid], placement, claims[member_uid])
             return
         self._report(cmap.key, uid, pod, pods, verdict)
 
@@ -107,8 +114,9 @@ class Gangs:
         """The gang's waiting pods, oldest first, this one included."""
         with self._lock:
             uids = list(self._members.get(key, {}))
-        with self.pending_lock:
-            found = [(u, self.pending[u]) for u in uids if u in self.pending]
+        with self.waiting.lock:
+            pending = self.waiting.pods
+            found = [(u, pending[u]) for u in uids if u in pending]
         if not any(u == uid for u, _ in found):
             found.append((uid, pod))
         return found
@@ -134,10 +142,10 @@ class Gangs:
         """The pod decided reports the gang's status; when the gang turns stuck, every member
         does (the condition and Event of each, once)."""
         assert verdict.status is not None
-        self.wait(uid, pod, verdict.status)
+        self.steps.wait(uid, pod, verdict.status)
         if verdict.stuck and key not in self._stuck:
             self._stuck.add(key)
             self.report_stuck(len(self._stuck))
             for other_uid, other in pods.items():
                 if other_uid != uid:
-                    self.wait(other_uid, other, verdict.status)
+                    self.steps.wait(other_uid, other, verdict.status)
