@@ -683,10 +683,44 @@ def _rules(policy: dict[str, Any]) -> list[tuple[int, list[dict[str, Any]]]]:
     return [(r["ports"][0]["port"], r["from"]) for r in policy["spec"]["ingress"]]
 
 
-def test_no_network_policy_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+#: The release namespace's own pods, which every metrics port admits.
+SAME_NAMESPACE = {"podSelector": {}}
+
+
+def test_by_default_the_controller_and_agent_policies_admit_their_namespace_to_metrics(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """On where they cannot break an install (the kubelet's probes come from the node, which
+    NetworkPolicy always admits); the webhook's waits for the apiserver's addresses."""
+    policies = _policies(rendered["default"])
+    assert set(policies) == {"controller", "agent"}
+    assert _rules(policies["controller"]) == [(8080, [SAME_NAMESPACE])]
+    assert _rules(policies["agent"]) == [(8081, [SAME_NAMESPACE])]
     for name, objects in rendered.items():
         if not name.startswith("network-policy"):
-            assert not find(objects, "NetworkPolicy"), name
+            assert "webhook" not in _policies(objects), name
+
+
+def test_a_service_monitor_with_no_scrapers_named_keeps_its_scrapes(tmp_path: Path) -> None:
+    values = {"global": {"serviceMonitor": {"enabled": True}}}
+    policies = _policies(render(Scenario("scraped", values), tmp_path))
+    everywhere = [SAME_NAMESPACE, {"namespaceSelector": {}}]
+    assert _rules(policies["controller"]) == [(8080, everywhere)]
+    assert _rules(policies["agent"]) == [(8081, everywhere)]
+
+
+def test_a_web_view_with_tokens_and_no_peers_named_is_open_to_every_source(
+    tmp_path: Path,
+) -> None:
+    values = {"controller": {"web": {"enabled": True, "authenticate": True}}}
+    policy = _policies(render(Scenario("web", values), tmp_path))["controller"]
+    web = policy["spec"]["ingress"][1]
+    assert web == {"ports": [{"port": 8090, "protocol": "TCP"}]}
+
+
+def test_network_policies_off_render_none(tmp_path: Path) -> None:
+    objects = render(Scenario("off", {"networkPolicy": {"enabled": False}}), tmp_path)
+    assert not find(objects, "NetworkPolicy")
 
 
 def test_network_policies_admit_only_the_named_peers_to_each_port(
@@ -720,8 +754,11 @@ def test_network_policies_admit_only_the_named_peers_to_each_port(
         ports = {p["containerPort"] for p in container(objects, component)["ports"]}
         assert {port for port, _ in _rules(policy)} <= ports
     assert _rules(policies["webhook"]) == [(8443, apiserver), (8443, monitoring)]
-    assert _rules(policies["controller"]) == [(8080, monitoring), (8090, ingress)]
-    assert _rules(policies["agent"]) == [(8081, monitoring)]
+    assert _rules(policies["controller"]) == [
+        (8080, [SAME_NAMESPACE, *monitoring]),
+        (8090, ingress),
+    ]
+    assert _rules(policies["agent"]) == [(8081, [SAME_NAMESPACE, *monitoring])]
 
 
 def test_network_policies_with_no_scrapers_admit_only_the_apiserver(
@@ -730,24 +767,20 @@ def test_network_policies_with_no_scrapers_admit_only_the_apiserver(
     policies = _policies(rendered["network-policy-closed"])
     peer = {"ipBlock": {"cidr": "192.168.0.0/16", "except": ["192.168.9.0/24"]}}
     assert _rules(policies["webhook"]) == [(8443, [peer])]
-    # The web view without tokens listens inside the pod: no peer may reach its port.
-    assert policies["controller"]["spec"]["ingress"] == []
-    assert policies["agent"]["spec"]["ingress"] == []
+    # The web view without tokens listens inside the pod: no rule for its port.
+    assert _rules(policies["controller"]) == [(8080, [SAME_NAMESPACE])]
+    assert _rules(policies["agent"]) == [(8081, [SAME_NAMESPACE])]
 
 
-def test_network_policy_without_the_apiserver_is_refused() -> None:
+def test_the_webhook_policy_waits_for_the_apiservers_addresses() -> None:
+    """A policy that missed the apiserver would refuse every placed pod: none is rendered
+    until networkPolicy.webhook.from names it."""
     result = helm(
-        "template",
-        "gpuplace",
-        str(CHART),
-        "--namespace",
-        NAMESPACE,
-        "--set",
-        "networkPolicy.enabled=true",
-        check=False,
-    )
-    assert result.returncode != 0
-    assert "networkPolicy.enabled needs networkPolicy.webhook.from" in result.stderr
+        "template", "gpuplace", str(CHART), "--namespace", NAMESPACE,
+        "--set", "networkPolicy.enabled=true",
+    )  # fmt: skip
+    objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+    assert set(_policies(objects)) == {"controller", "agent"}
 
 
 @pytest.mark.parametrize(

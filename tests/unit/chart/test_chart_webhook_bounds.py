@@ -25,6 +25,7 @@ def test_the_defaults_are_the_servers_own(tmp_path: Path) -> None:
     args = _args(tmp_path)
     defaults = ServerSettings()
     assert f"--max-connections={defaults.max_connections}" in args
+    assert f"--max-connections-per-client={defaults.max_connections_per_client}" in args
     assert f"--max-buffered-bytes={defaults.max_buffered_bytes}" in args
     assert f"--validation-threads={defaults.validation_threads}" in args
     assert f"--validation-queue-per-namespace={defaults.validation_queue_per_namespace}" in args
@@ -37,6 +38,7 @@ def test_values_become_flags_the_command_reads(tmp_path: Path) -> None:
     args = _args(
         tmp_path,
         maxConnections=64,
+        maxConnectionsPerClient=24,
         maxBufferedBytes=64 * 131072 + 3 * 1048576,
         validationThreads=3,
         validationQueuePerNamespace=2,
@@ -48,6 +50,7 @@ def test_values_become_flags_the_command_reads(tmp_path: Path) -> None:
     parsed = parser.parse_args([*args, "--bootstrap-tls"])
     server = settings_from(parsed).server
     assert (server.max_connections, server.max_buffered_bytes) == (64, 64 * 131072 + 3 * 1048576)
+    assert server.max_connections_per_client == 24
     assert (server.validation_threads, server.validation_queue_per_namespace) == (3, 2)
     assert server.validation_queue == 8
     assert (server.handshake_timeout_seconds, server.head_timeout_seconds) == (5.0, 4.0)
@@ -60,6 +63,7 @@ def test_unknown_or_impossible_bounds_are_refused_by_the_schema(tmp_path: Path) 
         "webhook:\n  bounds:\n    maxSockets: 10\n",
         "webhook:\n  bounds:\n    maxBufferedBytes: 1000\n",
         "webhook:\n  bounds:\n    timeoutSeconds: {write: 0}\n",
+        "webhook:\n  bounds:\n    maxConnectionsPerClient: -1\n",
     ):
         values = tmp_path / "values.yaml"
         values.write_text(text)
@@ -92,3 +96,12 @@ def test_bounds_too_small_for_the_processes_are_refused_before_install(tmp_path:
     assert (server.processes, server.max_buffered_bytes) == (4, least)
     with pytest.raises(ValueError, match=f"give at least {least}"):
         replace(server, max_buffered_bytes=70000000)
+
+
+def test_a_client_cap_above_the_ports_is_refused_before_install() -> None:
+    result = helm(
+        "template", RELEASE, str(CHART), "--set", "webhook.bounds.maxConnections=64",
+        "--set", "webhook.bounds.maxConnectionsPerClient=65", check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "maxConnectionsPerClient 65 exceeds webhook.bounds.maxConnections 64" in result.stderr
