@@ -21,7 +21,6 @@ from controller.changequeue import ChangeQueue
 from controller.dirty import DirtyMaps
 from controller.dra import DraTracker, TemplateKeeper
 from controller.drift import DriftTracker
-from controller.gitsource import GitSource
 from controller.grantkeeper import GrantKeeper
 from controller.informers import SharedInformers
 from controller.inventories import InventoryTracker
@@ -175,7 +174,6 @@ def build(
         informers.pods_held,
         lambda: maps.shared,
     )
-    git = GitSource(settings.git, inbox.put) if settings.source == "git" else None
     controller = Controller(
         settings,
         metrics,
@@ -196,7 +194,6 @@ def build(
         elector,
         leading,
         templates=templates,
-        git=git,
     )
     watch(controller, inbox, dra)
     return controller

@@ -74,7 +74,7 @@ class SharedInformers:
                 resync_seconds=resync,
                 optional=True,
             )
-        if s.source == "configmap" and s.resource_maps:
+        if s.resource_maps:
             resources = Informer(
                 kube,
                 PLACEMENT_MAPS.collection(),
@@ -82,7 +82,7 @@ class SharedInformers:
                 resync_seconds=resync,
                 optional=True,
             )
-        if s.source == "configmap" and s.configmap_maps:
+        if s.configmap_maps:
             sources = Informer(
                 kube,
                 CONFIGMAPS.collection(),

@@ -30,7 +30,6 @@ from controller.binder import Binder
 from controller.changequeue import ChangeQueue
 from controller.dirty import DirtyMaps
 from controller.drift import DriftTracker
-from controller.gitsource import GitSource
 from controller.grantkeeper import GrantKeeper
 from controller.informers import SharedInformers, snapshot
 from controller.inventories import InventoryTracker
@@ -81,7 +80,6 @@ class Controller:
     #: Set while this replica leads (between a finished start-up and the end of leadership).
     leading: threading.Event
     templates: TemplateSync | None = None
-    git: GitSource | None = None
     lost_leadership: threading.Event = field(default_factory=threading.Event, init=False)
     ready: threading.Event = field(default_factory=threading.Event, init=False)
     _loop_beat: float = field(default_factory=time.monotonic, init=False)
@@ -185,8 +183,6 @@ class Controller:
 
     def _wait_for_sync(self) -> None:
         self.informers.wait_synced()
-        if self.git is not None:
-            self.git.synced.wait()
         if self.settings.startup_delay_seconds:
             # Test hook: a start-up slower than the lease (a large cluster's first sync).
             log.warning("start-up delayed by %.1f s", self.settings.startup_delay_seconds)
@@ -235,8 +231,6 @@ class Controller:
     def run(self) -> None:
         """Blocks until stop() or the loss of leadership."""
         self.informers.start()
-        if self.git is not None:
-            self.git.start()
         loop = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
         loop.start()
         self.elector.run()
@@ -244,8 +238,6 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
         self.elector.stop()
-        if self.git is not None:
-            self.git.stop()
         self.informers.stop()
 
     def health_problems(self) -> list[str]:

@@ -38,14 +38,6 @@ class BinderSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class GitSourceSettings:
-    repo: str = ""
-    branch: str = "main"
-    path: str = ""
-    interval_seconds: float = 15.0
-
-
-@dataclass(frozen=True, slots=True)
 class ControllerSettings:
     kubeconfig: str | None = None
     identity: str = ""
@@ -56,12 +48,10 @@ class ControllerSettings:
     renew_deadline_seconds: float = 10.0
     retry_seconds: float = 2.0
     alias_label: str = LEGACY_NODE_LABEL
-    source: str = "configmap"  # configmap | git
     #: Which forms of a map the cluster source reads: labelled ConfigMaps, PlacementMap custom
     #: resources (the custom resource wins where both declare a map with the same content).
     configmap_maps: bool = True
     resource_maps: bool = True
-    git: GitSourceSettings = field(default_factory=GitSourceSettings)
     metrics_host: str = "0.0.0.0"  # noqa: S104 - a pod's metrics port listens on all interfaces
     metrics_port: int = 8080
     #: The read-only web view (controller/webview.py): "host:port", or "" for none.

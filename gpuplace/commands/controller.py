@@ -16,7 +16,7 @@ from controller.builder import build
 from controller.gpumetrics import GpuCollector, MapSlotsCollector
 from controller.informers import snapshot
 from controller.manager import Controller
-from controller.settings import BinderSettings, ControllerSettings, GitSourceSettings
+from controller.settings import BinderSettings, ControllerSettings
 from controller.webview import Authorizer, ViewSources, WebServer, loopback_only
 from gpuplace.commands._env import (
     EnvFlags,
@@ -108,7 +108,6 @@ def _add_binder_flags(flags: EnvFlags) -> None:
 
 
 def _add_source_flags(flags: EnvFlags) -> None:
-    flags.string("--source", "GPUPLACE_SOURCE", "configmap", choices=("configmap", "git"))
     flags.toggle(
         "--configmap-maps",
         "GPUPLACE_CONFIGMAP_MAPS",
@@ -123,10 +122,6 @@ def _add_source_flags(flags: EnvFlags) -> None:
         help="read maps and the placement policy from their custom resources (CRDs "
         "placementmaps.gpuplace.io, placementpolicies.gpuplace.io)",
     )
-    flags.string("--repo", "GPUPLACE_GIT_REPO", "")
-    flags.string("--branch", "GPUPLACE_GIT_BRANCH", "main")
-    flags.string("--path", "GPUPLACE_GIT_PATH", "")
-    flags.number("--git-interval-seconds", "GPUPLACE_GIT_INTERVAL_SECONDS", 15.0)
 
 
 def settings_from(args: argparse.Namespace) -> ControllerSettings:
@@ -142,10 +137,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         renew_deadline_seconds=args.renew_deadline_seconds,
         retry_seconds=args.retry_seconds,
         alias_label=args.node_alias_label,
-        source=args.source,
         configmap_maps=args.configmap_maps,
         resource_maps=args.resource_maps,
-        git=GitSourceSettings(args.repo, args.branch, args.path, args.git_interval_seconds),
         metrics_host=host or "0.0.0.0",  # noqa: S104
         metrics_port=int(port),
         web_address=args.web_address,
@@ -176,9 +169,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if problem := web_view_problem(settings):
         log.error("%s", problem)
-        return 2
-    if settings.source == "git" and not settings.git.repo:
-        log.error("--source git needs --repo URL (and optionally --branch, --path)")
         return 2
     kube = Kube.connect(
         ClientSettings(

@@ -6,9 +6,7 @@ import json
 import textwrap
 import time
 from collections.abc import Iterator
-from typing import Any
 
-import git
 import pytest
 
 from gpuplace_dev.localcluster import FakeNode, LocalCluster
@@ -376,51 +374,3 @@ def test_seed_scenario_legacy_annotation(cluster: LocalCluster, namespace: str) 
         uuids = [gpu_uuid(f"{prefix}-{node}", int(d)) for d in devices.split(",")]
         assert pod["metadata"]["annotations"][DEVICES_ANNOTATION] == ",".join(uuids)
     assert get_pod(cluster, namespace, "webhook-test-0") is not None
-
-
-def test_git_source_places_pods_from_a_committed_map(
-    cluster: LocalCluster, namespace: str, tmp_path: Any
-) -> None:
-    nodes = gpu_nodes(cluster, unique("git"), 1)
-    repo = git.Repo.init(tmp_path / "gitops", initial_branch="main")
-    cluster_dir = tmp_path / "gitops" / "clusters" / "dev"
-    cluster_dir.mkdir(parents=True)
-    (cluster_dir / "m.yaml").write_text(map_yaml(namespace, "g", [(0, nodes[0], [2])]))
-    repo.index.add(["clusters/dev/m.yaml"])
-    repo.index.commit("first map")
-    proc = ControllerProcess(
-        cluster,
-        unique("git"),
-        "--source=git",
-        f"--repo={tmp_path / 'gitops'}",
-        "--branch=main",
-        "--path=clusters/dev",
-        "--git-interval-seconds=0.5",
-    )
-    try:
-        create_workload(cluster, statefulset(namespace, "g", "g", 1))
-        pods = wait_for(
-            "g-0 bound from git", lambda: (p := bound_pods(cluster, namespace)) and "g-0" in p and p
-        )
-        assert pods["g-0"]["metadata"]["annotations"][CUDA_ANNOTATION] == "2"
-        # A new commit moves the slot; the re-created pod follows it.
-        (cluster_dir / "m.yaml").write_text(map_yaml(namespace, "g", [(0, nodes[0], [3])]))
-        repo.index.add(["clusters/dev/m.yaml"])
-        repo.index.commit("move slot 0")
-        wait_for(
-            "the commit is compiled",
-            lambda: "git source at" in proc.log() and proc.log().count("git source at") >= 2,
-        )
-        cluster.kubectl("-n", namespace, "delete", "pod", "g-0", "--wait=false")
-        moved = wait_for(
-            "g-0 re-bound to GPU 3",
-            lambda: (
-                (p := bound_pods(cluster, namespace))
-                and "g-0" in p
-                and p["g-0"]["metadata"]["annotations"][CUDA_ANNOTATION] == "3"
-                and p
-            ),
-        )
-        assert moved["g-0"]["spec"]["nodeName"] == nodes[0]
-    finally:
-        proc.stop()

@@ -1,13 +1,7 @@
-"""Provenance stamped on source maps: the codec, and the git source's stamps and broken files."""
+"""Provenance stamped on source maps and Bindings: the codec."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from controller.changes import Change, SourceChanged, SourceDeleted
-from controller.gitsource import GitSource, map_objects
-from controller.settings import GitSourceSettings
 from placement.annotations import (
     ORIGIN_ANNOTATION,
     REVISION_ANNOTATION,
@@ -19,16 +13,6 @@ from placement.annotations import (
     source_provenance,
 )
 from placement.types import GpuUuid, MapKey, NodeName
-
-MAP = """\
-apiVersion: gpuplace.io/v1alpha1
-kind: PlacementMap
-metadata:
-  name: {name}
-  namespace: ml
-spec:
-  placements: [{{index: 0, node: gpu-1, devices: [0]}}]
-"""
 
 
 def test_source_provenance_joins_the_application_path_and_the_file() -> None:
@@ -88,36 +72,3 @@ def test_binding_provenance_round_trips_and_is_optional() -> None:
     plain = BindingDecision(MapKey("ml", "llm"), 0, NodeName("gpu-1"), (), "0", 3)
     assert REVISION_ANNOTATION not in encode_binding(plain)
     assert decode_binding("ml", encode_binding(plain)) == plain
-
-
-def test_git_source_stamps_commit_and_file(tmp_path: Path) -> None:
-    (tmp_path / "maps").mkdir()
-    (tmp_path / "maps" / "a.yaml").write_text(MAP.format(name="a"))
-    found, broken = map_objects(tmp_path / "maps", "c0ffee", tmp_path)
-    annotations = found[("ml", "a")]["metadata"]["annotations"]
-    assert annotations == {REVISION_ANNOTATION: "c0ffee", SOURCE_FILE_ANNOTATION: "maps/a.yaml"}
-    assert broken == {}
-
-
-def test_a_file_that_stops_parsing_keeps_its_maps_invalid_not_deleted(tmp_path: Path) -> None:
-    emitted: list[tuple[str, Any]] = []
-
-    def emit(change: Change) -> None:
-        assert isinstance(change, SourceChanged | SourceDeleted)
-        kind = "source-deleted" if isinstance(change, SourceDeleted) else "source"
-        emitted.append((kind, change.obj))
-
-    source = GitSource(GitSourceSettings(), emit)
-    (tmp_path / "a.yaml").write_text(MAP.format(name="a"))
-    (tmp_path / "b.yaml").write_text(MAP.format(name="b"))
-    source._publish(tmp_path, "c1", tmp_path)
-    assert sorted(kind for kind, _ in emitted) == ["source", "source"]
-    emitted.clear()
-    (tmp_path / "a.yaml").write_text(MAP.format(name="a").replace("spec:", "spec: [unclosed"))
-    (tmp_path / "b.yaml").unlink()
-    source._publish(tmp_path, "c2", tmp_path)
-    by_name = {obj["metadata"]["name"]: (kind, obj) for kind, obj in emitted}
-    assert by_name["b"][0] == "source-deleted"  # its file is gone: deleted
-    kind, obj = by_name["a"]
-    assert kind == "source"  # its file does not parse: the broken text, to be judged Invalid
-    assert "[unclosed" in obj["data"]["placement.yaml"]
