@@ -65,8 +65,11 @@ crds: $(STAMP)
 docs-ref: $(STAMP)
 	$(BIN)/python -m gpuplace_dev.docsref --write docs/reference
 
-# The documentation site into site/, strict: a broken link or anchor fails the build.
+# The documentation site into site/, strict: a broken link or anchor fails the build. First every
+# file, module, Class.member, make target and CLI flag the pages name in backticks must exist in
+# the tree (python -m gpuplace_dev.docscheck), and no file may cite a page outside the repository.
 docs: $(STAMP)
+	$(BIN)/python -m gpuplace_dev.docscheck
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(STAMP)

@@ -6,7 +6,8 @@ PodScheduled=False with the reason, an Event, and waits for the objects its stat
 
 Every Binding leaves from the request loop (kubeio/loop.py), and in dra enforcement so does the
 claim's Reserve (its status write) right before it: one path, which `stop` drains before the
-leadership's Lease may be released (DESIGN.md, Trust: leadership ends before the lease does).
+leadership's Lease may be released (docs/architecture.md, Threads: leadership ends before its
+Lease does).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Every Binding leaves from one request loop (kubeio/loop.py), and in dra enforcement so does the
 claim's Reserve (its status write) right before it; `drain` ends the sending before the
-leadership's Lease may be released (DESIGN.md, Trust: leadership ends before the lease does).
+leadership's Lease may be released (docs/architecture.md, Threads: leadership ends before its
+Lease does).
 Writes that are not Bindings (Events, deferred reports, a claim's writes before its Reserve, the
 Unreserve after a failed Binding) go to `SideWrites`' threads instead.
 """

@@ -1,10 +1,10 @@
 """What a listening port of ours may hold and how long each phase of a request may take, what it
 refuses, and the pool of request bytes its connections share.
 
-Every listening port is bounded (DESIGN.md, Trust): connections, request bytes buffered, threads
-and the time each phase of a request may take. Each refusal is one `Refusal` (or one a pool's
-queue names, `kubeio.pool.Full`), counted by the server's owner; the set is fixed, so the series
-are few.
+Every listening port is bounded (docs/trust.md: the ports a tenant can reach are bounded):
+connections, request bytes buffered, threads and the time each phase of a request may take. Each
+refusal is one `Refusal` (or one a pool's queue names, `kubeio.pool.Full`), counted by the
+server's owner; the set is fixed, so the series are few.
 """
 
 from __future__ import annotations

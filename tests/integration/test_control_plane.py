@@ -1,4 +1,5 @@
-"""The local control plane does what gpuplace relies on (DESIGN.md), against the real apiserver."""
+"""The local control plane does what gpuplace relies on (docs/local-cluster.md), against the real
+apiserver."""
 
 from __future__ import annotations
 

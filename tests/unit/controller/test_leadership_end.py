@@ -1,4 +1,4 @@
-"""Leadership ends before the lease does (DESIGN.md, Trust): when the leader stops, its binder
+"""Leadership ends before the lease does (docs/architecture.md, Threads): when the leader stops, its binder
 stops sending and drains what is in flight, and only then is the Lease released; nothing is sent
 after. The elector and the binder against the in-memory Lease store, a stepped clock and a
 sender that holds every request in flight until it is drained."""
