@@ -111,13 +111,28 @@ def check_devices(
     pmap: PlacementMap, gpus: Mapping[str, Sequence[GpuCell]], source: str
 ) -> list[Diagnostic]:
     """Every slot of `pmap` whose node or devices `gpus` lacks, at the slot's location. MIG
-    slots are the agent's to check (the snapshot does not list MIG instances)."""
+    slots are the agent's to check (the snapshot does not list MIG instances). A node the
+    snapshot lacks is a warning (it may be a logical name), except in a gang map: there it is an
+    error, since the gang could never be complete."""
     out: list[Diagnostic] = []
     for slot in pmap.slots:
         if slot.mig is not None:
             continue
         where = slot.location if slot.location.source else Location(source)
         node = gpus.get(slot.node)
+        if node is None and pmap.gang is not None:
+            # A gang binds all its slots or none: one slot that can never be served keeps every
+            # rank waiting, so the map is refused here rather than stuck once merged.
+            out.append(
+                Diagnostic(
+                    where,
+                    f"map {pmap.key} index {slot.index}: node {slot.node} is not in "
+                    f"{INVENTORY_SNAPSHOT}: the map is a gang, which binds all its slots or "
+                    "none, so none of its ranks would ever be bound",
+                    hint=f"name a node that `gpuplace gpus` lists, or refresh {INVENTORY_SNAPSHOT}",
+                )
+            )
+            continue
         if node is None:
             # A logical name resolves through a node label, which the snapshot does not record.
             out.append(
