@@ -4,14 +4,16 @@ its own (the bench starts gpuplace's processes)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench._admissions import TRACE_WAIT
+from bench._kube import call
 from bench._stats import histogram_count
-from bench._workload import NAMESPACE, Scale, node_name
+from bench._traces import WEBHOOK_SPAN, trace_id, traceparent
+from bench._workload import NAMESPACE, Scale, gpuplace_pod, node_name
 from bench.scale import ScaleBench
 from kubeio.paths import LEASES, PODS
 from placement.inventory import INVENTORY_NAMESPACE
@@ -72,8 +74,21 @@ def test_the_apiserver_traces_time_every_webhook_call_of_the_bench_creates(
     assert len(admission.etcd) == 30
     assert all(0 < seconds < 10 for seconds in admission.etcd)
     # Only the bench's creates carry a sampled traceparent: the controller's Bindings and kwok's
-    # status updates, which went on meanwhile, are not traced (the apiserver exports every 5 s).
-    time.sleep(6)
+    # status updates, which went on meanwhile, are not traced. The apiserver exports its spans in
+    # batches, in the order they ended: once the span of a traced create sent after them all has
+    # arrived, any span of theirs would have too.
+    barrier = gpuplace_pod(SCALE, 0, 0)
+    barrier["metadata"]["name"] = "trace-barrier"
+    call(
+        bench.cluster,
+        "POST",
+        f"{PODS.collection(NAMESPACE)}?dryRun=All",
+        barrier,
+        wanted={201},
+        headers={"traceparent": traceparent("trace-barrier")},
+    )
+    arrived = bench.spans.take((WEBHOOK_SPAN,), [trace_id("trace-barrier")], TRACE_WAIT)
+    assert len(arrived[WEBHOOK_SPAN]) == 1
     assert not [n for n in bench.spans.names() if n.endswith(("/binding", "/status"))]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +52,28 @@ def bindings_by(cluster: LocalCluster, identity: str, namespace: str) -> list[da
         and e.get("objectRef", {}).get("subresource") == "binding"
         and e.get("objectRef", {}).get("namespace") == namespace
     ]
+
+
+def audit_barrier(cluster: LocalCluster, namespace: str) -> None:
+    """Returns once the audit log holds every Binding answered before it was called: the
+    apiserver writes each request's event as the request completes, so the event of a Binding
+    this sends now (to a pod that does not exist: refused, and audited all the same) comes after
+    theirs."""
+    marker = unique("audit-barrier")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": marker, "namespace": namespace},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"},
+    }
+    status, _ = cluster.request(
+        "POST", f"/api/v1/namespaces/{namespace}/pods/{marker}/binding", body
+    )
+    assert status == 404, status
+    wait_for(
+        "the audit log to reach the barrier",
+        lambda: any(e.get("objectRef", {}).get("name") == marker for e in cluster.audit_events()),
+    )
 
 
 def lease(cluster: LocalCluster, name: str) -> dict[str, Any]:
@@ -100,7 +121,7 @@ def test_a_leader_paused_past_its_lease_sends_no_binding_after_it(
             interval=1.0,
         )
         wait_for("a exits", lambda: not a.alive(), timeout=30)
-        time.sleep(1)  # the audit log is written as each request completes
+        audit_barrier(cluster, namespace)
     finally:
         if a.alive():
             os.killpg(a.proc.pid, signal.SIGCONT)
@@ -140,7 +161,7 @@ def test_a_start_up_slower_than_the_lease_keeps_it(cluster: LocalCluster, namesp
             b.stop()
     finally:
         a.stop()
-    time.sleep(1)
+    audit_barrier(cluster, namespace)
     assert len(bindings_by(cluster, a_id, namespace)) == 16
     assert bindings_by(cluster, b_id, namespace) == []
     no_gpu_held_twice(pods)
@@ -174,7 +195,7 @@ def test_a_lease_lost_during_start_up_means_no_binding(
         wait_for("a exits", lambda: not a.alive(), timeout=30)
     finally:
         a.kill()
-    time.sleep(1)
+    audit_barrier(cluster, namespace)
     assert bindings_by(cluster, a_id, namespace) == []
     assert bound_pods(cluster, namespace) == {}
     assert a.proc.returncode == 1
@@ -229,7 +250,7 @@ def test_a_leader_stopped_mid_burst_drains_before_it_releases_the_lease(
             timeout=240,
             interval=1.0,
         )
-        time.sleep(1)  # the audit log is written as each request completes
+        audit_barrier(cluster, namespace)
     finally:
         a.kill()
         b.stop()

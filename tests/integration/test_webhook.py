@@ -525,7 +525,7 @@ def test_model_cache_loads_keeps_the_last_good_model_and_recovers(cluster: Local
         second = Model(2, {MapKey("a", "m"): compiled("a", "m", range(3))})
         encoded = encode_model(second)
         collection = f"/api/v1/namespaces/{namespace}/configmaps"
-        put(
+        written = put(
             cluster,
             collection,
             {
@@ -539,7 +539,10 @@ def test_model_cache_loads_keeps_the_last_good_model_and_recovers(cluster: Local
                 "data": encoded["gpuplace-model"],
             },
         )
-        time.sleep(1.0)  # give the watch time to deliver; the model must not change
+        # Once the watch has delivered that manifest and the cache has read it, the model must
+        # still be generation 1.
+        seen = ("gpuplace-model", written["metadata"]["resourceVersion"])
+        wait_for("the half-written model read", lambda: seen in (cache._watch._versions or ()))
         assert cache.current() == first
         write_model(cluster, second, namespace)
         wait_for("generation 2", lambda: cache.current().generation == 2)
