@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuplace_dev.builtcache import find_built
 from gpuplace_dev.localcluster.binaries import cache_root
 
 _HACK = Path(__file__).resolve().parents[3] / "hack"
@@ -79,18 +79,11 @@ def find_argocd(*, build: bool = True) -> ArgoCDBinaries:
     """The built components; with ``build`` builds them first when missing (several minutes the
     first time; progress goes to stderr)."""
     binaries = cached()
-    if binaries.complete():
-        return binaries
-    if not build:
-        raise ArgoCDBinariesError(
-            f"{binaries.root}: ArgoCD {binaries.version} is not built; run `make argocd` "
-            "(hack/build-argocd.sh)"
-        )
-    result = subprocess.run(
-        ["bash", str(_BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+    return find_built(
+        binaries,
+        _BUILD_SCRIPT,
+        build=build,
+        not_built=f"ArgoCD {binaries.version} is not built; run `make argocd` "
+        "(hack/build-argocd.sh)",
+        error=ArgoCDBinariesError,
     )
-    if result.returncode != 0 or not binaries.complete():
-        raise ArgoCDBinariesError(
-            f"{_BUILD_SCRIPT} failed with exit status {result.returncode}; its messages are above"
-        )
-    return binaries

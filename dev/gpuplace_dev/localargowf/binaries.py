@@ -4,10 +4,10 @@ that directory."""
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuplace_dev.builtcache import find_built
 from gpuplace_dev.localcluster.binaries import cache_root
 
 _HACK = Path(__file__).resolve().parents[3] / "hack"
@@ -73,18 +73,11 @@ def find_argo_workflows(*, build: bool = True) -> ArgoWorkflowsBinaries:
     """The built components; with ``build`` builds them first when missing (many minutes the
     first time; progress goes to stderr)."""
     binaries = cached()
-    if binaries.complete():
-        return binaries
-    if not build:
-        raise ArgoWorkflowsBinariesError(
-            f"{binaries.root}: Argo Workflows {binaries.version} is not built; run "
-            "`make argo-workflows` (hack/build-argo-workflows.sh)"
-        )
-    result = subprocess.run(
-        ["bash", str(_BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+    return find_built(
+        binaries,
+        _BUILD_SCRIPT,
+        build=build,
+        not_built=f"Argo Workflows {binaries.version} is not built; run `make argo-workflows` "
+        "(hack/build-argo-workflows.sh)",
+        error=ArgoWorkflowsBinariesError,
     )
-    if result.returncode != 0 or not binaries.complete():
-        raise ArgoWorkflowsBinariesError(
-            f"{_BUILD_SCRIPT} failed with exit status {result.returncode}; its messages are above"
-        )
-    return binaries
