@@ -125,14 +125,14 @@ def _class_of(node: ast.ClassDef) -> _Class:
         elif isinstance(item, ast.Assign):
             found.members.update(t.id for t in item.targets if isinstance(t, ast.Name))
     # Attributes set in methods (self.x = ...) are members a reader can name too.
-    for item in ast.walk(node):
+    for sub in ast.walk(node):
         if (
-            isinstance(item, ast.Attribute)
-            and isinstance(item.ctx, ast.Store)
-            and isinstance(item.value, ast.Name)
-            and item.value.id in ("self", "cls")
+            isinstance(sub, ast.Attribute)
+            and isinstance(sub.ctx, ast.Store)
+            and isinstance(sub.value, ast.Name)
+            and sub.value.id in ("self", "cls")
         ):
-            found.members.add(item.attr)
+            found.members.add(sub.attr)
     return found
 
 
