@@ -1,13 +1,16 @@
 """The controller's shared informers: one per resource, each a named field (no string keys). Every
 replica runs them, leading or not, so that a standby takes over with warm caches; the reconcilers
-register their handlers on them and read their stores."""
+register their handlers on them and read their stores. Pods and nodes are trimmed to what
+gpuplace reads before they are stored (controller/trim.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from controller.settings import ControllerSettings
+from controller.trim import trim_node, trim_pod
 from kubeio.client import Kube, Obj
 from kubeio.configmapwatch import ConfigMapWatch
 from kubeio.informer import Informer
@@ -100,6 +103,7 @@ class SharedInformers:
                 name=f"pods:{name}",
                 field_selector=f"spec.schedulerName={name}",
                 resync_seconds=resync,
+                transform=partial(trim_pod, legacy=name != s.binder.scheduler_name),
             )
             for name in names
         )
@@ -127,7 +131,7 @@ class SharedInformers:
             sources=sources,
             resources=resources,
             policy_resource=policy_resource,
-            nodes=Informer(kube, NODES.collection(), name="nodes"),
+            nodes=Informer(kube, NODES.collection(), name="nodes", transform=trim_node),
             inventories=Informer(
                 kube, CONFIGMAPS.collection(s.inventory_namespace), name="inventories"
             ),

@@ -7,6 +7,7 @@ from controller.settings import BinderSettings
 from controller.slotcache import Holding
 from controller.trustreport import Judged
 from kubeio.pod import Pod
+from placement.admitted import not_admitted
 from placement.annotations import (
     UNVERIFIABLE_CONDITION,
     BindingDecision,
@@ -31,6 +32,7 @@ def is_legacy(pod: Pod, settings: BinderSettings) -> bool:
 
 
 def facts(pod: Pod, legacy: bool) -> PodFacts:
+    map_name = map_name_of(pod)
     return PodFacts(
         namespace=pod.namespace,
         name=pod.name,
@@ -39,8 +41,9 @@ def facts(pod: Pod, legacy: bool) -> PodFacts:
         owner_kind=pod.owner_kind,
         generated_name=pod.generated,
         rank_annotations=rank_annotations_of(pod),
-        map_name=map_name_of(pod),
+        map_name=map_name,
         legacy_map=legacy_text_of(pod) if legacy else None,
+        not_admitted=not_admitted(map_name, pod.containers()) if map_name is not None else "",
     )
 
 

@@ -2,6 +2,11 @@
 
 Handlers run on the informer's thread and must be quick (enqueue, don't work). After a relist the
 informer emits the difference to its store, so a handler never misses a delete it slept through.
+
+A `transform` (client-go's SetTransform) trims each object as it arrives, before the store keeps
+it and before any handler sees it: the cache then holds only what its readers read, so fields a
+writer of the object is free to grow (a pod's annotations) cost nothing to hold. The caller, who
+knows what it reads, passes the transform in; this module knows no resource's fields.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from kubeio.errors import APIError, APIGoneError, APINotFoundError, status_error
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Obj, Obj | None], None]  # (ADDED|MODIFIED|DELETED|SYNC, obj, old)
+#: An object as the apiserver sent it -> the object the store keeps. It must keep
+#: metadata.namespace, metadata.name and metadata.resourceVersion (the store's key, and how a
+#: relist tells a changed object), and must not fail on any object of its resource.
+Transform = Callable[[Obj], Obj]
 ADDED, MODIFIED, DELETED, SYNC = "ADDED", "MODIFIED", "DELETED", "SYNC"
 
 
@@ -44,6 +53,7 @@ class Informer:
         page_size: int = 500,
         optional: bool = False,
         absent_retry_seconds: float = 30.0,
+        transform: Transform | None = None,
     ) -> None:
         self.kube = kube
         self.path = path
@@ -57,6 +67,7 @@ class Informer:
         #: empty list, tried again every `absent_retry_seconds`, and not a failure.
         self.optional = optional
         self.absent_retry_seconds = absent_retry_seconds
+        self.transform = transform
         self._absent_logged = False
         self.store: dict[tuple[str, str], Obj] = {}
         self.synced = threading.Event()
@@ -119,7 +130,11 @@ class Informer:
             page = self.kube.get(
                 self.path, limit=self.page_size, **{"continue": cont}, **self._selectors()
             )
-            items.extend(page.get("items", []))
+            page_items = page.get("items") or []
+            if self.transform is not None:
+                # Trimmed page by page: a relist holds one page of whole objects at a time.
+                page_items = [self.transform(o) for o in page_items]
+            items.extend(page_items)
             meta = page.get("metadata", {})
             cont = meta.get("continue", "")
             if not cont:
@@ -165,6 +180,8 @@ class Informer:
                     self._rv = str(rv)
                 if kind == "BOOKMARK":
                     continue
+                if self.transform is not None:
+                    obj = self.transform(obj)
                 key = obj_key(obj)
                 with self.lock:
                     old = self.store.get(key)

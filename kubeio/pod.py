@@ -34,6 +34,18 @@ class Condition:
 
 
 @dataclass(frozen=True, slots=True)
+class Container:
+    """One init container or container of a pod, as far as gpuplace reads it."""
+
+    list_name: str  # initContainers | containers
+    name: str
+    env: tuple[Mapping[str, Any], ...]  # spec.<list>[i].env, as written
+
+
+CONTAINER_LISTS = ("initContainers", "containers")
+
+
+@dataclass(frozen=True, slots=True)
 class Pod:
     """The parts of a pod that gpuplace reads. `obj` is the object it was read from, for the
     write paths that send parts of it back (an Event's reference, a status patch)."""
@@ -145,6 +157,25 @@ class Pod:
         """Whether spec.resourceClaims has an entry `name`."""
         entries = (self.obj.get("spec") or {}).get("resourceClaims") or ()
         return any(e.get("name") == name for e in entries)
+
+    def containers(self) -> tuple[Container, ...]:
+        """The init containers and containers, in that order (entries of another shape than the
+        API's are skipped: the apiserver never sends them)."""
+        spec = self.obj.get("spec") or {}
+        out: list[Container] = []
+        for list_name in CONTAINER_LISTS:
+            for item in spec.get(list_name) or ():
+                if not isinstance(item, Mapping):
+                    continue
+                env = item.get("env") or ()
+                out.append(
+                    Container(
+                        list_name,
+                        str(item.get("name") or ""),
+                        tuple(e for e in env if isinstance(e, Mapping)),
+                    )
+                )
+        return tuple(out)
 
     def generated_claim(self, name: str) -> str | None:
         """The ResourceClaim kube-controller-manager generated for entry `name` of

@@ -79,6 +79,8 @@ class PodFacts:
     generated_name: bool = False  # metadata.name came from metadata.generateName
     #: The pod's annotations that rank resolution reads (`placement.indexing.RANK_ANNOTATIONS`).
     rank_annotations: Mapping[str, str] = field(default_factory=dict)
+    #: Why a map's pod was not admitted by the webhook (`placement.admitted`); "" when it was.
+    not_admitted: str = ""
 
 
 class Held(Protocol):
@@ -169,6 +171,9 @@ def plan(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status
 
 def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status:
     assert pod.map_name is not None
+    if pod.not_admitted:
+        # Nothing the pod waits for can change: its containers are immutable.
+        return Status(Code.UNRESOLVABLE, Reason.NOT_ADMITTED, pod.not_admitted, frozenset())
     key = MapKey(pod.namespace, pod.map_name)
     cmap = cluster.model.maps.get(key)
     if cmap is None:

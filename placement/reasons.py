@@ -19,6 +19,7 @@ class Reason(StrEnum):
     INDEX_INVALID = "IndexInvalid"
     INDEX_NOT_IN_MAP = "IndexNotInMap"
     NO_PLACEMENT = "NoPlacement"
+    NOT_ADMITTED = "NotAdmitted"  # a map's pod the webhook never admitted (placement/admitted.py)
     # slots
     SLOT_TAKEN = "SlotTaken"
     NO_FREE_SLOT = "NoFreeSlot"

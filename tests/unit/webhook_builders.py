@@ -15,6 +15,7 @@ from placement.devices import DeclaredDevices
 from placement.model import CompiledMap, CompiledSlot, Model
 from placement.reasons import Reason
 from placement.types import EnvMode, GpuUuid, Indexing, MapKey, NodeName
+from webhook.pods import wired_env
 
 NS = "inference"
 MAP = MAP_LABEL
@@ -103,6 +104,12 @@ class PodBuilder:
 
 def make_pod(name: str, namespace: str = NS) -> PodBuilder:
     return PodBuilder(name, namespace)
+
+
+def admitted_container(name: str = "c") -> dict[str, Any]:
+    """A container as the webhook leaves it on a map's pod (placement/admitted.py): the binder
+    places a map's pod only when every container carries this wiring."""
+    return {"name": name, "env": [dict(e) for e in wired_env(EnvMode.INDEX)]}
 
 
 def make_configmap(

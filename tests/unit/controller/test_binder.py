@@ -36,6 +36,7 @@ from placement.wake import WakeKey
 from tests.unit.fakesender import InlineSender
 from tests.unit.kubeio.test_kubeio_client import Server
 from tests.unit.placement.test_binding_plan import TWO_SLOTS, build, uuid_of
+from tests.unit.webhook_builders import admitted_container
 
 KEY = b"k" * 32
 SLOT0 = SlotKey(MapKey("ml", "llm"), 0)
@@ -53,7 +54,7 @@ class PodBuilder:
                 "labels": {},
                 "ownerReferences": [{"kind": "StatefulSet", "controller": True, "name": "web"}],
             },
-            "spec": {"schedulerName": "gpuplace", "containers": [{"name": "c"}]},
+            "spec": {"schedulerName": "gpuplace", "containers": [admitted_container()]},
             "status": {"phase": "Pending"},
         }
 

@@ -48,7 +48,16 @@ from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
 from tests.unit.fakesender import InlineSender
 from tests.unit.placement.test_binding_plan import build
 from tests.unit.placement.test_binding_plan import inventory as plan_inventory
-from tests.unit.webhook_builders import MAP, NS, env_of, make_model, make_pod, patched, review
+from tests.unit.webhook_builders import (
+    MAP,
+    NS,
+    admitted_container,
+    env_of,
+    make_model,
+    make_pod,
+    patched,
+    review,
+)
 from webhook.admission import build_response
 from webhook.settings import AdmissionSettings
 
@@ -620,7 +629,7 @@ def dra_pod(claim_name: str | None = None) -> dict[str, Any]:
         },
         "spec": {
             "schedulerName": "gpuplace",
-            "containers": [{"name": "c"}],
+            "containers": [admitted_container()],
             "resourceClaims": [{"name": POD_CLAIM_NAME, "resourceClaimTemplateName": "t"}],
         },
         "status": {"phase": "Pending"},

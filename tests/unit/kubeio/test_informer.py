@@ -202,3 +202,27 @@ def test_a_required_resource_that_is_not_served_is_a_failure() -> None:
     finally:
         informer.stop()
         api.done.set()
+
+
+def test_a_transform_trims_each_object_before_the_store_and_the_handlers() -> None:
+    """The store holds what the transform returns, listed or watched, and handlers see the same
+    (client-go's SetTransform): nothing of what it dropped is kept anywhere."""
+    big = {**pod("a", "1"), "spec": {"huge": "x" * 1000}}
+    watched = {**pod("b", "3"), "spec": {"huge": "y" * 1000}}
+    gone = {**pod("a", "4"), "spec": {"huge": "z"}}
+    api = Apiserver([[page([big], "2")]], [[ev(ADDED, watched), ev(DELETED, gone)]])
+    handed: list[dict[str, Any]] = []
+
+    def trim(obj: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": obj["metadata"], "kept": len(obj.get("spec", {}).get("huge", ""))}
+
+    informer = Informer(api, PATH, name="pods", transform=trim)  # type: ignore[arg-type]
+    informer.add_handler(lambda _kind, obj, _old: handed.append(obj))
+    informer.start()
+    assert api.idle.wait(30), "the informer never got through its script"
+    informer.stop()
+    api.done.set()
+    informer.join(30)
+    assert informer.store == {("ml", "b"): {"metadata": watched["metadata"], "kept": 1000}}
+    assert [sorted(o) for o in handed] == [["kept", "metadata"]] * 3
+    assert [o["kept"] for o in handed] == [1000, 1000, 1]

@@ -13,6 +13,7 @@ PUBLISHED = {
     "DeviceMissing", "DeviceUnhealthy", "DeviceTainted", "DeviceBusy", "RequirementMismatch",
     "NoNVLinkSet", "CliqueMismatch",
     "ClaimPending", "ClaimMissing", "ClaimConflict",
+    "NotAdmitted",
 }  # fmt: skip
 
 

@@ -1,0 +1,180 @@
+"""What the controller's informers keep of each object: the fields gpuplace reads, nothing else.
+
+Every replica caches every pod of the binder's schedulerNames and every node. Whole objects would
+let anyone who may create a pod grow every replica by what the pod carries (a pod with
+`schedulerName: gpuplace` and no map label never meets the webhook, and may carry 256 KiB of
+annotations), and a restart would list all of it again. The informers trim each object as it
+arrives (`kubeio.informer.Transform`), so a pod costs about the same whatever it carries beside
+what gpuplace reads (docs/trust.md, "Bounded by design").
+
+The readers these keep fields for: `kubeio.pod.Pod` (metadata, spec.nodeName, schedulerName,
+resourceClaims, containers' env and claims, status.phase, conditions, resourceClaimStatuses),
+`placement.podmeta` and `placement.indexing` (labels, the rank annotations, the legacy text),
+the key ring (every gpuplace.io/* annotation), `controller.nodekeeper` (a node's labels,
+spec.unschedulable, its Ready condition) and the grants (a node's labels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubeio.client import Obj
+from placement.annotations import (
+    INDEX_LABEL,
+    JOB_COMPLETION_INDEX,
+    JOBSET_GLOBAL_INDEX_LABEL,
+    JOBSET_NAME_LABEL,
+    KUEUE_POD_GROUP_INDEX_LABEL,
+    LEGACY_ANNOTATION,
+    LWS_GROUP_INDEX_LABEL,
+    LWS_WORKER_INDEX_LABEL,
+    MANAGED_ENV,
+    MAP_LABEL,
+    PREFIX,
+    STATEFULSET_INDEX_LABEL,
+)
+from placement.indexing import RANK_ANNOTATIONS
+
+#: A pod's labels are kept whole up to this many bytes (keys and values): a map's `indexLabel` may
+#: name any label. Past it only the labels gpuplace knows by name are kept; a pod of a map whose
+#: `indexLabel` is another then waits IndexInvalid (its label unread), as if it lacked it.
+MAX_LABEL_BYTES = 16 * 1024
+KNOWN_LABELS = frozenset(
+    {
+        MAP_LABEL,
+        INDEX_LABEL,
+        STATEFULSET_INDEX_LABEL,
+        JOB_COMPLETION_INDEX,
+        JOBSET_GLOBAL_INDEX_LABEL,
+        JOBSET_NAME_LABEL,
+        LWS_GROUP_INDEX_LABEL,
+        LWS_WORKER_INDEX_LABEL,
+        KUEUE_POD_GROUP_INDEX_LABEL,
+    }
+)
+#: A condition's message is kept up to this many characters (what a reason and a summary need).
+MAX_MESSAGE_CHARS = 1024
+#: At most this many conditions, entries of spec.resourceClaims, of status.resourceClaimStatuses,
+#: and owner references are kept; the apiserver's own objects carry a handful.
+MAX_ENTRIES = 32
+
+_META = ("namespace", "name", "uid", "generateName", "resourceVersion", "creationTimestamp")
+_OWNER = ("apiVersion", "kind", "name", "uid", "controller")
+
+
+def _pick(source: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: source[k] for k in keys if k in source}
+
+
+def _metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
+    out = _pick(meta, _META)
+    if meta.get("deletionTimestamp"):
+        out["deletionTimestamp"] = meta["deletionTimestamp"]
+    owners = meta.get("ownerReferences")
+    if isinstance(owners, list):
+        out["ownerReferences"] = [
+            _pick(o, _OWNER) for o in owners[:MAX_ENTRIES] if isinstance(o, Mapping)
+        ]
+    return out
+
+
+def pod_labels(labels: Mapping[str, Any]) -> dict[str, Any]:
+    """Every label while they are small (`MAX_LABEL_BYTES`), else those gpuplace knows."""
+    size = sum(len(k) + len(str(v)) for k, v in labels.items())
+    if size <= MAX_LABEL_BYTES:
+        return dict(labels)
+    return {k: v for k, v in labels.items() if k in KNOWN_LABELS}
+
+
+def pod_annotations(annotations: Mapping[str, Any], legacy: bool) -> dict[str, Any]:
+    """gpuplace.io/* (the binding and its signature), the rank annotations, and, for a pod of
+    the earlier tools' schedulerNames (`legacy`), their gpu-scheduling-map text (the binder
+    reads all of it; the webhook and the parser bound its size)."""
+    return {
+        k: v
+        for k, v in annotations.items()
+        if k.startswith(PREFIX) or k in RANK_ANNOTATIONS or (legacy and k == LEGACY_ANNOTATION)
+    }
+
+
+def _condition(cond: Mapping[str, Any]) -> dict[str, Any]:
+    out = _pick(cond, ("type", "status", "reason", "lastTransitionTime"))
+    message = cond.get("message")
+    if isinstance(message, str):
+        out["message"] = message[:MAX_MESSAGE_CHARS]
+    return out
+
+
+def _container(container: Mapping[str, Any]) -> dict[str, Any]:
+    """A container's name, the env entries gpuplace wires (how the pod was admitted), and the
+    names of the claims it uses."""
+    out: dict[str, Any] = _pick(container, ("name",))
+    env = container.get("env")
+    if isinstance(env, list):
+        out["env"] = [e for e in env if isinstance(e, Mapping) and e.get("name") in MANAGED_ENV]
+    resources = container.get("resources")
+    if isinstance(resources, Mapping) and isinstance(resources.get("claims"), list):
+        claims = resources["claims"][:MAX_ENTRIES]
+        out["resources"] = {
+            "claims": [_pick(c, ("name",)) for c in claims if isinstance(c, Mapping)]
+        }
+    return out
+
+
+def _entries(value: object) -> list[Any]:
+    return (
+        [e for e in value[:MAX_ENTRIES] if isinstance(e, Mapping)]
+        if isinstance(value, list)
+        else []
+    )
+
+
+def trim_pod(obj: Obj, *, legacy: bool) -> Obj:
+    """A pod as the controller's informers keep it. `legacy`: the informer of one of the
+    earlier tools' schedulerNames (their pods' gpu-scheduling-map text is kept)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    out_meta = _metadata(meta)
+    out_meta["labels"] = pod_labels(meta.get("labels") or {})
+    out_meta["annotations"] = pod_annotations(meta.get("annotations") or {}, legacy)
+    out_spec: dict[str, Any] = _pick(spec, ("nodeName", "schedulerName"))
+    for list_name in ("initContainers", "containers"):
+        items = spec.get(list_name)
+        if isinstance(items, list):
+            out_spec[list_name] = [_container(c) for c in items if isinstance(c, Mapping)]
+    if "resourceClaims" in spec:
+        out_spec["resourceClaims"] = _entries(spec["resourceClaims"])
+    out_status: dict[str, Any] = _pick(status, ("phase",))
+    if "conditions" in status:
+        out_status["conditions"] = [_condition(c) for c in _entries(status["conditions"])]
+    if "resourceClaimStatuses" in status:
+        out_status["resourceClaimStatuses"] = _entries(status["resourceClaimStatuses"])
+    return {"metadata": out_meta, "spec": out_spec, "status": out_status}
+
+
+def trim_node(obj: Obj) -> Obj:
+    """A node as the controller keeps it: its labels (aliases, cliques, the grants' selectors),
+    spec.unschedulable and its Ready condition; not its images, addresses, capacity or
+    annotations (the kubelet and others write those, several KiB a node)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    out_meta = _metadata(meta)
+    out_meta["labels"] = dict(meta.get("labels") or {})
+    ready = [_condition(c) for c in _entries(conditions) if c.get("type") == "Ready"]
+    return {
+        "metadata": out_meta,
+        "spec": _pick(spec, ("unschedulable",)),
+        "status": {"conditions": ready},
+    }
+
+
+def trim_namespace(obj: Obj) -> Obj:
+    """A namespace as the controller keeps it: its name and labels (the legacy namespace
+    selector reads them)."""
+    meta = obj.get("metadata") or {}
+    out_meta = _metadata(meta)
+    out_meta["labels"] = dict(meta.get("labels") or {})
+    return {"metadata": out_meta}
