@@ -12,6 +12,7 @@ the controller stops binding to devices it can no longer vouch for.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -19,6 +20,7 @@ from agent.checks import check_node
 from agent.heartbeat import Heartbeat
 from agent.metrics import AgentMetrics
 from agent.modelwatch import ModelWatch
+from agent.podresources import PodResourcesError, list_pod_resources
 from agent.probe import GpuProbe, ProbeError
 from agent.publisher import InventoryPublisher, checks_json
 from agent.settings import MISSED_RENEWALS, AgentSettings
@@ -27,6 +29,7 @@ from kubeio.errors import APIError
 from kubeio.informer import Informer
 from placement.inventory import CHECKS_KEY, INVENTORY_KEY, DeviceCheck, NodeInventory
 from placement.model import CompiledMap
+from placement.podresources import POD_RESOURCES_KEY
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,9 @@ class Agent:
         if inventory is None:
             return False
         data = {INVENTORY_KEY: inventory.to_json()}
+        pod_resources = self._pod_resources()
+        if pod_resources is not None:
+            data[POD_RESOURCES_KEY] = pod_resources
         maps = self.model.maps()
         if maps is not None:
             data[CHECKS_KEY] = checks_json(self._check(inventory, maps))
@@ -169,6 +175,18 @@ class Agent:
         self.metrics.lease_renewals.labels("ok").inc()
         self._last_renewal = time.monotonic()
         return True
+
+    def _pod_resources(self) -> str | None:
+        """What the kubelet says each pod holds, as published; None where there is no socket
+        (the key then keeps what was last published) or it does not answer."""
+        socket = self.settings.pod_resources_socket
+        if not socket or not os.path.exists(socket):
+            return None
+        try:
+            return list_pod_resources(socket, self.settings.node).to_json()
+        except PodResourcesError as exc:
+            log.warning("cannot read the kubelet's pod resources: %s", exc)
+            return None
 
     def _probe(self) -> NodeInventory | None:
         try:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from placement.inventory import INVENTORY_NAMESPACE
 from placement.model import MODEL_NAMESPACE
+from placement.podresources import KUBELET_POD_RESOURCES_SOCKET
 from placement.types import NodeName
 
 #: Renewals a Lease may miss before the controller calls the node's inventory stale.
@@ -35,6 +36,9 @@ class AgentSettings:
     metrics_port: int = 8080
     log_level: str = "info"
     log_json: bool = False
+    #: The kubelet's PodResources socket: what each pod holds is published beside the inventory
+    #: (for `gpuplace import`); "" or a path that does not exist publishes nothing.
+    pod_resources_socket: str = KUBELET_POD_RESOURCES_SOCKET
 
     @property
     def lease_duration_seconds(self) -> int:

@@ -131,14 +131,14 @@ def apply_slot_edits(files: Mapping[str, str], edits: Iterable[SlotEdit]) -> Fil
                 entry = entries.get(index)
                 if entry is None:
                     if edit.get(doc, "spec", "map") is not None:
-                        why = f"legacy `map:` text in {path}: edit its line by hand"
-                        unwritten.append(Skipped(key, index, why))
+                        legacy = f"legacy `map:` text in {path}: edit its line by hand"
+                        unwritten.append(Skipped(key, index, legacy))
                         found.add((key, index))
                     continue
                 found.add((key, index))
-                why = _edit_entry(edit, entry, change)
-                if why is not None:
-                    unwritten.append(Skipped(key, index, why))
+                refused = _edit_entry(edit, entry, change)
+                if refused is not None:
+                    unwritten.append(Skipped(key, index, refused))
         if edit.changed:
             out[path] = edit.result()
     for key, index in sorted(wanted, key=lambda k: (str(k[0]), k[1])):

@@ -79,7 +79,7 @@ def _uuids_of(
     slot: DeclaredSlot, served: CompiledSlot | None, gpus: Iterable[GpuDevice | None]
 ) -> set[str]:
     """Every GPU the slot names or holds: declared, picked, or a spare standing in."""
-    out = {d.uuid for d in gpus if d is not None}
+    out: set[str] = {d.uuid for d in gpus if d is not None}
     out |= {str(r) for r in slot.devices if isinstance(r, str)}
     if served is not None:
         out |= set(served.devices)

@@ -34,6 +34,7 @@ from placement.errors import format_all
 from placement.inventory import INVENTORY_NAMESPACE, DeviceCheck, NodeInventory
 from placement.maps import PlacementMap
 from placement.model import MODEL_NAMESPACE
+from placement.podresources import KUBELET_POD_RESOURCES_SOCKET
 from placement.types import NodeName
 from placement.validate import load_maps
 
@@ -97,6 +98,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="where the inventory ConfigMap and Lease of this node are written",
     )
     flags.string(
+        "--pod-resources-socket",
+        "GPUPLACE_POD_RESOURCES_SOCKET",
+        KUBELET_POD_RESOURCES_SOCKET,
+        help="the kubelet's pod-resources socket: what each pod holds is published beside the "
+        "inventory for `gpuplace import` (empty: not read)",
+    )
+    flags.string(
         "--model-namespace",
         "GPUPLACE_NAMESPACE",
         MODEL_NAMESPACE,
@@ -156,6 +164,7 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
         metrics_port=int(port),
         log_level=str(args.log_level or ("warning" if args.print_only else "info")),
         log_json=bool(args.log_json),
+        pod_resources_socket=str(args.pod_resources_socket or ""),
     )
 
 
