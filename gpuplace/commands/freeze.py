@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuplace.authoring import (
+from gpuplace.commands._args import documented_command
+from gpuplace.commands._authoring import (
     AuthoringError,
     add_repo_flags,
     connect,
@@ -24,7 +25,6 @@ from gpuplace.authoring import (
     open_workspace,
     read_cluster,
 )
-from gpuplace.commands._args import documented_command
 from placement.authoring import apply_slot_edits, freeze_edits
 from placement.maps import PlacementMap
 from placement.types import MapKey

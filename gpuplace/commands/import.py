@@ -32,7 +32,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuplace.authoring import (
+from gpuplace.commands._args import documented_command
+from gpuplace.commands._authoring import (
     AuthoringError,
     Cluster,
     Workspace,
@@ -44,7 +45,6 @@ from gpuplace.authoring import (
     open_workspace,
     read_cluster,
 )
-from gpuplace.commands._args import documented_command
 from kubeio.client import Kube
 from kubeio.errors import APIError
 from kubeio.paths import PODS

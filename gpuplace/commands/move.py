@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuplace.authoring import (
+from gpuplace.commands._args import documented_command
+from gpuplace.commands._authoring import (
     AuthoringError,
     add_repo_flags,
     connect,
@@ -30,7 +31,6 @@ from gpuplace.authoring import (
     open_workspace,
     read_cluster,
 )
-from gpuplace.commands._args import documented_command
 from placement.authoring import apply_slot_edits
 from placement.moves import MoveRequest, held_gpus, plan_moves
 from placement.types import NodeName

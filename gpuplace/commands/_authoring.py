@@ -19,6 +19,7 @@ import git
 from kubernetes.config import ConfigException
 
 from gpuplace import occupancy, planreport
+from gpuplace.commands import plan
 from gpuplace.commands.diff import RevisionError, files_on_disk, open_repo
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError, APIForbiddenError, APINotFoundError
@@ -247,8 +248,6 @@ def finish(
 
 def print_plan(args: argparse.Namespace, ws: Workspace, base: str, head: str | None) -> RepoPlan:
     """The plan of the change, as `gpuplace plan BASE [HEAD]` prints it."""
-    from gpuplace.commands import plan  # noqa: PLC0415 - the plan's libraries, only when run
-
     context = None
     if args.context:
         context = [f"{ws.directory}={args.context}"] if ws.directory else [args.context]
