@@ -23,6 +23,7 @@ from controller.claimfinalizers import ClaimFinalizers
 from controller.dra import ClaimWriter, DraTracker
 from controller.gangs import Gangs
 from controller.heldtwice import HeldTwice, MapRef
+from controller.legacyscope import LegacyScope
 from controller.metrics import ControllerMetrics
 from controller.onepod import OnePod
 from controller.pendingreport import PendingReports
@@ -71,6 +72,7 @@ class Binder:
         sender: Callable[[], Sender] | None = None,  # the Bindings' loop (tests: a fake)
         on_trust_change: Callable[[MapKey], None] = lambda _key: None,  # a map's trust report
         map_ref: MapRef = lambda _key: None,  # where a map's Events go
+        legacy_scope: LegacyScope = podfacts.EVERY,  # namespaces placed by a legacy line
     ) -> None:
         self.kube = kube
         #: Whether this process holds the leader lease now (LeaderElector.holds): checked right
@@ -82,6 +84,7 @@ class Binder:
         self.cluster = cluster
         self.on_bound = on_bound
         self.dra = dra
+        self.legacy_scope = legacy_scope
         waiting = Waiting()
         self._pods, self._in_flight, self._lock = waiting.pods, waiting.in_flight, waiting.lock
         #: dra enforcement: each claim's finalizer, written when the claim is first seen (leader
@@ -133,7 +136,15 @@ class Binder:
         self._thread: threading.Thread | None = None
         self.active = threading.Event()
         self.steps = OnePod(
-            settings, metrics, self.cache, self.queue, self.pending, waiting, self.dispatcher, dra
+            settings,
+            metrics,
+            self.cache,
+            self.queue,
+            self.pending,
+            waiting,
+            self.dispatcher,
+            dra,
+            legacy_scope,
         )
         self.gangs = Gangs(self.steps, waiting, metrics.gangs_stuck.set)
 
@@ -215,7 +226,7 @@ class Binder:
         if bound.trust is None:
             raise RuntimeError("the binder judged a bound pod before the key ring was loaded")
         holding = bound.holding(shared_maps)
-        if holding is None and self.settings.legacy:
+        if holding is None and podfacts.is_legacy(bound.pod, self.settings, self.legacy_scope):
             holding = self._adopt_prebound(bound.uid, bound.pod)
         if holding is not None:
             self.held_twice.report(bound.pod, self.cache.add_bound(holding))

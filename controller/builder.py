@@ -25,6 +25,7 @@ from controller.grantkeeper import GrantKeeper
 from controller.informers import SharedInformers
 from controller.inventories import InventoryTracker
 from controller.keywatch import KeyWatch
+from controller.legacyscope import LegacyScope
 from controller.manager import Controller
 from controller.metrics import ControllerMetrics
 from controller.modelkeeper import ModelKeeper
@@ -118,6 +119,7 @@ def build(
         fence=elector.holds,
         on_trust_change=on_trust_change,
         map_ref=map_ref,
+        legacy_scope=LegacyScope(settings.binder.legacy_namespace_selector, informers.namespaces),
     )
     renumber = RenumberTracker(kube, events, metrics.renumbered.set)
     policies = policy_informers(informers)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from controller.settings import ControllerSettings
-from controller.trim import trim_node, trim_pod
+from controller.trim import trim_namespace, trim_node, trim_pod
 from kubeio.client import Kube, Obj
 from kubeio.configmapwatch import ConfigMapWatch
 from kubeio.informer import Informer
@@ -18,6 +18,7 @@ from kubeio.paths import (
     CONFIGMAPS,
     DEVICE_TAINT_RULES,
     LEASES,
+    NAMESPACES,
     NODES,
     PLACEMENT_MAPS,
     PLACEMENT_POLICIES,
@@ -62,6 +63,9 @@ class SharedInformers:
     #: One per schedulerName the binder serves (gpuplace's, and the legacy ones).
     pods: tuple[Informer, ...]
     dra: DraInformers | None
+    #: Namespaces, trimmed to their labels, while the legacy namespace selector narrows legacy
+    #: pods (controller/legacyscope.py); None otherwise.
+    namespaces: Informer | None = None
 
     @classmethod
     def create(cls, kube: Kube, settings: ControllerSettings) -> SharedInformers:
@@ -107,6 +111,11 @@ class SharedInformers:
             )
             for name in names
         )
+        namespaces = None
+        if s.binder.legacy and s.binder.legacy_namespace_selector is not None:
+            namespaces = Informer(
+                kube, NAMESPACES.collection(), name="namespaces", transform=trim_namespace
+            )
         dra = None
         if s.enforcement is Enforcement.DRA:
             dra = DraInformers(
@@ -151,10 +160,11 @@ class SharedInformers:
             ),
             pods=pods,
             dra=dra,
+            namespaces=namespaces,
         )
 
     def all(self) -> Iterator[Informer]:
-        for own in (self.sources, self.resources, self.policy_resource):
+        for own in (self.sources, self.resources, self.policy_resource, self.namespaces):
             if own is not None:
                 yield own
         yield from (self.nodes, self.inventories, self.leases, self.model.informer)

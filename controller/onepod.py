@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from controller import podfacts
 from controller.bindsend import Dispatcher, Waiting
 from controller.dra import DraTracker
+from controller.legacyscope import LegacyScope
 from controller.metrics import ControllerMetrics
 from controller.pendingreport import PendingReports
 from controller.queue import SchedulingQueue
@@ -39,9 +40,11 @@ class OnePod:
     waiting: Waiting
     dispatcher: Dispatcher
     dra: DraTracker | None = None  # `dra` enforcement: claims are allocated before binding
+    #: The namespaces whose pods are placed by a gpu-scheduling-map line of their own.
+    legacy_scope: LegacyScope = podfacts.EVERY
 
     def facts(self, pod: Pod) -> PodFacts:
-        return podfacts.facts(pod, self.settings.legacy)
+        return podfacts.facts_for(pod, self.settings, self.legacy_scope)
 
     def decide(self, uid: str, pod: Pod, facts: PodFacts, cluster: Cluster) -> None:
         """The pod decided alone: it waits with why, or its Binding is sent."""

@@ -3,6 +3,9 @@ decision, and a bound pod's binding, decoded and judged once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from controller.legacyscope import LegacyScope
 from controller.settings import BinderSettings
 from controller.slotcache import Holding
 from controller.trustreport import Judged
@@ -23,12 +26,34 @@ from placement.nodes import resolve_node
 from placement.podmeta import legacy_text_of, map_name_of, prebound_line, rank_annotations_of
 from placement.types import NodeName, Sharing, SlotKey
 
+#: No legacy namespace selector: every namespace.
+EVERY = LegacyScope()
 
-def is_legacy(pod: Pod, settings: BinderSettings) -> bool:
-    """Whether a pod is the earlier tools' (one of their schedulerNames): only those are placed or
-    hold GPUs by a gpu-scheduling-map line of their own; a pod of the binder's name carrying one
-    skipped the legacy checks of the webhook and never does."""
-    return settings.legacy and pod.scheduler_name in settings.legacy_scheduler_names
+
+def is_legacy(pod: Pod, settings: BinderSettings, scope: LegacyScope = EVERY) -> bool:
+    """Whether a pod is the earlier tools' (one of their schedulerNames) in a namespace the legacy
+    selector chooses: only those are placed or hold GPUs by a gpu-scheduling-map line of their
+    own; a pod of the binder's name carrying one, or one of another namespace, skipped the
+    legacy checks of the webhook and never does."""
+    return (
+        settings.legacy
+        and pod.scheduler_name in settings.legacy_scheduler_names
+        and scope.selects(pod.namespace)
+    )
+
+
+def facts_for(pod: Pod, settings: BinderSettings, scope: LegacyScope = EVERY) -> PodFacts:
+    """The pod's facts for a decision; a legacy pod outside the selector is told why it waits."""
+    if is_legacy(pod, settings, scope):
+        return facts(pod, legacy=True)
+    out = facts(pod, legacy=False)
+    if (
+        settings.legacy
+        and pod.scheduler_name in settings.legacy_scheduler_names
+        and legacy_text_of(pod) is not None
+    ):
+        return replace(out, legacy_refused=scope.refusal(pod.namespace))
+    return out
 
 
 def facts(pod: Pod, legacy: bool) -> PodFacts:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from placement.annotations import LEGACY_NODE_LABEL
 from placement.dra import DraSettings, Enforcement
+from placement.grants import NodeSelector
 from placement.inventory import INVENTORY_NAMESPACE
 from placement.model import MODEL_NAMESPACE
 
@@ -15,6 +16,9 @@ class BinderSettings:
     scheduler_name: str = "gpuplace"
     legacy_scheduler_names: tuple[str, ...] = ("gpu-scheduler",)
     legacy: bool = True
+    #: Namespaces (by their labels) whose pods are placed, and hold GPUs, by a gpu-scheduling-map
+    #: line of their own; None: every namespace (controller/legacyscope.py).
+    legacy_namespace_selector: NodeSelector | None = None
     require_inventory: bool = True
     #: Bindings in flight. The apiserver (and etcd, which batches concurrent writes) takes more
     #: binds a second the more arrive at once: on one two-core local control plane (200 kwok

@@ -81,6 +81,9 @@ class PodFacts:
     rank_annotations: Mapping[str, str] = field(default_factory=dict)
     #: Why a map's pod was not admitted by the webhook (`placement.admitted`); "" when it was.
     not_admitted: str = ""
+    #: Why the pod's own gpu-scheduling-map line is not read (its namespace is outside the legacy
+    #: namespace selector); "" when it is, or when it has none.
+    legacy_refused: str = ""
 
 
 class Held(Protocol):
@@ -163,6 +166,8 @@ def plan(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement | Status
         return _plan_map_pod(pod, cluster, slots)
     if pod.legacy_map is not None:
         return _plan_legacy_pod(pod, cluster, slots)
+    if pod.legacy_refused:
+        return _fail(Reason.NOT_GRANTED, pod.legacy_refused)
     return _fail(
         Reason.NO_PLACEMENT,
         "pod has neither label gpuplace.io/map nor annotation gpu-scheduling-map",

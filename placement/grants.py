@@ -309,6 +309,22 @@ def parse_policy(text: str, source: str) -> PlacementPolicy:
     return policy_from_document(docs[0])
 
 
+def parse_label_selector(text: str, source: str) -> NodeSelector:
+    """A Kubernetes LabelSelector (matchLabels, matchExpressions) written as YAML or JSON, e.g.
+    the chart's `global.legacy.namespaceSelector` given to the controller; empty text or `{}`
+    selects everything. Raises PlacementError with every located problem."""
+    docs = [d for d in load_documents(text, source) if d.value is not None]
+    if not docs:
+        return NodeSelector()
+    if len(docs) > 1:
+        raise PlacementError.single(Location(source, 1, 1), "expected one label selector")
+    r = _Reader(docs[0])
+    selector = _selector(r, docs[0].value, ())
+    if r.errors:
+        raise PlacementError(tuple(r.errors))
+    return selector
+
+
 def policy_from_document(doc: Document) -> PlacementPolicy:
     """The policy one document holds (a file's, or a custom resource's); raises PlacementError."""
     r = _Reader(doc)

@@ -29,6 +29,8 @@ from kubeio import logs
 from kubeio.client import ClientSettings, Kube, Obj
 from kubeio.httpserver import OpsServer, ServerMetrics
 from placement.dra import DraSettings, Enforcement
+from placement.errors import PlacementError
+from placement.grants import parse_label_selector
 
 log = logging.getLogger("gpuplace.controller")
 
@@ -83,6 +85,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _add_binder_flags(flags: EnvFlags) -> None:
     flags.string("--scheduler-name", "GPUPLACE_SCHEDULER_NAME", "gpuplace")
     add_legacy_flags(flags, "place", ["gpu-scheduler"])
+    flags.string(
+        "--legacy-namespace-selector",
+        "GPUPLACE_LEGACY_NAMESPACE_SELECTOR",
+        "",
+        help="a label selector over namespaces (YAML or JSON: matchLabels, matchExpressions) "
+        "whose pods are placed by a gpu-scheduling-map annotation of their own; empty: every "
+        "namespace (the chart passes global.legacy.namespaceSelector, as its webhook uses it)",
+    )
     flags.string("--node-alias-label", "GPUPLACE_NODE_ALIAS_LABEL", "gpu-node-name")
     flags.string(
         "--grants-default",
@@ -125,8 +135,16 @@ def _add_source_flags(flags: EnvFlags) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> ControllerSettings:
+    """The settings the flags say; raises PlacementError, located at the flag, for a legacy
+    namespace selector that is not one."""
     host, _, port = str(args.metrics_address).rpartition(":")
     legacy_names = tuple(args.legacy_names)
+    selector_text = str(args.legacy_namespace_selector or "").strip()
+    legacy_selector = (
+        parse_label_selector(selector_text, "--legacy-namespace-selector")
+        if selector_text
+        else None
+    )
     return ControllerSettings(
         kubeconfig=args.kubeconfig,
         identity=args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
@@ -148,6 +166,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
             scheduler_name=args.scheduler_name,
             legacy_scheduler_names=legacy_names,
             legacy=args.legacy,
+            legacy_namespace_selector=legacy_selector,
             require_inventory=args.require_inventory,
             bind_workers=args.bind_workers,
         ),
@@ -162,7 +181,11 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
 
 def run(args: argparse.Namespace) -> int:
     heap.tune()
-    settings = settings_from(args)
+    try:
+        settings = settings_from(args)
+    except PlacementError as exc:
+        log.error("%s", exc.format())
+        return 2
     logs.configure(settings.log_level, settings.log_json)
     if settings.binder.bind_workers < 1:
         log.error("--bind-workers (GPUPLACE_BIND_WORKERS) must be at least 1")

@@ -143,6 +143,19 @@ webhook's own pods and the model can always be written, whatever happens to the 
 {{- toJson ($names | uniq) -}}
 {{- end -}}
 
+{{/*
+The namespaces whose pods are placed by a gpu-scheduling-map annotation of their own, as JSON:
+global.legacy.namespaceSelector without the namespaces the webhook never sees. The webhook's legacy
+entry and the controller (--legacy-namespace-selector) use the same one.
+*/}}
+{{- define "gpuplace.legacy.namespaceSelector" -}}
+{{- $excluded := include "gpuplace.webhook.excludedNamespaces" . | fromJsonArray -}}
+{{- $exclude := dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $excluded -}}
+{{- $selector := deepCopy .Values.global.legacy.namespaceSelector -}}
+{{- $_ := set $selector "matchExpressions" (append ($selector.matchExpressions | default list) $exclude) -}}
+{{- toJson $selector -}}
+{{- end -}}
+
 {{- define "gpuplace.webhook.clientConfig" -}}
 service:
   name: {{ include "gpuplace.webhook.serviceName" .root }}
