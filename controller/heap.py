@@ -18,6 +18,8 @@ as before.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 
 #: (youngest generation, middle, oldest): see the module's docstring.
@@ -27,6 +29,26 @@ THRESHOLDS = (50_000, 20, 20)
 def tune() -> None:
     """Sets the collector's thresholds for this process (at its start)."""
     gc.set_threshold(*THRESHOLDS)
+
+
+def _malloc_trim() -> object:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None  # not glibc (musl has no malloc_trim): nothing to hand back this way
+
+
+_TRIM = _malloc_trim()
+
+
+def trim() -> None:
+    """Hands the allocator's free memory back to the system (glibc's malloc_trim). A list of
+    whole objects (a page of 500 pods of 100 KB each is 50 MB) is freed once the informer has
+    trimmed it (controller/trim.py), but the allocator keeps those pages, scattered among the
+    small blocks the cache keeps, and the process's resident size would stay at its peak."""
+    if callable(_TRIM):
+        _TRIM(0)
 
 
 def freeze() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
+from controller import heap
 from controller.settings import ControllerSettings
 from controller.trim import trim_namespace, trim_node, trim_pod
 from kubeio.client import Kube, Obj
@@ -108,6 +109,7 @@ class SharedInformers:
                 field_selector=f"spec.schedulerName={name}",
                 resync_seconds=resync,
                 transform=partial(trim_pod, legacy=name != s.binder.scheduler_name),
+                after_page=heap.trim,
             )
             for name in names
         )
@@ -140,7 +142,9 @@ class SharedInformers:
             sources=sources,
             resources=resources,
             policy_resource=policy_resource,
-            nodes=Informer(kube, NODES.collection(), name="nodes", transform=trim_node),
+            nodes=Informer(
+                kube, NODES.collection(), name="nodes", transform=trim_node, after_page=heap.trim
+            ),
             inventories=Informer(
                 kube, CONFIGMAPS.collection(s.inventory_namespace), name="inventories"
             ),

@@ -6,7 +6,9 @@ informer emits the difference to its store, so a handler never misses a delete i
 A `transform` (client-go's SetTransform) trims each object as it arrives, before the store keeps
 it and before any handler sees it: the cache then holds only what its readers read, so fields a
 writer of the object is free to grow (a pod's annotations) cost nothing to hold. The caller, who
-knows what it reads, passes the transform in; this module knows no resource's fields.
+knows what it reads, passes the transform in; this module knows no resource's fields. The
+memory a page of whole objects took stays with the process's allocator after they are freed
+(small blocks among the kept ones); `after_page` lets the caller hand it back.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Informer:
         optional: bool = False,
         absent_retry_seconds: float = 30.0,
         transform: Transform | None = None,
+        after_page: Callable[[], None] | None = None,
     ) -> None:
         self.kube = kube
         self.path = path
@@ -68,6 +71,9 @@ class Informer:
         self.optional = optional
         self.absent_retry_seconds = absent_retry_seconds
         self.transform = transform
+        #: Called after each page of a list has been trimmed and its whole objects dropped: the
+        #: caller may give the memory they held back to the system (see the module's docstring).
+        self.after_page = after_page
         self._absent_logged = False
         self.store: dict[tuple[str, str], Obj] = {}
         self.synced = threading.Event()
@@ -130,12 +136,16 @@ class Informer:
             page = self.kube.get(
                 self.path, limit=self.page_size, **{"continue": cont}, **self._selectors()
             )
-            page_items = page.get("items") or []
-            if self.transform is not None:
-                # Trimmed page by page: a relist holds one page of whole objects at a time.
-                page_items = [self.transform(o) for o in page_items]
-            items.extend(page_items)
             meta = page.get("metadata", {})
+            if self.transform is None:
+                items.extend(page.get("items") or [])
+            else:
+                # Trimmed page by page: a relist holds one page of whole objects at a time,
+                # and what the transform dropped is freed before the next page is asked for.
+                items.extend(self.transform(o) for o in page.get("items") or [])
+                del page
+                if self.after_page is not None:
+                    self.after_page()
             cont = meta.get("continue", "")
             if not cont:
                 self._rv = str(meta.get("resourceVersion", ""))
