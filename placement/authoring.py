@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from placement.errors import PlacementError
 from placement.inventory import NodeInventory
@@ -448,11 +448,16 @@ def add_generators(kustomization: str, source: str, entries: Sequence[tuple[MapK
         for key, file in entries:
             edit.append_item(generators, generator_lines(key, file))
         return edit.result()
-    if generators is not None or (doc is not None and not isinstance(doc, MappingNode)):
-        raise ValueError(f"{source}: configMapGenerator is not a list of entries")
     block = ["configMapGenerator:"]
     for key, file in entries:
         lines = generator_lines(key, file)
         block += [f"  - {lines[0]}", *(f"    {line}" for line in lines[1:])]
+    if isinstance(generators, ScalarNode) and generators.value in ("", "null", "~"):
+        # `configMapGenerator:` with nothing under it yet: the entries go under the key.
+        assert doc is not None
+        edit.replace_pair_text(doc, "configMapGenerator", "\n".join(block))
+        return edit.result()
+    if generators is not None or (doc is not None and not isinstance(doc, MappingNode)):
+        raise ValueError(f"{source}: configMapGenerator is not a list of entries")
     tail = "" if kustomization.endswith("\n") or not kustomization else "\n"
     return kustomization + tail + "\n".join(block) + "\n"

@@ -180,10 +180,16 @@ class WaitingSlot:
         }
 
 
-def waiting_slots(result: Plan, cells: Iterable[GpuCell]) -> list[WaitingSlot]:
+def waiting_slots(
+    result: Plan, cells: Iterable[GpuCell], aliases: Mapping[str, str] | None = None
+) -> list[WaitingSlot]:
     """The slots `result` adds or moves that would wait: their node has no inventory, a declared
-    GPU is missing or unhealthy, or a pod of another slot holds it (until that pod goes)."""
+    GPU is missing or unhealthy, or a pod of another slot holds it (until that pod goes).
+    `aliases`: logical name -> node, for slots that name their node by its logical name."""
     gpus = by_node(cells)
+    for name, node in (aliases or {}).items():
+        if name not in gpus and node in gpus:
+            gpus[name] = gpus[node]
     out: list[WaitingSlot] = []
     for change in result.changes:
         if change.kind not in (MapChangeKind.ADDED, MapChangeKind.CHANGED, MapChangeKind.FIXED):

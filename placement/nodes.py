@@ -36,3 +36,17 @@ def resolve_node(
             None, f"node {declared!r} is ambiguous: label {alias_label}={declared} is on {names}"
         )
     return NodeResolution(None, f"node {declared!r} not found")
+
+
+def unique_aliases(
+    labels: Mapping[NodeName, Mapping[str, str]], alias_label: str
+) -> dict[str, NodeName]:
+    """Logical name -> node, for the names `resolve_node` resolves: on exactly one node, and no
+    node's own name (tools that read nodes once, e.g. `gpuplace plan` and `gpuplace move`)."""
+    carriers: dict[str, list[NodeName]] = {}
+    for node, node_labels in labels.items():
+        if alias_label in node_labels:
+            carriers.setdefault(node_labels[alias_label], []).append(node)
+    return {
+        name: nodes[0] for name, nodes in carriers.items() if len(nodes) == 1 and name not in labels
+    }

@@ -148,6 +148,17 @@ class YamlEdit:
         key_node, value_node = found
         self._add(int(key_node.start_mark.index), content_end(value_node), f"{new_key}: {value}")
 
+    def replace_pair_text(self, mapping: Node, key: str, text: str) -> None:
+        """The whole `key: value` pair becomes `text` (which may span lines)."""
+        found = self.pair(mapping, key)
+        if found is None:
+            raise KeyError(key)
+        key_node, value_node = found
+        end = content_end(value_node)
+        if isinstance(value_node, ScalarNode) and value_node.value == "":
+            end = int(key_node.end_mark.index) + 1  # an empty value: the key and its colon
+        self._add(int(key_node.start_mark.index), end, text)
+
     def set_pair(self, mapping: Node, key: str, value: str, after: str | None = None) -> None:
         """`key: value` in `mapping`: its value replaced where the key exists, else a new line
         after the entry `after` (default: the last one), indented like it."""

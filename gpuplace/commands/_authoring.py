@@ -10,7 +10,6 @@ import os
 import re
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from placement.dra import DraDevice, DraSettings, slice_devices
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, NodeInventory
 from placement.maps import PlacementMap
 from placement.model import MODEL_LABEL, MODEL_NAMESPACE, Model, model_data, read_model
+from placement.nodes import unique_aliases
 from placement.podresources import POD_RESOURCES_KEY, PodResources
 from placement.review import RepoPlan
 from placement.snapshot import Snapshot, load_snapshot
@@ -51,18 +51,10 @@ class Cluster:
 
     def logical(self) -> dict[NodeName, str]:
         """node -> its logical name, where exactly that node carries it."""
-        carriers: dict[str, list[NodeName]] = defaultdict(list)
-        for node, labels in self.labels.items():
-            if self.alias_label in labels:
-                carriers[labels[self.alias_label]].append(node)
-        return {
-            nodes[0]: name
-            for name, nodes in carriers.items()
-            if len(nodes) == 1 and name not in self.labels
-        }
+        return {node: name for name, node in self.aliases().items()}
 
     def aliases(self) -> dict[str, NodeName]:
-        return {name: node for node, name in self.logical().items()}
+        return unique_aliases(self.labels, self.alias_label)
 
     def cliques(self) -> dict[NodeName, str]:
         return {

@@ -59,7 +59,7 @@ from placement.authoring import (
     maps_folder,
 )
 from placement.dra import DraDevice, DraSettings, read_claim
-from placement.errors import Diagnostic
+from placement.errors import Diagnostic, PlacementError
 from placement.grants import check_map
 from placement.indexing import IndexSource, PodIdentity, resolve_index
 from placement.kustomize import KUSTOMIZATION_NAMES
@@ -351,7 +351,11 @@ def run(args: argparse.Namespace) -> int:
         )
         base = ws.directory
         entries = [(m.key, posixpath.relpath(p, base or ".")) for p, m in sorted(good.items())]
-        changed[kpath] = add_generators(before, kpath, entries)
+        try:
+            changed[kpath] = add_generators(before, kpath, entries)
+        except (PlacementError, ValueError) as exc:
+            print(f"gpuplace import: error: {exc}", file=sys.stderr)
+            return 1
     for path, imported in sorted(good.items()):
         print(
             f"imported: {imported.workload_kind} {imported.key.namespace}/{imported.workload} "

@@ -47,8 +47,11 @@ from gpuplace.commands.diff import (
 )
 from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
+from kubeio.paths import NODES
+from placement.annotations import LEGACY_NODE_LABEL
 from placement.diff import drifting_pods
 from placement.inventorycheck import INVENTORY_SNAPSHOT, waiting_slots
+from placement.nodes import unique_aliases
 from placement.review import (
     ClusterPlan,
     RepoPlan,
@@ -58,6 +61,7 @@ from placement.review import (
     split,
     with_live,
 )
+from placement.types import NodeName
 
 FORMATS = ("text", "json", "markdown", "sarif")
 
@@ -169,10 +173,19 @@ def read_live(cluster: ClusterPlan, kubeconfig: str | None, context: str | None)
     try:
         kube = Kube.connect(ClientSettings(kubeconfig=kubeconfig, context=context))
         drifting = drifting_pods(cluster.plan, running_pods(kube))
-        waiting = waiting_slots(cluster.plan, occupancy.read_cells(kube))
+        waiting = waiting_slots(cluster.plan, occupancy.read_cells(kube), node_aliases(kube))
     except (ConfigException, APIError, OSError, ValueError) as exc:
         return with_live(cluster, error=str(exc) or type(exc).__name__)
     return with_live(cluster, drifting, waiting)
+
+
+def node_aliases(kube: Kube) -> dict[str, str]:
+    """Logical name -> node, for slots that name their node by its logical name (one LIST)."""
+    labels = {
+        NodeName(n["metadata"]["name"]): n["metadata"].get("labels") or {}
+        for n in kube.get(NODES.collection())["items"]
+    }
+    return dict(unique_aliases(labels, LEGACY_NODE_LABEL))
 
 
 def inventory_at(repo: git.Repo, rev: str | None, path: str) -> str | None:

@@ -194,3 +194,12 @@ def test_scalars_read_back_as_themselves(value: str) -> None:
 @given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=30))
 def test_any_string_reads_back(value: str) -> None:
     assert yaml.safe_load(f"k: {scalar(value)}")["k"] == value
+
+
+def test_an_empty_configmapgenerator_gets_its_first_entries_under_its_key() -> None:
+    before = "kind: Kustomization\nconfigMapGenerator:\n# later\nresources: [a.yaml]\n"
+    after = add_generators(before, "k.yaml", [(MapKey("ml", "m"), "maps/m.yaml")])
+    assert after.startswith("kind: Kustomization\nconfigMapGenerator:\n  - name: m\n")
+    assert after.endswith("# later\nresources: [a.yaml]\n")
+    generated = yaml.safe_load(after)["configMapGenerator"]
+    assert generated[0]["files"] == ["placement.yaml=maps/m.yaml"]
