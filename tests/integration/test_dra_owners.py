@@ -18,6 +18,7 @@ from gpuplace_dev.localcluster import LocalCluster
 from gpuplace_dev.localcluster import policies as local_policies
 from placement.annotations import MAP_LABEL
 from placement.dra import POD_CLAIM_ANNOTATION, device_name
+from placement.grants import POLICY_CONFIGMAP
 from tests.integration.controllerkit import (
     ControllerProcess,
     apply_map,
@@ -42,6 +43,7 @@ from tests.integration.test_dra import (
 )
 from tests.integration.test_dra import controller as controller  # noqa: PLC0414 - fixture
 from tests.integration.test_dra import dra as dra  # noqa: PLC0414 - fixture
+from tests.integration.test_grants import published_grants, put_policy
 
 pytestmark = pytest.mark.integration
 
@@ -198,92 +200,117 @@ def test_a_claim_kube_scheduler_allocated_holds_its_gpu_and_a_second_owner_is_re
     waits DeviceBusy, naming the claim, and GPU 0 is never in two claims; freed, it goes to
     prod. Then a second allocation of a held GPU, written by hand, is reported on both pods and
     the map, and `gpuplace gpus` shows it."""
-    (node,) = dra.nodes("owners", 1, gpus=2)
+    node, elsewhere = dra.nodes("owners", 2, gpus=2)
     with (
         fresh_namespace(cluster, "tenant-a") as tenant_ns,
         fresh_namespace(cluster, "prod", labels={SCOPE_LABEL: "true"}) as prod,
     ):
-        claims_path = f"/apis/resource.k8s.io/v1/namespaces/{tenant_ns}/resourceclaims"
-        create(cluster, claims_path, claim_body("squat", uuid=gpu_uuid(node, 0), forged=True))
-        create(cluster, f"/api/v1/namespaces/{tenant_ns}/pods", plain_pod("thief", "squat"))
-        squat = wait_for(
-            "kube-scheduler allocates the tenant's claim",
-            lambda: (c := claim_get(cluster, tenant_ns, "squat")) and allocated(c) and c,
-            timeout=90,
-        )
-        assert allocated(squat) == [(SETTINGS.driver, node, device_name(0))]
-
-        apply_map(cluster, prod, "llm", map_yaml(prod, "llm", [(0, node, [0]), (1, node, [1])]))
-        create_workload(cluster, statefulset(prod, "llm", "llm", 2))
-        wait_for("llm-1 bound", lambda: "llm-1" in bound_pods(cluster, prod), timeout=90)
-        wait_for(
-            "llm-0 waits for GPU 0",
-            lambda: pending_reason(cluster, prod, "llm-0") == "DeviceBusy",
-            timeout=60,
-        )
-        message = pending_message(cluster, prod, "llm-0")
-        assert f"ResourceClaim {tenant_ns}/squat" in message, message
-        no_device_twice(cluster)
-
-        # The tenant's pod and claim go: GPU 0 goes to the map that declares it.
-        cluster.request("DELETE", f"/api/v1/namespaces/{tenant_ns}/pods/thief?gracePeriodSeconds=0")
-        cluster.request("DELETE", f"{claims_path}/squat")
-        pod = wait_for("llm-0 bound", lambda: bound_pods(cluster, prod).get("llm-0"), timeout=90)
-        no_device_twice(cluster)
-
-        # A second allocation of llm-0's GPU, written by an administrator: reported.
-        ours = claim_of(cluster, pod)
-        assert ours is not None
-        create(cluster, claims_path, claim_body("second"))
-        second = claim_get(cluster, tenant_ns, "second")
-        assert second is not None
-        second["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "gpu",
-                            "driver": SETTINGS.driver,
-                            "pool": node,
-                            "device": device_name(0),
-                        }
-                    ]
-                }
-            },
-        }
-        status, body = cluster.request("PUT", f"{claims_path}/second/status", second)
-        assert status == 200, body
-        for namespace, kind, name in (
-            (prod, "Pod", "llm-0"),
-            (prod, "ConfigMap", "llm"),
-        ):
-            event = wait_for(
-                f"GPUHeldTwice on {kind} {namespace}/{name}",
-                lambda ns=namespace, k=kind, n=name: held_twice_event(cluster, ns, k, n),
-                timeout=60,
+        # prod is granted the node, the tenant another one (as in the attack).
+        put_policy(cluster, two_grants(prod, node, tenant_ns, elsewhere))
+        try:
+            wait_for(
+                "grants published",
+                lambda: node in published_grants(cluster).get("namespaces", {}).get(prod, {}),
             )
-            assert f"{tenant_ns}/second" in event and ours["metadata"]["name"] in event, event
-        gpus = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpuplace",
-                "gpus",
-                f"--kubeconfig={cluster.kubeconfig}",
-                "--node",
-                node,
-                "-o",
-                "json",
-            ],
-            capture_output=True,
-            text=True,
+            a_foreign_allocation_holds_and_a_second_is_reported(cluster, node, tenant_ns, prod)
+        finally:
+            cluster.request(
+                "DELETE", f"/api/v1/namespaces/gpuplace-system/configmaps/{POLICY_CONFIGMAP}"
+            )
+
+
+def two_grants(prod: str, node: str, tenant: str, elsewhere: str) -> str:
+    return (
+        "apiVersion: gpuplace.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: cluster}\n"
+        f"spec:\n  grants:\n    - namespaces: [{prod}]\n      nodes: [{node}]\n"
+        f"    - namespaces: [{tenant}]\n      nodes: [{elsewhere}]\n"
+    )
+
+
+def a_foreign_allocation_holds_and_a_second_is_reported(
+    cluster: LocalCluster, node: str, tenant_ns: str, prod: str
+) -> None:
+    claims_path = f"/apis/resource.k8s.io/v1/namespaces/{tenant_ns}/resourceclaims"
+    create(cluster, claims_path, claim_body("squat", uuid=gpu_uuid(node, 0), forged=True))
+    create(cluster, f"/api/v1/namespaces/{tenant_ns}/pods", plain_pod("thief", "squat"))
+    squat = wait_for(
+        "kube-scheduler allocates the tenant's claim",
+        lambda: (c := claim_get(cluster, tenant_ns, "squat")) and allocated(c) and c,
+        timeout=90,
+    )
+    assert allocated(squat) == [(SETTINGS.driver, node, device_name(0))]
+
+    apply_map(cluster, prod, "llm", map_yaml(prod, "llm", [(0, node, [0]), (1, node, [1])]))
+    create_workload(cluster, statefulset(prod, "llm", "llm", 2))
+    wait_for("llm-1 bound", lambda: "llm-1" in bound_pods(cluster, prod), timeout=90)
+    wait_for(
+        "llm-0 waits for GPU 0",
+        lambda: pending_reason(cluster, prod, "llm-0") == "DeviceBusy",
+        timeout=60,
+    )
+    message = pending_message(cluster, prod, "llm-0")
+    assert f"ResourceClaim {tenant_ns}/squat" in message, message
+    no_device_twice(cluster)
+
+    # The tenant's pod and claim go: GPU 0 goes to the map that declares it.
+    cluster.request("DELETE", f"/api/v1/namespaces/{tenant_ns}/pods/thief?gracePeriodSeconds=0")
+    cluster.request("DELETE", f"{claims_path}/squat")
+    pod = wait_for("llm-0 bound", lambda: bound_pods(cluster, prod).get("llm-0"), timeout=90)
+    no_device_twice(cluster)
+
+    # A second allocation of llm-0's GPU, written by an administrator: reported.
+    ours = claim_of(cluster, pod)
+    assert ours is not None
+    create(cluster, claims_path, claim_body("second"))
+    second = claim_get(cluster, tenant_ns, "second")
+    assert second is not None
+    second["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": SETTINGS.driver,
+                        "pool": node,
+                        "device": device_name(0),
+                    }
+                ]
+            }
+        },
+    }
+    status, body = cluster.request("PUT", f"{claims_path}/second/status", second)
+    assert status == 200, body
+    for namespace, kind, name in (
+        (prod, "Pod", "llm-0"),
+        (prod, "ConfigMap", "llm"),
+    ):
+        event = wait_for(
+            f"GPUHeldTwice on {kind} {namespace}/{name}",
+            lambda ns=namespace, k=kind, n=name: held_twice_event(cluster, ns, k, n),
             timeout=60,
-            check=True,
         )
-        cells = {c["index"]: c for c in json.loads(gpus.stdout)["gpus"]}
-        assert cells[0]["state"] == "held-twice", cells[0]
-        assert f"{tenant_ns}/second" in cells[0]["claims"]
-        assert cells[1]["state"] == "held"
+        assert f"{tenant_ns}/second" in event and ours["metadata"]["name"] in event, event
+    gpus = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuplace",
+            "gpus",
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--node",
+            node,
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    cells = {c["index"]: c for c in json.loads(gpus.stdout)["gpus"]}
+    assert cells[0]["state"] == "held-twice", cells[0]
+    assert f"{tenant_ns}/second" in cells[0]["claims"]
+    assert cells[1]["state"] == "held"
 
 
 def claim_get(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
