@@ -21,6 +21,7 @@ from placement.maps import DeclaredSlot
 from placement.migprofiles import product_problem
 from placement.model import CompiledSlot, MigSlot
 from placement.reasons import Reason
+from placement.remedies import move_command
 from placement.spares import with_spares
 from placement.types import GpuUuid, NodeName
 
@@ -170,6 +171,13 @@ def _with_problems(
             )
         )
         found.append(device)
+    failed = [d.uuid for d in found if not d.healthy]
+    if failed:
+        # No spare covers it: name the edit that re-places the slot, for the map's status and
+        # its Event (the operator runs it against the map repository).
+        problems.append(
+            f"{where}: no spare for a failed GPU; re-place it: {move_command(gpus=failed)}"
+        )
     if missing:
         message = "; ".join(missing)
         return CompiledSlot(

@@ -52,17 +52,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
-def command_line(node: str | None, gpus: list[str]) -> str:
-    """The command that would re-place slots off `node` or `gpus` (what the controller
-    suggests when a declared GPU fails without a spare)."""
-    words = ["gpuplace", "move"]
-    if node:
-        words += ["--node", node]
-    for gpu in gpus:
-        words += ["--gpu", gpu]
-    return " ".join(words)
-
-
 def run(args: argparse.Namespace) -> int:
     if not args.node and not args.gpu:
         print("gpuplace move: error: name --node or --gpu", file=sys.stderr)

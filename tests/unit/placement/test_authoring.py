@@ -293,3 +293,19 @@ def test_a_spare_the_moved_slot_now_holds_leaves_its_fallback() -> None:
     )
     assert result.edits[0].devices == (uuid(1, 0), uuid(1, 2))
     assert result.edits[0].fallback == ()
+
+
+def test_a_failed_gpu_without_a_spare_suggests_the_move_that_re_places_its_slot() -> None:
+    a = inventory(1, "a", unhealthy=(1,))
+    bare = pmap("bare", "- index: 0\n  node: a\n  devices: [0, 1]\n")
+    spared = pmap("spared", "- index: 0\n  node: a\n  devices: [1]\n  fallback: [3]\n", "other")
+    c = Compiler()
+    c.set_node(a.node, {})
+    c.set_inventory(a)
+    c.set_map(bare)
+    c.set_map(spared)
+    _, reports = c.build()
+    suggestion = f"re-place it: gpuplace move --gpu {uuid(1, 1)}"
+    assert suggestion in reports[bare.key].message
+    assert reports[bare.key].phase.value == "Degraded"
+    assert "gpuplace move" not in reports[spared.key].message  # its spare stands in
