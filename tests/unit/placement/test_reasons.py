@@ -14,6 +14,7 @@ PUBLISHED = {
     "NoNVLinkSet", "CliqueMismatch",
     "ClaimPending", "ClaimMissing", "ClaimConflict",
     "NotAdmitted",
+    "GangWaiting", "GangStuck", "GangUnranked",
 }  # fmt: skip
 
 
