@@ -8,7 +8,7 @@ so the plan says that and shows the errors instead.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -324,6 +324,19 @@ class RunningPod:
     name: str
     map: str
     index: int
+    node: str = ""  # where it is bound
+    devices: tuple[str, ...] = ()  # the GPU UUIDs its binding gave it
+
+
+def _stays(pod: RunningPod, slot: DeclaredSlot | None, aliases: Mapping[str, str]) -> bool:
+    """Whether the pod already holds what the slot now names: the same node and GPUs by UUID
+    (a `count` pick or a spare written down as its devices moves nothing)."""
+    if slot is None or not pod.devices or not slot.devices or not pod.node:
+        return False
+    if any(isinstance(d, int) for d in slot.devices):
+        return False
+    node = aliases.get(slot.node, slot.node)
+    return node == pod.node and set(map(str, slot.devices)) == set(pod.devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,9 +358,13 @@ class DriftingPod:
         }
 
 
-def drifting_pods(result: Plan, pods: Iterable[RunningPod]) -> list[DriftingPod]:
+def drifting_pods(
+    result: Plan, pods: Iterable[RunningPod], aliases: Mapping[str, str] | None = None
+) -> list[DriftingPod]:
     """The running pods the planned change leaves where their map no longer puts them. A map
-    that turns invalid keeps serving its last valid version: its pods do not drift."""
+    that turns invalid keeps serving its last valid version: its pods do not drift, nor does a
+    pod that already holds the node and GPUs its slot now names (`aliases`: logical name ->
+    node)."""
     by_map: dict[tuple[str, str], list[RunningPod]] = {}
     for pod in pods:
         by_map.setdefault((pod.namespace, pod.map), []).append(pod)
@@ -365,6 +382,8 @@ def drifting_pods(result: Plan, pods: Iterable[RunningPod]) -> list[DriftingPod]
         for pod in running:
             slot = slots.get(pod.index)
             if slot is None or slot.kind in (SlotChangeKind.ADDED, SlotChangeKind.CHANGED):
+                continue
+            if _stays(pod, slot.after, aliases or {}):
                 continue
             reason = "SlotRemoved" if slot.kind is SlotChangeKind.REMOVED else "SlotMoved"
             out.append(DriftingPod(pod, reason, slot.describe()))

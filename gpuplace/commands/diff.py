@@ -32,7 +32,7 @@ from kubeio.client import ClientSettings, Kube
 from kubeio.errors import APIError
 from kubeio.paths import PODS
 from kubeio.pod import Pod
-from placement.annotations import INDEX_ANNOTATION, MAP_LABEL
+from placement.annotations import DEVICES_ANNOTATION, INDEX_ANNOTATION, MAP_LABEL
 from placement.diff import DriftingPod, RunningPod, drifting_pods, format_plan, plan
 from placement.podmeta import map_name_of
 from placement.snapshot import is_yaml_path, load_snapshot
@@ -83,7 +83,10 @@ def running_pods(kube: Kube) -> list[RunningPod]:
         map_name = map_name_of(pod)
         if not pod.bound or not index.isdecimal() or map_name is None:
             continue
-        out.append(RunningPod(pod.namespace, pod.name, map_name, int(index)))
+        devices = tuple(d for d in pod.annotations.get(DEVICES_ANNOTATION, "").split(",") if d)
+        out.append(
+            RunningPod(pod.namespace, pod.name, map_name, int(index), pod.node_name, devices)
+        )
     return out
 
 

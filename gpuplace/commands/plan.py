@@ -172,8 +172,9 @@ def read_live(cluster: ClusterPlan, kubeconfig: str | None, context: str | None)
     LIST of the placed pods, of the inventories and of the binder's pods."""
     try:
         kube = Kube.connect(ClientSettings(kubeconfig=kubeconfig, context=context))
-        drifting = drifting_pods(cluster.plan, running_pods(kube))
-        waiting = waiting_slots(cluster.plan, occupancy.read_cells(kube), node_aliases(kube))
+        aliases = node_aliases(kube)
+        drifting = drifting_pods(cluster.plan, running_pods(kube), aliases)
+        waiting = waiting_slots(cluster.plan, occupancy.read_cells(kube), aliases)
     except (ConfigException, APIError, OSError, ValueError) as exc:
         return with_live(cluster, error=str(exc) or type(exc).__name__)
     return with_live(cluster, drifting, waiting)

@@ -426,3 +426,53 @@ def test_move_off_a_node_plans_exactly_the_slots_on_it(
         ], replaced
         assert repo.head.commit.message.startswith(f"gpuplace move: 2 slot(s) off node {a}")
         repo.close()
+
+
+def test_freeze_writes_the_controllers_picks_and_moves_no_pod(
+    cluster: LocalCluster, webhook: None, controller: ControllerProcess, tmp_path: Path
+) -> None:
+    (node,) = [unique("freeze")]
+    cluster.create_nodes([FakeNode(node, gpus=4)])
+    publish_inventory(cluster, inventory_for(node, 4))
+    with fresh_namespace(cluster, "freeze", labels={SCOPE_LABEL: "true"}) as namespace:
+        picks = (
+            "apiVersion: gpuplace.io/v1alpha1\nkind: PlacementMap\nmetadata:\n"
+            f"  name: picks\n  namespace: {namespace}\nspec:\n  placements:\n"
+            f"    - index: 0\n      node: {node}\n      count: 2   # the controller picks\n"
+            f"    - index: 1\n      node: {node}\n      devices: [3]\n"
+        )
+        apply_map(cluster, namespace, "picks", picks)
+        wait_for_map(cluster, namespace, "picks", "Valid")
+        create_workload(cluster, statefulset(namespace, "x", "picks", 2))
+        pods = wait_for(
+            lambda: f"2 pods bound ({describe_pending(cluster, namespace)})",
+            lambda: (found := bound_pods(cluster, namespace)) and len(found) == 2 and found,
+            timeout=120,
+        )
+        held = pods["x-0"]["metadata"]["annotations"]["gpuplace.io/devices"].split(",")
+        root = tmp_path / "repo"
+        repo = repository(root, {"picks": picks})
+
+        done = run_gpuplace(
+            "freeze",
+            "--repo",
+            str(root),
+            "--dir",
+            "clusters/dev",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--commit",
+            "--format",
+            "json",
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        text = (root / "clusters/dev/maps/picks.yaml").read_text()
+        assert f"      devices: [{', '.join(held)}]   # the controller picks\n" in text
+        assert text.replace(f"devices: [{', '.join(held)}]", "count: 2") == picks
+        plan = json.loads(done.stdout)
+        (dev,) = plan["clusters"]
+        assert plan["valid"] and dev["live"]["drifting"] == [], done.stdout
+        # The declaration changes (count 2 -> two devices); the pod holding them stays.
+        assert plan["summary"]["podsDrifting"] == 0 and plan["summary"]["slotsWaiting"] == 0
+        assert repo.head.commit.message.startswith("gpuplace freeze: 1 slot(s)")
+        repo.close()

@@ -6,11 +6,13 @@ import textwrap
 
 from placement.authoring import RunningGpuPod, apply_slot_edits, freeze_edits, import_maps
 from placement.compile import Compiler
+from placement.diff import RunningPod, drifting_pods, plan
 from placement.grants import parse_policy, resolve
 from placement.inventory import GpuDevice, NodeInventory
 from placement.maps import PlacementMap
 from placement.model import Model
 from placement.moves import MoveRequest, held_gpus, plan_moves
+from placement.snapshot import load_snapshot
 from placement.types import GpuUuid, MapKey, NodeName
 from placement.validate import parse_map
 
@@ -309,3 +311,18 @@ def test_a_failed_gpu_without_a_spare_suggests_the_move_that_re_places_its_slot(
     assert suggestion in reports[bare.key].message
     assert reports[bare.key].phase.value == "Degraded"
     assert "gpuplace move" not in reports[spared.key].message  # its spare stands in
+
+
+def test_a_frozen_pick_moves_no_running_pod_in_the_plan() -> None:
+    head = (
+        "apiVersion: gpuplace.io/v1alpha1\nkind: PlacementMap\nmetadata:\n  name: m\n"
+        "  namespace: ml\nspec:\n  placements:\n    - index: 0\n      node: rack-a\n"
+    )
+    before = load_snapshot({"m.yaml": head + "      count: 1\n"})
+    frozen = load_snapshot({"m.yaml": head + f"      devices: [{uuid(1, 2)}]\n"})
+    result = plan(before, frozen)
+    holding = RunningPod("ml", "m-0", "m", 0, "a", (uuid(1, 2),))
+    elsewhere = RunningPod("ml", "m-0", "m", 0, "a", (uuid(1, 3),))
+    assert drifting_pods(result, [holding], {"rack-a": "a"}) == []
+    assert drifting_pods(result, [holding]) != []  # rack-a is not node a without the alias
+    assert [d.reason for d in drifting_pods(result, [elsewhere], {"rack-a": "a"})] == ["SlotMoved"]
