@@ -444,14 +444,25 @@ def test_legacy_pods(cluster: LocalCluster, ns: str, webhook: RunningWebhook) ->
         "CUDA_VISIBLE_DEVICES",
         "CUDA_DEVICE_ORDER",
     ]
-    broken = pod("trainer-0", ns, schedulerName="gpu-scheduler")
-    broken["metadata"]["annotations"] = {LEGACY_ANNOTATION: "0=node1:0,1\n1=node2:two\n"}
+    # The pod's own line is read at admission, located as in the whole text.
+    broken = pod("trainer-2", ns, schedulerName="gpu-scheduler")
+    broken["metadata"]["annotations"] = {LEGACY_ANNOTATION: "0=node1:0,1\n2=node2:two\n"}
     status, body = create_pod(cluster, broken)
     assert status == 422, body
     assert (
-        f"pod {ns}/trainer-0 annotation gpu-scheduling-map:2:9: error: device 'two'"
+        f"pod {ns}/trainer-2 annotation gpu-scheduling-map:2:9: error: device 'two'"
         in body["message"]
     )
+    # Another pod's broken line is the binder's to report (the admission reads a bounded part).
+    fine = pod("trainer-0", ns, schedulerName="gpu-scheduler")
+    fine["metadata"]["annotations"] = {LEGACY_ANNOTATION: "0=node1:0,1\n1=node2:two\n"}
+    status, body = create_pod(cluster, fine)
+    assert status == 201, body
+    # A name without an ordinal is refused before the text is read.
+    unnumbered = pod("trainer", ns, schedulerName="gpu-scheduler")
+    unnumbered["metadata"]["annotations"] = {LEGACY_ANNOTATION: "0=node1:0\n" * 1000}
+    status, body = create_pod(cluster, unnumbered)
+    assert status != 201 and "has none" in body["message"], body
     # Another scheduler: the CEL match conditions keep the pod from reaching the webhook at all.
     other = pod("other-0", ns)
     other["metadata"]["annotations"] = {LEGACY_ANNOTATION: "garbage"}
