@@ -157,6 +157,19 @@ def _wait(reason: Reason, message: str, *keys: WakeKey) -> Status:
     return Status(Code.UNSCHEDULABLE, reason, message, frozenset(keys))
 
 
+def _slot_taken(
+    pod: PodFacts, slots: SlotView, slot: SlotKey, what: str, *also: WakeKey
+) -> Status | None:
+    """SlotTaken while another pod holds `slot` (woken when it frees, or by `also`); None when
+    it is free or this pod's."""
+    holder = slots.slot_holder(slot)
+    if holder is None or holder == pod.uid:
+        return None
+    return _wait(
+        Reason.SLOT_TAKEN, f"{what} is held by {_who(slots, holder)}", WakeKey.slot(slot), *also
+    )
+
+
 def _fail(reason: Reason, message: str) -> Status:
     return Status(Code.UNRESOLVABLE, reason, message, frozenset({WakeKey.model()}))
 
@@ -206,15 +219,11 @@ def _plan_map_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placement
             f"map {key} has no index {index} ({choice.source.value})",
             WakeKey.model(),
         )
-    slot_key = SlotKey(key, index)
-    holder = slots.slot_holder(slot_key)
-    if holder is not None and holder != pod.uid:
-        return _wait(
-            Reason.SLOT_TAKEN,
-            f"map {key} index {index} is held by {_who(slots, holder)}",
-            WakeKey.slot(slot_key),
-            WakeKey.model(),
-        )
+    taken = _slot_taken(
+        pod, slots, SlotKey(key, index), f"map {key} index {index}", WakeKey.model()
+    )
+    if taken is not None:
+        return taken
     if slot.blocked:
         return _wait(slot.blocked, f"map {key} index {index}: {slot.message}", WakeKey.model())
     return _place_in_map(pod, cmap, index, cluster, slots)
@@ -500,13 +509,9 @@ def _plan_legacy_pod(pod: PodFacts, cluster: Cluster, slots: SlotView) -> Placem
         )
     key = legacy_map_key(pod.namespace, pod.name)
     slot_key = SlotKey(key, index)
-    holder = slots.slot_holder(slot_key)
-    if holder is not None and holder != pod.uid:
-        return _wait(
-            Reason.SLOT_TAKEN,
-            f"legacy slot {slot_key} is held by {_who(slots, holder)}",
-            WakeKey.slot(slot_key),
-        )
+    taken = _slot_taken(pod, slots, slot_key, f"legacy slot {slot_key}")
+    if taken is not None:
+        return taken
     slot = _legacy_slot(source, pod.namespace, index, entry, cluster)
     if isinstance(slot, Status):
         return slot
