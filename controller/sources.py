@@ -6,8 +6,9 @@ located errors, and which version is still in service.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -85,16 +86,8 @@ def read_source(obj: Obj, previous: SourceState | None) -> SourceState:
             f"ConfigMap has no key {PLACEMENT_KEY!r}",
         )
         return replace(base, errors=(error, *refused))
-    try:
-        pmap = parse_map_for(text, source_name(key), key)
-    except PlacementError as exc:
-        return replace(base, errors=(*exc.diagnostics, *refused))
-    if refused:
-        return replace(base, errors=refused)
-    revision, file = source_provenance(annotations)
-    return SourceState(
-        key, version, pmap, version, (), base.data_hash, False, Provenance(revision, file)
-    )
+    parse = functools.partial(parse_map_for, text, source_name(key), key)
+    return _parsed(base, parse, annotations, refused, base.data_hash)
 
 
 def read_resource(obj: Obj, previous: SourceState | None) -> SourceState:
@@ -109,15 +102,31 @@ def read_resource(obj: Obj, previous: SourceState | None) -> SourceState:
     )
     annotations = obj["metadata"].get("annotations") or {}
     refused = provenance_problems(annotations, resource_source_name(key))
+    parse = functools.partial(map_from_resource, obj)
+    return _parsed(base, parse, annotations, refused, "", Form.RESOURCE, gen)
+
+
+def _parsed(
+    base: SourceState,
+    parse: Callable[[], PlacementMap],
+    annotations: Mapping[str, str],
+    refused: tuple[Diagnostic, ...],
+    text_hash: str,
+    form: Form = Form.CONFIGMAP,
+    gen: int = 0,
+) -> SourceState:
+    """`base` with the errors `parse` raises, or those of the provenance annotations refused;
+    else a state that serves the parsed map (of `form`, its text hashed `text_hash`)."""
     try:
-        pmap = map_from_resource(obj)
+        pmap = parse()
     except PlacementError as exc:
         return replace(base, errors=(*exc.diagnostics, *refused))
     if refused:
         return replace(base, errors=refused)
     revision, file = source_provenance(annotations)
+    provenance = Provenance(revision, file)
     return SourceState(
-        key, version, pmap, version, (), "", False, Provenance(revision, file), Form.RESOURCE, gen
+        base.key, base.version, pmap, base.version, (), text_hash, False, provenance, form, gen
     )
 
 
