@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from controller import podfacts
 from controller.bindsend import Dispatcher, SideWrites, Waiting
@@ -146,7 +147,13 @@ class Binder:
             dra,
             legacy_scope,
         )
-        self.gangs = Gangs(self.steps, waiting, metrics.gangs_stuck.set)
+        self.gangs = Gangs(
+            self.steps,
+            waiting,
+            metrics.gangs_stuck.set,
+            on_change=on_trust_change,  # the map's status shows how its gang stands
+            on_stuck=partial(_map_event, self.side.run, events, map_ref, Reason.GANG_STUCK),
+        )
 
     # -- feeding -------------------------------------------------------------------------------
     def rebuild(self, pods: Iterable[Pod], shared_maps: set[str]) -> int:
@@ -360,3 +367,17 @@ class Binder:
             return False
         cmap = self.cluster().model.maps.get(a.slot.map)
         return cmap is None or cmap.lines_share(a.slot.index, b.slot.index, gpu)
+
+
+def _map_event(
+    run: Callable[..., None],
+    events: EventRecorder,
+    map_ref: MapRef,
+    reason: Reason,
+    key: MapKey,
+    message: str,
+) -> None:
+    """A Warning Event on the map's object (when one is known), sent off the binder's loop."""
+    ref = map_ref(key)
+    if ref is not None:
+        run(events.emit, ref, WARNING, reason, message)

@@ -10,10 +10,14 @@ any member waits for. A gang waiting past its `timeoutSeconds` is stuck: every m
 GangStuck (condition and Event) and `gpuplace_gangs_stuck` counts it; it still binds whole or not
 at all. Once the gang holds a slot, its pods are decided alone (a restarted rank).
 
+The gang's standing (`state`: N of M ranks ready, the slots that wait and why, stuck) is kept
+for its map's status: `on_change` says a map's standing changed (the status writer reads
+`state` on its own thread), and `on_stuck` puts an Event on the map when its gang turns stuck.
+
 Contract: `note` and `forget` are called from informer threads and the binder thread, under
-`_lock`; `decide` and the clocks run on the binder thread only. Each member is planned, reported
-and sent by the binder's own steps for one pod (controller/onepod.py), so a gang's pod waits and
-binds exactly as a pod decided alone does.
+`_lock`; `decide` and the clocks run on the binder thread only; `state` is read from any thread,
+under `_lock`. Each member is planned, reported and sent by the binder's own steps for one pod
+(controller/onepod.py), so a gang's pod waits and binds exactly as a pod decided alone does.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from placement.gang import GangVerdict, Member, decide, gang_is_bound, unranked
 from placement.indexing import resolve_index
 from placement.model import CompiledMap
 from placement.podmeta import identity_of, map_name_of
+from placement.status import GangStatus
 from placement.types import MapKey
 
 
@@ -41,6 +46,9 @@ class Gangs:
     waiting: Waiting  # the binder's waiting pods (read under its lock)
     report_stuck: Callable[[int], None] = lambda _count: None  # gpuplace_gangs_stuck
     clock: Callable[[], float] = time.monotonic
+    on_change: Callable[[MapKey], None] = lambda _key: None  # a gang's standing changed
+    on_stuck: Callable[[MapKey, str], None] = lambda _key, _message: None  # the map's Event
+    _states: dict[MapKey, GangStatus] = field(default_factory=dict)
     _members: dict[MapKey, dict[str, None]] = field(default_factory=dict)
     _map_of: dict[str, MapKey] = field(default_factory=dict)
     _since: dict[MapKey, float] = field(default_factory=dict)
@@ -66,6 +74,27 @@ class Gangs:
                     line.pop(uid, None)
                     if not line:
                         del self._members[key]
+            # Its last waiting pod gone (bound, or deleted): the gang no longer waits.
+            gone = key is not None and key not in self._members and key in self._states
+            if key is not None and gone:
+                del self._states[key]
+        if key is not None and gone:
+            self.on_change(key)
+
+    def state(self, key: MapKey) -> GangStatus | None:
+        """The gang of map `key` while it waits, as last decided; None when it does not."""
+        with self._lock:
+            return self._states.get(key)
+
+    def _set_state(self, key: MapKey, state: GangStatus | None) -> None:
+        with self._lock:
+            before = self._states.get(key)
+            if state is None:
+                self._states.pop(key, None)
+            else:
+                self._states[key] = state
+        if before != state:
+            self.on_change(key)
 
     def decide(self, uid: str, pod: Pod, facts: PodFacts, cluster: Cluster) -> bool:
         """Decides the pod with its gang when it is a member of a gang that holds no slot; False
@@ -105,9 +134,11 @@ class Gangs:
         verdict = decide(cmap, members, self._waited(cmap.key))
         if verdict.bind:
             self._bound(cmap.key)
+            self._set_state(cmap.key, None)
             for member_uid, placement in verdict.bind:
                 self.steps.send(member_uid, pods[member_uid], placement, claims[member_uid])
             return
+        self._set_state(cmap.key, verdict.standing(cmap))
         self._report(cmap.key, uid, pod, pods, verdict)
 
     def _waiting(self, key: MapKey, uid: str, pod: Pod) -> list[tuple[str, Pod]]:
@@ -146,6 +177,7 @@ class Gangs:
         if verdict.stuck and key not in self._stuck:
             self._stuck.add(key)
             self.report_stuck(len(self._stuck))
+            self.on_stuck(key, verdict.status.message)
             for other_uid, other in pods.items():
                 if other_uid != uid:
                     self.steps.wait(other_uid, other, verdict.status)

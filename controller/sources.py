@@ -24,7 +24,7 @@ from placement.errors import Diagnostic, Location, PlacementError
 from placement.maps import PlacementMap
 from placement.model import Provenance
 from placement.resource import generation, map_from_resource, resource_source_name, resource_version
-from placement.status import COMPILING, MapStatus, Phase, SlotCounts, data_hash
+from placement.status import COMPILING, GangStatus, MapStatus, Phase, SlotCounts, data_hash
 from placement.types import MapKey
 from placement.validate import parse_map_for
 
@@ -182,6 +182,7 @@ def map_status(
     rollout: str = "",
     renumbered: int = 0,
     unverifiable: int = 0,
+    gang: GangStatus | None = None,
 ) -> MapStatus:
     total = report.total if report else 0
     served = report.served if report else 0
@@ -215,6 +216,7 @@ def map_status(
             state.valid_version,
             warnings,
             **extra,
+            gang=gang,
         )
     if report is None:
         return MapStatus(
@@ -227,6 +229,7 @@ def map_status(
             state.valid_version,
             warnings,
             **extra,
+            gang=gang,
         )
     message = report.message
     if warnings:
@@ -243,6 +246,8 @@ def map_status(
             f"; {unverifiable} pod(s) bound under a binding key the key ring no longer holds "
             "(their GPUs stay blocked: `gpuplace key adopt` re-adopts them)"
         )
+    if gang is not None and gang.waiting:
+        message += f"; {gang.describe()}"
     return MapStatus(
         report.phase,
         generation,
@@ -253,6 +258,7 @@ def map_status(
         state.valid_version,
         warnings,
         **extra,
+        gang=gang,
     )
 
 

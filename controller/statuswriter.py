@@ -94,6 +94,7 @@ class StatusWriter:
                 rollout_note(key, model, pods),
                 pods.renumber.count(key),
                 pods.binder.report.count(key),
+                pods.binder.gangs.state(key),
             )
             self.latest[key] = status
             self._phases[key] = status.phase

@@ -145,8 +145,40 @@ def map_status_schema() -> dict[str, Any]:
             "supersedes": _string(
                 "The ConfigMap of the same map that this custom resource supersedes, if any."
             ),
+            "gang": _gang(),
         },
     )
+
+
+def _gang() -> dict[str, Any]:
+    """placement.status.GangStatus.to_json()."""
+    return {
+        "type": "object",
+        "description": "A gang map's gang while it waits (none of its pods bound until all can "
+        "be): how many ranks could be bound now and which slots keep it waiting.",
+        "properties": {
+            "ranks": _integer("Slots of the gang."),
+            "ready": _integer("Slots whose pod could be bound now."),
+            "waiting": {
+                "type": "array",
+                "description": "The slots the gang waits for, in slot order.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "slot": _integer("The slot's index (its rank)."),
+                        "reason": _string(
+                            "Why its pod waits, e.g. NodeCordoned; empty while it has no pod."
+                        ),
+                    },
+                },
+            },
+            "stuck": {
+                "type": "boolean",
+                "description": "Whether the gang has waited past its timeoutSeconds.",
+            },
+            "timeoutSeconds": _integer("The gang's timeoutSeconds."),
+        },
+    }
 
 
 def policy_status_schema() -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from placement.binding import Code, Placement, SlotView, Status
 from placement.model import CompiledMap
 from placement.reasons import Reason
+from placement.status import GangStatus
 from placement.types import SlotKey
 from placement.wake import WakeKey
 
@@ -42,6 +43,19 @@ class GangVerdict:
     ready: int = 0
     total: int = 0
     stuck: bool = False
+    #: The slots that keep the gang waiting, in slot order: (slot, reason; "" for no pod).
+    waits: tuple[tuple[int, str], ...] = ()
+
+    def standing(self, cmap: CompiledMap) -> GangStatus:
+        """The gang as its map's status shows it (`waiting` empty once it binds)."""
+        assert cmap.gang is not None
+        return GangStatus(
+            ranks=len(cmap.slots),
+            ready=self.ready,
+            waiting=self.waits,
+            stuck=self.stuck,
+            timeout_seconds=cmap.gang.timeout_seconds,
+        )
 
 
 def gang_is_bound(cmap: CompiledMap, slots: SlotView) -> bool:
@@ -93,15 +107,18 @@ def _waiting(
     total = len(cmap.slots)
     waits: set[WakeKey] = {WakeKey.map(cmap.key), WakeKey.model()}
     lines: list[str] = []
+    slots: list[tuple[int, str]] = []
     for index in cmap.sorted_indices:
         member = by_slot.get(index)
         if member is None:
             lines.append(f"slot {index} has no pod")
+            slots.append((index, ""))
             continue
         outcome = member.outcome
         if isinstance(outcome, Status):
             waits.update(outcome.waits_for)
             lines.append(f"slot {index} waits {outcome.reason}: {outcome.message}")
+            slots.append((index, str(outcome.reason)))
     shown = "; ".join(lines[:_SHOWN])
     more = f"; and {len(lines) - _SHOWN} more" if len(lines) > _SHOWN else ""
     stuck = waited_seconds >= cmap.gang.timeout_seconds
@@ -114,4 +131,4 @@ def _waiting(
     )
     message = f"map {cmap.key} gang: {ready} of {total} ranks ready; {shown}{more}{late}"
     status = Status(Code.UNSCHEDULABLE, reason, message, frozenset(waits))
-    return GangVerdict(status=status, ready=ready, total=total, stuck=stuck)
+    return GangVerdict(status=status, ready=ready, total=total, stuck=stuck, waits=tuple(slots))

@@ -2,7 +2,8 @@
 
 The same verdict as the ConfigMap form's `gpuplace.io/status` annotation (`MapStatus`), written as
 `observedGeneration` (of the object read), `conditions` (`Valid`, `Ready`, `Degraded`, `Drifted`,
-`Progressing`, each with a reason and a message), the slot counts, the revision and source file.
+`Progressing`, each with a reason and a message, and `GangStuck` while a gang map's gang waits),
+the slot counts, the gang's standing, the revision and source file.
 ArgoCD's health check for the kind (argocd/health/placementmap.lua) reads the conditions.
 """
 
@@ -15,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from placement.errors import MAX_MESSAGE, Diagnostic, cap
-from placement.status import COMPILING, MapStatus, Phase, SlotCounts
+from placement.status import COMPILING, GangStatus, MapStatus, Phase, SlotCounts
 
 
 class ConditionType(StrEnum):
@@ -24,6 +25,7 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"
     DRIFTED = "Drifted"
     PROGRESSING = "Progressing"
+    GANG_STUCK = "GangStuck"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +47,8 @@ class Condition:
 
 
 def conditions(status: MapStatus) -> tuple[Condition, ...]:
-    """The five conditions of a map's verdict."""
+    """The five conditions of a map's verdict, and `GangStuck` while its gang waits (False:
+    waiting within its timeoutSeconds; True: past it)."""
     slots = status.slots
     invalid = status.phase is Phase.INVALID
     compiling = status.phase is Phase.VALID and status.message == COMPILING
@@ -81,7 +84,12 @@ def conditions(status: MapStatus) -> tuple[Condition, ...]:
         progressing = Condition(ConditionType.PROGRESSING, True, "RollingOut", status.rollout)
     else:
         progressing = Condition(ConditionType.PROGRESSING, False, "Stable", "")
-    return (valid, ready, degraded, drifted, progressing)
+    out: tuple[Condition, ...] = (valid, ready, degraded, drifted, progressing)
+    gang = status.gang
+    if gang is not None and gang.waiting:
+        reason = "GangStuck" if gang.stuck else "GangWaiting"
+        out += (Condition(ConditionType.GANG_STUCK, gang.stuck, reason, gang.describe()),)
+    return out
 
 
 def _diagnostics(items: Sequence[Diagnostic]) -> list[dict[str, Any]]:
@@ -130,6 +138,8 @@ def resource_status(
         "warnings": _diagnostics(status.warnings),
         "supersedes": supersedes,
     }
+    if status.gang is not None:
+        out["gang"] = status.gang.to_json()
     return out
 
 
@@ -193,4 +203,5 @@ def status_from_resource(data: Mapping[str, Any]) -> MapStatus:
         warnings=diagnostics("warnings"),
         revision=str(data.get("revision") or ""),
         rollout=str(data.get("rollout") or ""),
+        gang=GangStatus.from_json(data.get("gang")),
     )

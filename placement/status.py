@@ -77,6 +77,66 @@ class SlotCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class GangStatus:
+    """How a gang map's gang stands, as the binder last decided it (placement/gang.py).
+
+    `waiting` is empty once the gang is bound (or while none of its pods exists); otherwise it
+    names the slots that keep the gang from binding, as `(slot, reason)`, the reason empty for a
+    slot that has no pod yet."""
+
+    ranks: int  # the gang's slots
+    ready: int = 0  # slots whose pod could be bound now
+    waiting: tuple[tuple[int, str], ...] = ()
+    stuck: bool = False  # waiting past its timeoutSeconds
+    timeout_seconds: int = 0
+
+    #: How many waiting slots `describe` names (the rest are counted).
+    SHOWN = 3
+
+    def describe(self) -> str:
+        """`gang: 3 of 4 ranks ready; slot 3 waits DeviceBusy`, as a person reads it."""
+        if not self.waiting:
+            return f"gang of {self.ranks} ranks: not waiting"
+        slots = [
+            f"slot {index} waits {reason}" if reason else f"slot {index} has no pod"
+            for index, reason in self.waiting[: self.SHOWN]
+        ]
+        if len(self.waiting) > self.SHOWN:
+            slots.append(f"and {len(self.waiting) - self.SHOWN} more")
+        head = "gang stuck" if self.stuck else "gang"
+        late = f" (past its timeoutSeconds {self.timeout_seconds})" if self.stuck else ""
+        return f"{head}: {self.ready} of {self.ranks} ranks ready; {'; '.join(slots)}{late}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranks": self.ranks,
+            "ready": self.ready,
+            "waiting": [{"slot": i, "reason": r} for i, r in self.waiting],
+            "stuck": self.stuck,
+            "timeoutSeconds": self.timeout_seconds,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> GangStatus | None:
+        """The gang of a status as written by `to_json`; None when `data` is not one."""
+        if not isinstance(data, dict) or not isinstance(data.get("ranks"), int):
+            return None
+        waiting = data.get("waiting") if isinstance(data.get("waiting"), list) else []
+        assert isinstance(waiting, list)
+        return cls(
+            ranks=data["ranks"],
+            ready=int(data.get("ready") or 0),
+            waiting=tuple(
+                (int(w.get("slot", 0)), str(w.get("reason") or ""))
+                for w in waiting
+                if isinstance(w, dict)
+            ),
+            stuck=bool(data.get("stuck")),
+            timeout_seconds=int(data.get("timeoutSeconds") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class MapStatus:
     phase: Phase
     observed_generation: int = 0  # model generation that reflects this status
@@ -89,6 +149,7 @@ class MapStatus:
     observed_data_hash: str = ""  # data_hash of the placement.yaml that was read
     revision: str = ""  # git revision of the content in service, when its source stamps one
     rollout: str = ""  # how drifted pods move (set while any is drifted)
+    gang: GangStatus | None = None  # a gang map's gang while it waits (placement/gang.py)
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -115,6 +176,8 @@ class MapStatus:
             data["slots"]["unverifiable"] = self.slots.unverifiable
         if self.warnings:
             data["warnings"] = [d.to_json() for d in self.warnings]
+        if self.gang is not None:
+            data["gang"] = self.gang.to_json()
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -141,4 +204,5 @@ class MapStatus:
             observed_data_hash=str(data.get("observedDataHash", "")),
             revision=str(data.get("revision", "")),
             rollout=str(data.get("rollout", "")),
+            gang=GangStatus.from_json(data.get("gang")),
         )

@@ -113,6 +113,9 @@ class _Zero:
     def total(self) -> int:
         return 0
 
+    def state(self, _key: MapKey) -> None:
+        return None  # no gang waits
+
     def __len__(self) -> int:
         return 0
 
@@ -120,7 +123,7 @@ class _Zero:
 class NoPods:
     def __init__(self) -> None:
         self.drift = self.renumber = _Zero()
-        self.binder = SimpleNamespace(cache=_Zero(), report=_Zero())
+        self.binder = SimpleNamespace(cache=_Zero(), report=_Zero(), gangs=_Zero())
 
 
 def written_statuses(

@@ -27,7 +27,7 @@ from placement.policyschema import PolicySpec
 from placement.resource import map_from_resource
 from placement.resourcestatus import resource_status
 from placement.schema import MapSpec, PlacementSpec
-from placement.status import MapStatus, Phase, SlotCounts
+from placement.status import GangStatus, MapStatus, Phase, SlotCounts
 from placement.types import MAX_PLACEMENTS
 from tests.chartkit import CHART
 from tests.crdcases import MAP_CASES, Case, placement_map
@@ -237,6 +237,7 @@ def test_the_status_the_controller_writes_fits_the_placementmap_schema() -> None
         warnings=(DIAGNOSTIC,),
         revision="0123abc",
         rollout="evict",
+        gang=GangStatus(4, 3, ((3, "DeviceBusy"),), True, 600),
     )
     written = resource_status(
         status, 2, None, "2026-11-26T00:00:00Z", source_file="a.yaml", supersedes="configmap a/b"
