@@ -13,7 +13,8 @@ from kubeio import bodies
 from placement.annotations import INDEX_LABEL, MAP_LABEL, BindingDecision, signed_binding
 from placement.inventory import GpuDevice, NodeInventory
 from placement.keyring import RingKey
-from placement.types import GpuUuid, MapKey, NodeName
+from placement.types import EnvMode, GpuUuid, MapKey, NodeName
+from webhook.pods import wired_env
 
 NAMESPACE = "bench"
 SCHEDULER_NAME = "gpuplace"
@@ -158,11 +159,14 @@ def gpuplace_pod(scale: Scale, pod: int, run: int) -> Obj:
     """A pod of a placement map. No nvidia.com/gpu request: gpuplace places GPUs itself and
     its pods must not take the device plugin's (see README, Honest limits)."""
     name, index = scale.map_index(pod)
-    return bench_pod(
+    body = bench_pod(
         pod_name(scale, pod, run),
         {MAP_LABEL: name, INDEX_LABEL: str(index)},
         {"schedulerName": SCHEDULER_NAME},
     )
+    # As the webhook leaves it: the binder places a map's pod only with its wiring.
+    body["spec"]["containers"][0]["env"] = [dict(e) for e in wired_env(EnvMode.INDEX)]
+    return body
 
 
 def pinned_pod(scale: Scale, pod: int, run: int) -> Obj:
@@ -184,9 +188,17 @@ def pinned_pod(scale: Scale, pod: int, run: int) -> Obj:
 REFERENCE_KEY = RingKey(b"bench-reference-binding-key-0000", "2026-01-01T00:00:00Z")
 
 
-def binding(scale: Scale, pod: int, run: int, uid: str = "", cuda: str | None = None) -> Obj:
+def binding(
+    scale: Scale,
+    pod: int,
+    run: int,
+    uid: str = "",
+    cuda: str | None = None,
+    key: RingKey = REFERENCE_KEY,
+) -> Obj:
     """What gpuplace's binder POSTs for this pod: the target node and its annotations, the
-    signature included (`cuda`: CUDA_VISIBLE_DEVICES when not the host index, as in dra)."""
+    signature included (`cuda`: CUDA_VISIBLE_DEVICES when not the host index, as in dra; `key`:
+    the key that signs, a controller's own when it is to hold the pod)."""
     map_name, index = scale.map_index(pod)
     node = scale.node(pod)
     uuid = gpu_uuid(pod % scale.nodes, scale.device(pod))
@@ -198,5 +210,5 @@ def binding(scale: Scale, pod: int, run: int, uid: str = "", cuda: str | None = 
         str(scale.device(pod)) if cuda is None else cuda,
         1,
     )
-    annotations = signed_binding(REFERENCE_KEY.secret, REFERENCE_KEY.id, uid, NAMESPACE, decision)
+    annotations = signed_binding(key.secret, key.id, uid, NAMESPACE, decision)
     return bodies.binding(pod_name(scale, pod, run), NAMESPACE, uid, node, annotations)

@@ -22,8 +22,9 @@ from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from gpuplace_dev.localcluster.process import die_with_parent
 from placement.annotations import MAP_LABEL, PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
 from placement.inventory import INVENTORY_KEY, INVENTORY_NAMESPACE, GpuDevice, NodeInventory
-from placement.types import GpuUuid, NodeName
+from placement.types import EnvMode, GpuUuid, NodeName
 from tests.integration.webhookkit import free_port
+from webhook.pods import wired_env
 
 
 def unique(prefix: str) -> str:
@@ -435,6 +436,13 @@ def map_yaml(
     return "\n".join(lines) + "\n"
 
 
+def admitted(name: str, image: str) -> dict[str, Any]:
+    """A container as the gpuplace webhook leaves a map's pod (placement/admitted.py): the binder
+    places a map's pod only with this wiring, so pods the tests create without a webhook carry
+    it (the pod-bindings policy accepts exactly this form)."""
+    return {"name": name, "image": image, "env": [dict(e) for e in wired_env(EnvMode.INDEX)]}
+
+
 def statefulset(namespace: str, name: str, map_name: str, replicas: int) -> dict[str, Any]:
     labels = {"app": name, MAP_LABEL: map_name}
     return {
@@ -450,7 +458,7 @@ def statefulset(namespace: str, name: str, map_name: str, replicas: int) -> dict
                 "metadata": {"labels": labels},
                 "spec": {
                     "schedulerName": "gpuplace",
-                    "containers": [{"name": "main", "image": "busybox"}],
+                    "containers": [admitted("main", "busybox")],
                 },
             },
         },

@@ -12,6 +12,7 @@ from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from placement.annotations import MAP_LABEL
 from tests.integration.controllerkit import (
     ControllerProcess,
+    admitted,
     get_pod,
     gpuplace_status,
     inventory_for,
@@ -32,7 +33,7 @@ def map_pod(name: str, map_name: str, **extra: Any) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {MAP_LABEL: map_name}},
-        "spec": {"schedulerName": "gpuplace", "containers": [{"name": "main", "image": "busybox"}]},
+        "spec": {"schedulerName": "gpuplace", "containers": [admitted("main", "busybox")]},
         **extra,
     }
 
