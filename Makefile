@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: docs docs-ref crds test-tools help venv image e2e-chart control-plane node tools argocd argo-workflows redis demo-quick fakenvml lint test unit integration e2e e2e-argocd e2e-preflight demo bench bench-scale cluster-up cluster-down clean
+.PHONY: docs docs-ref crds test-tools help venv image e2e-chart control-plane node tools argocd argo-workflows redis demo-quick fakenvml lint test unit integration e2e e2e-argocd e2e-preflight demo bench bench-scale bench-memory cluster-up cluster-down clean
 
 help:
-	@echo "make test | demo | demo-quick | lint | docs | docs-ref | image | e2e-chart | bench | bench-scale | e2e-argocd | e2e-preflight | cluster-up | cluster-down | control-plane | node | argocd | argo-workflows | clean"
+	@echo "make test | demo | demo-quick | lint | docs | docs-ref | image | e2e-chart | bench | bench-scale | bench-memory | e2e-argocd | e2e-preflight | cluster-up | cluster-down | control-plane | node | argocd | argo-workflows | clean"
 
 # The product (editable) and, from dev/, its development environment (gpuplace cluster|demo).
 $(STAMP): pyproject.toml dev/pyproject.toml
@@ -142,6 +142,11 @@ bench: $(STAMP) control-plane tools fakenvml argocd redis
 # heartbeat, a leader failover); about an hour on two cores, so not part of `make bench`.
 bench-scale: $(STAMP) control-plane tools fakenvml
 	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
+
+# The controller's memory and start-up with 5,000 nodes x 8 GPUs held by 40,000 bound pods (no
+# heartbeats; bench/memory.py says what else it leaves out); about half an hour on two cores.
+bench-memory: $(STAMP) control-plane tools
+	$(BIN)/python -m bench.memory $(BENCH_MEMORY_ARGS)
 
 cluster-up: $(STAMP) control-plane tools fakenvml
 	$(BIN)/gpuplace cluster up

@@ -1,8 +1,9 @@
 """`python -m bench [NAME...] [--repeats N] [--small] [--out out/bench.json]`: run the benchmarks.
 
-Runs every module of this package that defines `run(repeats, small=False)` (or only those named),
-prints the machine, one markdown table of medians (and one of details) and writes every figure
-with its samples to a JSON file.
+Runs every module of this package that defines `run(repeats, small=False)` (or only those named;
+a module that sets `BY_DEFAULT = False`, a long tier, runs only when named), prints the machine,
+one markdown table of medians (and one of details) and writes every figure with its samples to a
+JSON file.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ class Runner(Protocol):
     def __call__(self, repeats: int, small: bool = False) -> list[Measurement]: ...
 
 
-def discover() -> dict[str, Runner]:
+def discover() -> tuple[dict[str, Runner], set[str]]:
+    """Every benchmark by name, and the names of those run only when named."""
     runners: dict[str, Runner] = {}
+    named_only: set[str] = set()
     for info in sorted(pkgutil.iter_modules(bench.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
@@ -35,13 +38,20 @@ def discover() -> dict[str, Runner]:
         run = getattr(module, "run", None)
         if callable(run):
             runners[info.name] = cast(Runner, run)
-    return runners
+            if not getattr(module, "BY_DEFAULT", True):
+                named_only.add(info.name)
+    return runners, named_only
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    runners = discover()
+    runners, named_only = discover()
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(runners)}")
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"of {', '.join(runners)} (default: all but {', '.join(sorted(named_only))})",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs per benchmark (default 3)")
     parser.add_argument(
         "--small", action="store_true", help="scaled-down workloads, for a quick check"
@@ -51,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in runners]
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)}; have {', '.join(runners)}")
-    selected = args.names or list(runners)
+    selected = args.names or [name for name in runners if name not in named_only]
     before = machine()
     print(f"machine: {describe(before)}", file=sys.stderr, flush=True)
     measurements: list[Measurement] = []

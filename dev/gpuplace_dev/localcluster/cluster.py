@@ -92,6 +92,9 @@ _DISABLED_CONTROLLERS = (
     "service-lb-controller",
     "node-ipam-controller",
 )
+#: The controller that turns a node whose kubelet stopped reporting Unknown and taints it
+#: (`node_lifecycle`).
+_NODE_LIFECYCLE = "node-lifecycle-controller"
 _POLL_SECONDS = 0.05
 
 
@@ -135,6 +138,9 @@ class LocalCluster:
     ``trace_endpoint``: an OTLP/gRPC collector (``host:port``) the apiserver sends the spans of
     requests that arrive with a sampled W3C ``traceparent`` from a ``system:masters`` client;
     it samples nothing else (a benchmark traces its own requests only).
+    ``node_lifecycle``: False leaves kube-controller-manager's node lifecycle controller off, so
+    that nodes nothing heartbeats (no kwok annotation) keep the Ready condition they were created
+    with instead of turning Unknown and tainted after its grace period.
     """
 
     def __init__(
@@ -155,6 +161,7 @@ class LocalCluster:
         trace_endpoint: str | None = None,
         pod_network: bool = False,
         policies: bool = True,
+        node_lifecycle: bool = True,
     ) -> None:
         if real_nodes not in (0, 1):
             raise ValueError(
@@ -164,6 +171,7 @@ class LocalCluster:
             raise ValueError("pod_network needs the real node (real_nodes=1)")
         self._pod_network = pod_network
         self._policies = policies
+        self._node_lifecycle = node_lifecycle
         self._real_nodes = real_nodes
         self._real_node_labels = dict(real_node_labels or {})
         self._kubelet_args = tuple(kubelet_args)
@@ -626,7 +634,9 @@ class LocalCluster:
         layout = self.layout
         # kube-controller-manager gives up if the apiserver is not healthy within 10 seconds, so
         # the clients start only now.
-        self._spawn("kube-controller-manager", _controller_manager_args(binaries, layout), env)
+        disabled = _DISABLED_CONTROLLERS + (() if self._node_lifecycle else (_NODE_LIFECYCLE,))
+        args = _controller_manager_args(binaries, layout, disabled)
+        self._spawn("kube-controller-manager", args, env)
         layout.kwok_config.write_text(_KWOK_CONFIG)
         self._spawn("kwok", _kwok_args(binaries, layout), env)
         if self._with_scheduler:
@@ -922,8 +932,10 @@ rules:
 """
 
 
-def _controller_manager_args(b: ControlPlaneBinaries, layout: ClusterLayout) -> list[str]:
-    controllers = ",".join(["*", *(f"-{c}" for c in _DISABLED_CONTROLLERS)])
+def _controller_manager_args(
+    b: ControlPlaneBinaries, layout: ClusterLayout, disabled: Sequence[str] = _DISABLED_CONTROLLERS
+) -> list[str]:
+    controllers = ",".join(["*", *(f"-{c}" for c in disabled)])
     return [
         str(b.kube_controller_manager),
         f"--kubeconfig={layout.component_kubeconfig('kube-controller-manager')}",
