@@ -322,6 +322,10 @@ class Explanation:
     #: "missing", or "" for a pod without a map.
     map_status: str
     events: tuple[dict[str, str], ...]  # the last five: type, reason, message
+    #: How the pod's gang stands while it waits (its map's status, GangStatus.describe), e.g.
+    #: "gang: 3 of 4 ranks ready; slot 3 waits NodeCordoned"; "" for a map whose gang does not
+    #: wait, or that is not a gang.
+    gang: str = ""
 
     def lines(self) -> list[str]:
         out = [f"pod {self.pod}"]
@@ -342,6 +346,8 @@ class Explanation:
             out.append(f"  bound to node {self.node}, not by gpuplace (no placement annotations)")
         else:
             out.append(f"  Pending: {self.pending or 'not examined by the binder yet'}")
+        if self.gang:
+            out.append(f"  {self.gang}")
         namespace = self.pod.split("/", 1)[0]
         if self.map_status == "missing":
             out.append(f"  map {namespace}/{self.map}: no such PlacementMap or placement ConfigMap")
@@ -372,9 +378,12 @@ def explanation(kube: Kube, namespace: str, name: str) -> Explanation | None:
     by_gpuplace = bool(row.node) and CUDA_ANNOTATION in ann
     legacy = ann.get(MAP_ANNOTATION, "").startswith(LEGACY_MAP_PREFIX)
     map_name = podmeta.map_name_of(pod) or ""
-    map_status = ""
+    map_status = gang = ""
     if map_name:  # a label value is a name, or no map at all
-        map_status = mapviews.describe(mapviews.views_of(kube, namespace, map_name))
+        views = mapviews.views_of(kube, namespace, map_name)
+        map_status = mapviews.describe(views)
+        standing = mapviews.gang_of(views)
+        gang = standing.describe() if standing is not None and standing.waiting else ""
     events = kube.get(EVENTS.collection(namespace), fieldSelector=f"involvedObject.name={name}")[
         "items"
     ]
@@ -402,6 +411,7 @@ def explanation(kube: Kube, namespace: str, name: str) -> Explanation | None:
             }
             for e in last
         ),
+        gang=gang,
     )
 
 

@@ -23,7 +23,7 @@ from placement.annotations import PLACEMENT_MAP_LABEL, STATUS_ANNOTATION
 from placement.grants import POLICY_CONFIGMAP
 from placement.resource import generation
 from placement.resourcestatus import status_from_resource
-from placement.status import MapStatus
+from placement.status import GangStatus, MapStatus
 
 #: How a superseded ConfigMap's status message starts (controller/statuswriter.py for_form).
 SUPERSEDED_PREFIX = "superseded"
@@ -184,6 +184,13 @@ def describe(views: Sequence[MapView]) -> str:
     if view.status is None or view.unread_generation:
         return f"{view.note} ({kind}{also})"
     return f"{view.phase}: {view.status.message} ({kind}{also})"
+
+
+def gang_of(views: Sequence[MapView]) -> GangStatus | None:
+    """The gang of the serving object's status, while the gang waits (None otherwise)."""
+    serving_first = [v for v in views if not v.superseded] + [v for v in views if v.superseded]
+    status = serving_first[0].status if serving_first else None
+    return status.gang if status is not None else None
 
 
 def placement_policy_form(kube: Kube, namespace: str = "gpuplace-system") -> Form | None:

@@ -73,6 +73,9 @@ def cluster_lines(cluster: ClusterPlan) -> list[str]:
     lines: list[str] = []
     for change in cluster.plan.changes:
         lines.extend(change_lines(change))
+    if cluster.gangs:
+        lines.append("Gangs (every slot's pod bound at once, or none):")
+        lines.extend(f"    {gang.describe()}" for gang in cluster.gangs)
     shown = {d for change in cluster.plan.changes for d in change.diagnostics}
     errors = [d for d in cluster.errors if d not in shown]
     for label, found in (("Errors", errors), ("Warnings", cluster.warnings)):

@@ -28,10 +28,64 @@ from placement.inventorycheck import (
     check_devices,
 )
 from placement.kustomize import KUSTOMIZATION_NAMES
+from placement.maps import PlacementMap
 from placement.snapshot import Snapshot, load_snapshot, scope_of
 from placement.yamlsource import load_documents
 
 _INVALID = (MapChangeKind.INVALID, MapChangeKind.STILL_INVALID, MapChangeKind.NEW_INVALID)
+#: Nodes a gang's line names before it counts the rest.
+_GANG_NODES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlan:
+    """A gang map the change touches: which slots bind together (all of them, or none)."""
+
+    map: str  # namespace/name
+    source: str
+    slots: tuple[tuple[int, str], ...]  # (index, node) in index order
+    timeout_seconds: int
+
+    @classmethod
+    def of(cls, pmap: PlacementMap, source: str) -> GangPlan:
+        assert pmap.gang is not None
+        slots = tuple(sorted((s.index, s.node) for s in pmap.slots))
+        return cls(str(pmap.key), source, slots, pmap.gang.timeout_seconds)
+
+    def describe(self) -> str:
+        """`ml/train: slots 0-3 bind together or none, on 2 nodes (gpu-1: 0, 2; gpu-2: 1, 3);
+        stuck after 600s`."""
+        by_node: dict[str, list[int]] = {}
+        for index, node in self.slots:
+            by_node.setdefault(node, []).append(index)
+        nodes = [f"{node}: {index_ranges(found)}" for node, found in by_node.items()]
+        if len(nodes) > _GANG_NODES:
+            nodes = [*nodes[:_GANG_NODES], f"and {len(nodes) - _GANG_NODES} more"]
+        count = len(by_node)
+        return (
+            f"{self.map}: slots {index_ranges([i for i, _ in self.slots])} bind together or "
+            f"none, on {count} node{'s' if count != 1 else ''} ({'; '.join(nodes)}); "
+            f"reported stuck after {self.timeout_seconds}s"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "map": self.map,
+            "source": self.source,
+            "slots": [{"index": i, "node": n} for i, n in self.slots],
+            "timeoutSeconds": self.timeout_seconds,
+        }
+
+
+def index_ranges(indices: Iterable[int]) -> str:
+    """`0-3, 6, 8-9`: sorted indices with their runs joined."""
+    runs: list[list[int]] = []
+    for index in sorted(set(indices)):
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +101,7 @@ class ClusterPlan:
     drifting: tuple[DriftingPod, ...] = ()
     waiting: tuple[WaitingSlot, ...] = ()
     live_error: str = ""  # why the cluster could not be read
+    gangs: tuple[GangPlan, ...] = ()  # the gang maps the change adds or changes (head revision)
 
     @property
     def name(self) -> str:
@@ -82,6 +137,7 @@ class ClusterPlan:
             **self.plan.to_json(),
             "errors": [d.to_json() for d in self.errors],
             "warnings": [d.to_json() for d in self.warnings],
+            "gangs": [g.to_json() for g in self.gangs],
         }
         out["valid"] = not self.failed
         if self.live:
@@ -208,7 +264,13 @@ def plan_cluster(
             for entry in sorted(new.maps.values(), key=lambda m: m.id):
                 checks += check_devices(entry.map, gpus, entry.source)
     checks.sort(key=lambda d: (d.location.source, d.location.line, d.location.column))
-    return ClusterPlan(directory, result, tuple(checks), inventory_path, policy)
+    touched = {c.id for c in result.changes}
+    gangs = tuple(
+        GangPlan.of(entry.map, entry.source)
+        for entry in sorted(new.maps.values(), key=lambda m: m.id)
+        if entry.map.gang is not None and entry.id in touched
+    )
+    return ClusterPlan(directory, result, tuple(checks), inventory_path, policy, gangs=gangs)
 
 
 def _grant_checks(snapshot: Snapshot, deny_by_default: bool) -> tuple[list[Diagnostic], str]:

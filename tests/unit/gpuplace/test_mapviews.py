@@ -9,12 +9,12 @@ from typing import Any, cast
 import pytest
 
 from controller.sources import Form
-from gpuplace import mapviews
+from gpuplace import inspect, mapviews
 from gpuplace.mapviews import configmap_view, describe, resource_view, serving
 from kubeio.client import Kube
 from kubeio.errors import APINotFoundError
 from placement.resourcestatus import resource_status
-from placement.status import MapStatus, Phase, SlotCounts
+from placement.status import GangStatus, MapStatus, Phase, SlotCounts
 
 VALID = MapStatus(Phase.VALID, 4, message="4 slots, 3 bound", slots=SlotCounts(4, 4, 3, 0, 1))
 SUPERSEDED = MapStatus(
@@ -196,3 +196,47 @@ def test_the_policy_exists_in_either_form() -> None:
     assert mapviews.placement_policy_form(cast(Kube, FakeKube({policy_cm: {}}))) is Form.CONFIGMAP
     both = FakeKube({policy_cm: {}, policy_cr: {}})
     assert mapviews.placement_policy_form(cast(Kube, both)) is Form.RESOURCE
+
+
+GANG = GangStatus(4, 3, ((3, "NodeCordoned"),), False, 600)
+
+
+def test_explain_shows_how_the_pods_gang_stands() -> None:
+    waiting = MapStatus(Phase.VALID, message="4 slots", gang=GANG)
+    pod = {
+        "metadata": {
+            "name": "train-3-abcde",
+            "namespace": "inference",
+            "uid": "u3",
+            "labels": {"gpuplace.io/map": "llm"},
+        },
+        "spec": {"schedulerName": "gpuplace", "containers": [{"name": "c"}]},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "GangWaiting",
+                    "message": "map inference/llm gang: 3 of 4 ranks ready; ...",
+                }
+            ],
+        },
+    }
+    objects = {
+        "/api/v1/namespaces/inference/pods/train-3-abcde": pod,
+        "/apis/gpuplace.io/v1alpha1/namespaces/inference/placementmaps/llm": resource(
+            status=waiting
+        ),
+        "/api/v1/namespaces/inference/events": {"items": []},
+    }
+    found = inspect.explanation(cast(Kube, FakeKube(objects)), "inference", "train-3-abcde")
+    assert found is not None
+    assert found.gang == "gang: 3 of 4 ranks ready; slot 3 waits NodeCordoned"
+    assert "  gang: 3 of 4 ranks ready; slot 3 waits NodeCordoned" in found.lines()
+    assert found.to_dict()["gang"] == found.gang
+    objects["/apis/gpuplace.io/v1alpha1/namespaces/inference/placementmaps/llm"] = resource(
+        status=VALID
+    )
+    bound = inspect.explanation(cast(Kube, FakeKube(objects)), "inference", "train-3-abcde")
+    assert bound is not None and bound.gang == ""
