@@ -35,6 +35,7 @@ from tests.integration.controllerkit import (
     gpu_nodes,
     inventory_for,
     list_pods,
+    map_status,
     map_yaml,
     now,
     publish_inventory,
@@ -43,6 +44,7 @@ from tests.integration.controllerkit import (
     unique,
     wait_for,
 )
+from tests.integration.trustkit import events
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("system_namespaces")]
 
@@ -280,6 +282,18 @@ def test_a_gang_binds_none_of_its_ranks_until_every_slot_frees_then_all(
     )
     pods = job_pods(cluster, namespace)
     assert [r for r, p in pods.items() if placed(p)] == []
+    # The map's status says the same, as the rank decided last found the gang.
+    status = wait_for(
+        lambda: f"map status with the gang waiting: {map_status(cluster, namespace, 'llm')}",
+        lambda: (
+            (s := map_status(cluster, namespace, "llm"))
+            and (s.get("gang") or {}).get("ready") == 3
+            and s
+        ),
+    )
+    assert status["gang"]["waiting"] == [{"slot": 3, "reason": "NodeCordoned"}]
+    assert not status["gang"]["stuck"]
+    assert "gang: 3 of 4 ranks ready; slot 3 waits NodeCordoned" in status["message"]
     cordon(cluster, nodes[1], False)
     pods = wait_for(
         lambda: f"all 4 ranks bound: {describe_pending(cluster, namespace)}",
@@ -296,3 +310,38 @@ def test_a_gang_binds_none_of_its_ranks_until_every_slot_frees_then_all(
         2: (nodes[0], "2"),
         3: (nodes[1], "3"),
     }
+    # Bound: the map's status no longer shows a waiting gang.
+    wait_for(
+        lambda: f"map status without a gang: {map_status(cluster, namespace, 'llm')}",
+        lambda: (s := map_status(cluster, namespace, "llm")) and "gang" not in s,
+    )
+
+
+def test_a_gang_past_its_timeout_is_stuck_on_its_map_and_still_binds_none(
+    cluster: LocalCluster, namespace: str, controller: ControllerProcess
+) -> None:
+    (node,) = gpu_nodes(cluster, unique("stuck"), 1)
+    entries = [(0, node, [0]), (1, node, [1])]
+    text = map_yaml(namespace, "llm", entries, gang="{timeoutSeconds: 1}")
+    apply_map(cluster, namespace, "llm", text)
+    # One rank of two: the gang can never be complete while slot 1 has no pod.
+    create_job(cluster, indexed_job(namespace, "train", "llm", 1))
+    status = wait_for(
+        lambda: f"the map's gang stuck: {map_status(cluster, namespace, 'llm')}",
+        lambda: (
+            (s := map_status(cluster, namespace, "llm"))
+            and (s.get("gang") or {}).get("stuck")
+            and s
+        ),
+        timeout=120,
+    )
+    assert status["gang"]["waiting"] == [{"slot": 1, "reason": ""}]
+    assert "gang stuck: 1 of 2 ranks ready; slot 1 has no pod" in status["message"]
+    (event,) = wait_for(
+        "a GangStuck Event on the map's ConfigMap",
+        lambda: [e for e in events(cluster, namespace, "llm") if e["reason"] == "GangStuck"],
+    )
+    assert event["type"] == "Warning"
+    assert "1 of 2 ranks ready; slot 1 has no pod" in event["message"]
+    assert event["involvedObject"]["kind"] == "ConfigMap"
+    assert [r for r, p in job_pods(cluster, namespace).items() if placed(p)] == []
