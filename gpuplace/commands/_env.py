@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+import yaml
 
 from gpuplace import fleet
 from kubeio.client import ClientSettings, Kube
@@ -34,6 +38,7 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 _N = TypeVar("_N", int, float)
+T = TypeVar("T")
 
 
 def env_int(name: str, default: int) -> int:
@@ -165,6 +170,43 @@ def fleet_contexts(args: argparse.Namespace) -> list[str] | None:
             c for c in fleet.contexts_to_read(args.kubeconfig, contexts, args.all_contexts) if c
         ]
     return None
+
+
+def on_clusters(
+    args: argparse.Namespace,
+    command: str,
+    one: Callable[[], int],
+    many: Callable[[list[str]], int],
+) -> int:
+    """`many(contexts)` when the fleet flags name several clusters, else `one()`; contexts the
+    kubeconfig does not have are an error of `command` (exit 1)."""
+    try:
+        contexts = fleet_contexts(args)
+    except ValueError as exc:
+        print(f"gpuplace {command}: error: {exc}", file=sys.stderr)
+        return 1
+    return one() if contexts is None else many(contexts)
+
+
+def print_document(data: object, output: str) -> None:
+    """`data` as `-o json` or `-o yaml` prints it."""
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+def fleet_document(
+    readings: Sequence[fleet.Reading[T]], fields: Callable[[T | None], dict[str, Any]]
+) -> dict[str, Any]:
+    """A fleet read as `-o json|yaml` prints it: an entry per cluster, whether it answered and
+    why not, and `fields` of its value (None when it did not answer or has nothing)."""
+    return {
+        "clusters": [
+            {"cluster": r.cluster, "reachable": r.reachable, "error": r.error, **fields(r.value)}
+            for r in readings
+        ]
+    }
 
 
 def connect(args: argparse.Namespace) -> Kube:

@@ -6,13 +6,16 @@ once; every cluster that has it explains it under its name, one that does not an
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-
-import yaml
 
 from gpuplace import fleet, inspect
-from gpuplace.commands._env import EnvFlags, add_fleet_flags, connect, fleet_contexts
+from gpuplace.commands._env import (
+    EnvFlags,
+    add_fleet_flags,
+    connect,
+    fleet_document,
+    on_clusters,
+    print_document,
+)
 from gpuplace.commands.gpus import OUTPUTS
 
 
@@ -25,23 +28,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=run)
 
 
-def _dump(data: object, output: str) -> None:
-    if output == "json":
-        print(json.dumps(data, indent=2))
-    else:
-        print(yaml.safe_dump(data, sort_keys=False).rstrip())
-
-
 def run(args: argparse.Namespace) -> int:
     namespace, _, name = str(args.pod).rpartition("/")
     namespace = namespace or args.namespace
-    try:
-        contexts = fleet_contexts(args)
-    except ValueError as exc:
-        print(f"gpuplace explain: error: {exc}", file=sys.stderr)
-        return 1
-    if contexts is not None:
-        return run_fleet(args, contexts, namespace, name)
+    return on_clusters(
+        args,
+        "explain",
+        lambda: run_one(args, namespace, name),
+        lambda contexts: run_fleet(args, contexts, namespace, name),
+    )
+
+
+def run_one(args: argparse.Namespace, namespace: str, name: str) -> int:
     found = inspect.explanation(connect(args), namespace, name)
     if found is None:
         print(f"pod {namespace}/{name} not found")
@@ -49,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "text":
         print("\n".join(found.lines()))
     else:
-        _dump(found.to_dict(), args.output)
+        print_document(found.to_dict(), args.output)
     return 0
 
 
@@ -62,21 +60,14 @@ def run_fleet(args: argparse.Namespace, contexts: list[str], namespace: str, nam
         args.request_timeout,
     )
     if args.output != "text":
-        _dump(
-            {
-                "clusters": [
-                    {
-                        "cluster": r.cluster,
-                        "reachable": r.reachable,
-                        "error": r.error,
-                        "found": r.value is not None,
-                        "explanation": r.value.to_dict() if r.value is not None else None,
-                    }
-                    for r in readings
-                ]
+        document = fleet_document(
+            readings,
+            lambda found: {
+                "found": found is not None,
+                "explanation": found.to_dict() if found is not None else None,
             },
-            args.output,
         )
+        print_document(document, args.output)
     else:
         for r in readings:
             if not r.reachable:

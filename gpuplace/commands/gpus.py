@@ -19,7 +19,7 @@ import sys
 
 from gpuplace import fleet, occupancy
 from gpuplace.commands._args import documented_command
-from gpuplace.commands._env import EnvFlags, add_fleet_flags, connect, fleet_contexts
+from gpuplace.commands._env import EnvFlags, add_fleet_flags, connect, on_clusters
 from kubeio.client import Kube
 from placement.occupancy import GpuCell
 
@@ -85,13 +85,12 @@ def show_fleet(args: argparse.Namespace, contexts: list[str], output: str) -> st
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        contexts = fleet_contexts(args)
-    except ValueError as exc:
-        print(f"gpuplace gpus: error: {exc}", file=sys.stderr)
-        return 1
-    if contexts is not None:
+    def one() -> int:
+        print(show(connect(args), args, args.output))
+        return 0
+
+    def many(contexts: list[str]) -> int:
         print(show_fleet(args, contexts, args.output))
         return 0
-    print(show(connect(args), args, args.output))
-    return 0
+
+    return on_clusters(args, "gpus", one, many)

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import sys
 from typing import Any
 
-import yaml
-
 from gpuplace import fleet, inspect, mapviews
-from gpuplace.commands._env import EnvFlags, add_fleet_flags, connect, fleet_contexts
+from gpuplace.commands._env import (
+    EnvFlags,
+    add_fleet_flags,
+    connect,
+    fleet_document,
+    on_clusters,
+    print_document,
+)
 from gpuplace.commands.gpus import OUTPUTS, add_grid_flags, show, show_fleet
 from kubeio.client import Kube
 
@@ -48,29 +51,18 @@ def collect(kube: Kube, schedulers: list[str]) -> dict[str, Any]:
     }
 
 
-def _dump(data: Any, output: str) -> None:
-    if output == "json":
-        json.dump(data, sys.stdout, indent=2)
-        print()
-    else:
-        print(yaml.safe_dump(data, sort_keys=False).rstrip())
-
-
 def run(args: argparse.Namespace) -> int:
-    try:
-        contexts = fleet_contexts(args)
-    except ValueError as exc:
-        print(f"gpuplace status: error: {exc}", file=sys.stderr)
-        return 1
-    if contexts is not None:
-        return run_fleet(args, contexts)
+    return on_clusters(args, "status", lambda: run_one(args), lambda c: run_fleet(args, c))
+
+
+def run_one(args: argparse.Namespace) -> int:
     kube = connect(args)
     if args.gpus:
         print(show(kube, args, args.output))
         return 0
     schedulers = args.schedulers or ["gpuplace", "gpu-scheduler"]
     if args.output != "text":
-        _dump(collect(kube, schedulers), args.output)
+        print_document(collect(kube, schedulers), args.output)
         return 0
     print("Placement maps")
     print(inspect.table(mapviews.VIEW_HEADERS, mapviews.views_rows(mapviews.map_views(kube))))
@@ -155,20 +147,8 @@ def run_fleet(args: argparse.Namespace, contexts: list[str]) -> int:
         args.request_timeout,
     )
     if args.output != "text":
-        _dump(
-            {
-                "clusters": [
-                    {
-                        "cluster": r.cluster,
-                        "reachable": r.reachable,
-                        "error": r.error,
-                        **(r.value.to_json() if r.value is not None else {}),
-                    }
-                    for r in readings
-                ]
-            },
-            args.output,
-        )
+        document = fleet_document(readings, lambda s: s.to_json() if s is not None else {})
+        print_document(document, args.output)
         return 0
     headers = mapviews.VIEW_HEADERS
     print("Placement maps")
