@@ -38,22 +38,7 @@ main() {
   version=$(tr -d '[:space:]' <"$here/argo-workflows/version")
   [ -n "$version" ] || die "$here/argo-workflows/version is empty"
 
-  cache=${GPUPLACE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuplace}
-  root="$cache/argo-workflows-$version"
-  bin="$root/bin"
-  logs="$root/logs"
-  if complete; then
-    echo "$root"
-    return 0
-  fi
-
-  command -v go >/dev/null || die "go not found on PATH; install Go 1.25 or newer"
-  mkdir -p "$bin" "$logs" "$root/crds" "$root/rbac"
-  take_lock "$root/.build.lock" "$root"
-  if complete; then
-    echo "$root"
-    return 0
-  fi
+  claim_release "argo-workflows-$version" crds rbac || return 0
 
   log "building Argo Workflows $version into $bin (a first build downloads several hundred MiB of modules and takes many minutes; logs in $logs)"
   begin_staging

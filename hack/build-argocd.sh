@@ -38,22 +38,7 @@ main() {
   [ -n "$version" ] || die "$here/argocd/go.mod: no 'github.com/argoproj/argo-cd/v3 vX.Y.Z' requirement"
   [ -n "$kustomize_version" ] || die "$here/argocd/kustomize.version is empty"
 
-  cache=${GPUPLACE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuplace}
-  root="$cache/argocd-$version"
-  bin="$root/bin"
-  logs="$root/logs"
-  if complete; then
-    echo "$root"
-    return 0
-  fi
-
-  command -v go >/dev/null || die "go not found on PATH; install Go 1.25 or newer"
-  mkdir -p "$bin" "$logs" "$root/crds"
-  take_lock "$root/.build.lock" "$root"
-  if complete; then
-    echo "$root"
-    return 0
-  fi
+  claim_release "argocd-$version" crds || return 0
 
   log "building ArgoCD $version and kustomize $kustomize_version into $bin (a first build downloads about 1.3 GiB of modules and takes several minutes; logs in $logs)"
   begin_staging

@@ -68,6 +68,30 @@ take_lock() {
   fi
 }
 
+# claim_release NAME SUBDIR... -> sets root ($GPUPLACE_CACHE/NAME), bin and logs. False when the
+# release there is `complete` (its directory printed: the script's whole stdout); true when the
+# caller builds it: Go found, bin, logs and each SUBDIR of root made, the build lock held.
+claim_release() {
+  local cache=${GPUPLACE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuplace}
+  root="$cache/$1"
+  shift
+  bin="$root/bin"
+  logs="$root/logs"
+  if complete; then
+    echo "$root"
+    return 1
+  fi
+  command -v go >/dev/null || die "go not found on PATH; install Go 1.25 or newer"
+  local sub
+  mkdir -p "$bin" "$logs"
+  for sub in "$@"; do mkdir -p "$root/$sub"; done
+  take_lock "$root/.build.lock" "$root"
+  if complete; then
+    echo "$root"
+    return 1
+  fi
+}
+
 # begin_staging -> $staging, a directory in $bin for binaries being built; removed on exit, so an
 # interrupted build never leaves a half-written binary in $bin.
 begin_staging() {
