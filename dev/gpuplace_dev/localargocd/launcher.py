@@ -18,11 +18,11 @@ import socket
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from gpuplace_dev.localargocd.binaries import ArgoCDBinaries, find_argocd
 from gpuplace_dev.localcluster import LocalCluster
-from gpuplace_dev.localcluster.process import ManagedProcess, first_exited, poll, spawn, stop_all
+from gpuplace_dev.localcluster.process import ProcessGroup, poll, spawn
 from gpuplace_dev.localcluster.tools import helm_binary
 from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS
 
@@ -89,13 +89,15 @@ def cluster_secret(
     }
 
 
-class LocalArgoCD:
+class LocalArgoCD(ProcessGroup):
     """Starts Redis and the three ArgoCD components against ``cluster``; `stop` ends them.
 
     ``settings`` are extra ``argocd-cm`` keys (e.g. gpuplace's health check). ``destinations`` are
     the names under which the cluster is registered as a destination (an ApplicationSet's cluster
     directories use them).
     """
+
+    error = ArgoCDError
 
     def __init__(
         self,
@@ -111,13 +113,13 @@ class LocalArgoCD:
         self.destinations = destinations
         self.settings = dict(settings or {})
         self._binaries = binaries
-        self.processes: list[ManagedProcess] = []
+        super().__init__()
         self.repo_server_port = 0
         self.redis_port = 0
 
     # ----------------------------------------------------------------------------- lifecycle
 
-    def start(self, timeout: float = 120.0) -> LocalArgoCD:
+    def start(self, timeout: float = 120.0) -> Self:
         binaries = self._binaries or find_argocd()
         redis = shutil.which("redis-server")
         if redis is None:
@@ -203,21 +205,6 @@ class LocalArgoCD:
             env,
         )
         self._wait_port("argocd-applicationset-controller", probe, timeout)
-
-    def stop(self) -> None:
-        stop_all(self.processes)
-        self.processes = []
-
-    def __enter__(self) -> LocalArgoCD:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def check_alive(self) -> None:
-        exited = first_exited(self.processes, lines=20)
-        if exited is not None:
-            raise ArgoCDError(exited)
 
     # ----------------------------------------------------------------------------- setup
 

@@ -16,14 +16,14 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
 from gpuplace_dev.localargowf.binaries import ArgoWorkflowsBinaries, find_argo_workflows
 from gpuplace_dev.localcluster import LocalCluster
 from gpuplace_dev.localcluster.images import Image, ImageFile, oci_archive
-from gpuplace_dev.localcluster.process import ManagedProcess, first_exited, poll, spawn, stop_all
+from gpuplace_dev.localcluster.process import ProcessGroup, poll, spawn
 from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS, Resource
 
 NAMESPACE = "argo"
@@ -87,9 +87,11 @@ class WorkflowResult:
         return self.phase in FINISHED
 
 
-class LocalArgoWorkflows:
+class LocalArgoWorkflows(ProcessGroup):
     """Installs Argo Workflows' CRDs and RBAC, imports argoexec, and runs the controller for
     ``managed_namespace``; `stop` ends it."""
+
+    error = ArgoWorkflowsError
 
     def __init__(
         self,
@@ -103,32 +105,17 @@ class LocalArgoWorkflows:
         self.managed_namespace = managed_namespace
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuplace-argo-workflows-"))
         self._binaries = binaries
-        self.processes: list[ManagedProcess] = []
+        super().__init__()
 
     # ----------------------------------------------------------------------------- lifecycle
 
-    def start(self) -> LocalArgoWorkflows:
+    def start(self) -> Self:
         binaries = self._binaries or find_argo_workflows()
         self.workdir.mkdir(parents=True, exist_ok=True)
         image = self._import_argoexec(binaries)
         self._install(binaries)
         self._spawn_controller(binaries, image)
         return self
-
-    def stop(self) -> None:
-        stop_all(self.processes)
-        self.processes = []
-
-    def __enter__(self) -> LocalArgoWorkflows:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def check_alive(self) -> None:
-        exited = first_exited(self.processes, lines=20)
-        if exited is not None:
-            raise ArgoWorkflowsError(exited)
 
     # ----------------------------------------------------------------------------- workflows
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 _PR_SET_PDEATHSIG = 1
 _STOP_POLL_SECONDS = 0.02
@@ -213,3 +213,32 @@ def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+class ProcessGroup:
+    """Processes started together (`start`, by the subclass) and stopped together: `stop`, a
+    context manager that starts and stops them, and `check_alive`, which raises `error` with the
+    log tail of the first that exited."""
+
+    error: type[Exception] = RuntimeError
+
+    def __init__(self) -> None:
+        self.processes: list[ManagedProcess] = []
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        stop_all(self.processes)
+        self.processes = []
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def check_alive(self) -> None:
+        exited = first_exited(self.processes, lines=20)
+        if exited is not None:
+            raise self.error(exited)
