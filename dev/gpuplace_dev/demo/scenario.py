@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import inspect
-from gpuplace_dev.demo import plan, realnode
+from gpuplace_dev.demo import plan, realnode, training
 from gpuplace_dev.demo.argocd import (
     APPLICATION,
     APPLICATIONSET,
@@ -159,6 +159,11 @@ class Demo:
             self._degraded_step(repo)
             self._resource_form_step(repo)
         self._operator_step(moved)
+        if self.argocd is None:  # the degraded step fixes the typo under ArgoCD
+            repo.edit(LLM_MAP, "      devices: [2, 2]", "      devices: [2, 3]")
+        training.run(
+            self, repo, CLUSTER_DIR, lambda rev: self._sync(repo, rev), self._wait_map_valid
+        )
         if self.real_node:
             self._dra_step(repo)
         self._grid_step()
