@@ -148,11 +148,11 @@ def run(
     for node, number in NODES.items():
         demo.components.agent(node, GPUS, number=number)
     (repo.path / cluster_dir / MAP_FILE).write_text(map_yaml(real))
-    repo.edit(
-        f"{cluster_dir}/kustomization.yaml",
-        "configMapGenerator:\n",
-        "configMapGenerator:\n" + KUSTOMIZE_ENTRY,
-    )
+    kustomization = f"{cluster_dir}/kustomization.yaml"
+    if "configMapGenerator:\n" in (repo.path / kustomization).read_text():
+        repo.edit(kustomization, "configMapGenerator:\n", "configMapGenerator:\n" + KUSTOMIZE_ENTRY)
+    else:  # the maps are served as PlacementMap resources (gpuplace migrate, under ArgoCD)
+        repo.edit(kustomization, "resources:\n", f"resources:\n  - {MAP_FILE}\n")
     commit = repo.commit("The training job's ranks")
     demo.out(f"    committed {commit}: {cluster_dir}/{MAP_FILE}")
     result = sync(commit)
