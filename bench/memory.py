@@ -4,22 +4,23 @@ scale, and its start-up to the first bind with every GPU held.
 The apiserver holds 5,000 nodes x 8 GPUs (each node's inventory ConfigMap and agent Lease, as the
 agents write them), 400 placement maps of 100 slots and 39,999 pods bound to their slots by
 signed Bindings as gpuplace's binder writes them (the key ring's Secret is written first, with
-the key that signs them), each then reporting Running as a kubelet would. Then a controller starts
-on that cluster, and the 40,000th pod, the one slot left, is created: the figures are the time
-from the controller's start to that pod's bind, and the controller's resident memory (VmRSS and
-its peak VmHWM) once it has bound it and once every map's status is written. What the creates
-cost (seconds and objects/s through one keep-alive client from `CREATE_THREADS` threads, the
-apiserver's and etcd's CPU) is reported beside them.
+the key that signs them; `--running` also reports each pod Running as a kubelet would). Then a
+controller starts on that cluster, and the 40,000th pod, the one slot left, is created: the
+figures are the time from the controller's start to that pod's bind, and the controller's
+resident memory (VmRSS and its peak VmHWM) once it has bound it and once every pod is counted in
+its map's status. What the writes cost (seconds and objects/s through one keep-alive client from
+`CREATE_THREADS` threads, the apiserver's and etcd's CPU) is reported beside them.
 
 The tier's limits: nothing heartbeats the nodes (no kwok annotation, and kube-controller-manager's
 node lifecycle controller is off, so that they stay Ready as created; no agent renews the Leases,
-which last the bench); the pods never run (no kubelet: their Running status is written once, by
-the bench); no webhook runs (the pods carry its CUDA_VISIBLE_DEVICES wiring as it would have
-written it; the pod-bindings admission policy checks that); one controller replica, no standby.
+which last the bench); the pods never run (no kubelet: they stay Pending, bound, unless
+`--running` writes their status once); no webhook runs (the pods carry its CUDA_VISIBLE_DEVICES
+wiring as it would have written it; the pod-bindings admission policy checks that); one
+controller replica, no standby.
 So it measures what the controller holds and how fast it starts, not the steady load of a
 fleet's heartbeats (`bench.scale` measures that at 10,000 pods).
 
-Not part of `make bench`'s default set (about half an hour on two cores): `make bench-memory`,
+Not part of `make bench`'s default set (about 20 minutes on two cores): `make bench-memory`,
 `python -m bench memory`, or `python -m bench.memory --nodes 500 --pods 4000` for a quicker tier.
 """
 
