@@ -149,6 +149,7 @@ def run(
         demo.components.agent(node, GPUS, number=number)
     (repo.path / cluster_dir / MAP_FILE).write_text(map_yaml(real))
     kustomization = f"{cluster_dir}/kustomization.yaml"
+    before = (repo.path / kustomization).read_text()
     if "configMapGenerator:\n" in (repo.path / kustomization).read_text():
         repo.edit(kustomization, "configMapGenerator:\n", "configMapGenerator:\n" + KUSTOMIZE_ENTRY)
     else:  # the maps are served as PlacementMap resources (gpuplace migrate, under ArgoCD)
@@ -187,6 +188,20 @@ def run(
             f"gpuplace gpus names rank 0's pod {on_real[0].name} on {REAL_NODE_NAME}",
         )
     _delete_job(demo)
+    # The map goes too: the DRA step declares the real node's GPU 2 in a map of its own.
+    (repo.path / cluster_dir / MAP_FILE).unlink()
+    (repo.path / kustomization).write_text(before)
+    done = repo.commit("The training job is done: its map goes")
+    demo.check(sync(done).ok, f"sync of {done} applied (the map {MAP_NAME} is no longer in git)")
+    for kind in ("placementmaps.gpuplace.io", "configmap"):
+        demo.cluster.kubectl(
+            "-n", NAMESPACE, "delete", kind, MAP_NAME, "--ignore-not-found", check=False
+        )
+    demo.wait(
+        f"map {NAMESPACE}/{MAP_NAME} gone",
+        lambda: f"{NAMESPACE}/{MAP_NAME}" not in dict(inspect.map_statuses(demo.kube)),
+    )
+    demo.out(f"    kubectl delete: map {NAMESPACE}/{MAP_NAME}, no longer in git")
 
 
 def _restart(demo: Demo, want: dict[int, tuple[str, int]]) -> None:
