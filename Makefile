@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GPUPLACE_CACHE ?= $(HOME)/.cache/gpuplace
 
-.PHONY: docs docs-ref crds test-tools help venv image e2e-chart control-plane node tools argocd argo-workflows redis demo-quick fakenvml lint test unit integration e2e e2e-argocd e2e-preflight demo bench bench-scale bench-memory cluster-up cluster-down clean
+.PHONY: docs docs-ref crds test-tools help venv image e2e-chart control-plane node tools argocd argo-workflows training-operators redis demo-quick fakenvml lint test unit integration e2e e2e-argocd e2e-preflight demo bench bench-scale bench-memory cluster-up cluster-down clean
 
 help:
 	@echo "make test | demo | demo-quick | lint | docs | docs-ref | image | e2e-chart | bench | bench-scale | bench-memory | e2e-argocd | e2e-preflight | cluster-up | cluster-down | control-plane | node | argocd | argo-workflows | clean"
@@ -47,6 +47,11 @@ argocd:
 # first time); the preflight tier (`make e2e-preflight`) gates ArgoCD syncs through them.
 argo-workflows:
 	@hack/build-argo-workflows.sh >/dev/null
+
+# JobSet's and LeaderWorkerSet's controller managers, built from their Go modules (a few minutes
+# the first time), for the training-operator integration tests.
+training-operators:
+	@hack/build-training-operators.sh >/dev/null
 
 # Debian's redis-server for ArgoCD's cache, installed with apt-get (as root) when missing.
 redis:
@@ -94,14 +99,14 @@ PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 unit: $(STAMP) tools fakenvml test-tools
 	$(BIN)/pytest tests/unit -q $(PYTEST_PARALLEL)
 
-integration: $(STAMP) control-plane node tools fakenvml
+integration: $(STAMP) control-plane node tools fakenvml training-operators
 	$(BIN)/pytest tests/integration -q $(PYTEST_PARALLEL)
 
 # tools: the demo renders the chart's ClusterRole gpuplace-plan with helm for `gpuplace plan`.
 e2e: $(STAMP) control-plane node tools fakenvml
 	$(BIN)/pytest tests/e2e -q
 
-test: $(STAMP) control-plane node tools fakenvml test-tools
+test: $(STAMP) control-plane node tools fakenvml test-tools training-operators
 	$(BIN)/pytest tests -q -m "not argocd and not chart" $(PYTEST_PARALLEL) --durations=25
 
 # gpuplace installed as a platform team installs it: the image built here (make image), the chart
