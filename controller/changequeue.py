@@ -1,37 +1,36 @@
-"""The reconcile loop's inbox of typed changes (`controller.changes`)."""
+"""The model keeper's inbox of typed changes (`controller.changes`): informer threads `put`, and each
+put adds the model queue's one key, so that one pass applies everything queued since the last in
+order (the changes are data in order, not keys: a node's deletion must not pass its last update)."""
 
 from __future__ import annotations
 
 import threading
+from typing import Final
 
 from controller.changes import Change
+from controller.workqueue import WorkQueue
+
+#: The model queue's one key: every change is compiled into one model.
+MODEL: Final = "model"
 
 
 class ChangeQueue:
-    """Informer threads `put` changes and wake the loop; the reconcile loop waits and takes them
-    all at once (`wait`, `take`) holding `lock`, which also orders a compile against them."""
+    """`put` from any thread; the model keeper takes them all at once (`take`) holding `lock`,
+    which also orders a pass against a leadership's start-up."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: WorkQueue[str]) -> None:
         self.lock = threading.RLock()
-        self._ready = threading.Condition(self.lock)
+        self.work = work
         self._pending: list[Change] = []
+        self._pending_lock = threading.Lock()
 
     def put(self, change: Change) -> None:
-        with self._ready:
+        with self._pending_lock:
             self._pending.append(change)
-            self._ready.notify()
-
-    def notify(self) -> None:
-        """Wakes the loop with nothing queued (a map's status to write)."""
-        with self._ready:
-            self._ready.notify()
-
-    def wait(self, timeout: float) -> None:
-        """Until something is queued or notified, at most `timeout` (caller holds `lock`)."""
-        if not self._pending:
-            self._ready.wait(timeout)
+        self.work.add(MODEL)
 
     def take(self) -> list[Change]:
-        """Everything queued so far (caller holds `lock`)."""
-        batch, self._pending = self._pending, []
+        """Everything queued so far."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
         return batch

@@ -1,8 +1,8 @@
-"""What the informer threads hand to the reconcile loop: one type per kind of change.
+"""What the informer threads hand to the model keeper: one type per kind of change.
 
-The informer threads only enqueue these (`ControllerManager._enqueue`); the reconcile loop applies
-them in order (`ControllerManager._apply`), which matches on the type, so a kind of change without
-its handler fails type checking.
+The informer threads only put these in its inbox (`ChangeQueue.put`); its pass applies them in
+order (`ModelKeeper.apply`), which matches on the type, so a kind of change without its handler
+fails type checking.
 """
 
 from __future__ import annotations

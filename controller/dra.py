@@ -3,9 +3,9 @@ check over them (the decision is `placement.draalloc.plan_claim`), and the claim
 before the Binding, Unreserve when the Binding fails).
 
 Contract: `DraTracker` is written by the informer threads (`on_slice`, `on_claim`,
-`on_taint_rule`) and read by the binder's decision thread (`check`) and the reconcile loop
+`on_taint_rule`) and read by the binder's decision thread (`check`) and the inventory tracker
 (`taints_on`); one lock guards its maps. It calls `on_taints` (outside the lock, on the informer
-thread) with each node whose devices' taints changed. It
+thread: it adds a key to the taints queue) with each node whose devices' taints changed. It
 hands every claim generated from gpuplace's template that lacks the delete-protection finalizer
 to the `ClaimFinalizers` attached to it (the leader's binder), which writes the finalizer off the
 Binding path. `ClaimWriter` only writes or builds the writes the binder sends (`prepare` on the
@@ -319,7 +319,7 @@ class ClaimWriter:
 
 class TemplateKeeper:
     """Keeps one ResourceClaimTemplate per map of the model in the map's namespace (leader only,
-    on the reconcile thread, when the model changes); `current` is the templates informer's store.
+    on the templates queue's worker, when the model changes); `current` is the templates informer's store.
     """
 
     def __init__(self, kube: Kube, settings: DraSettings) -> None:

@@ -1,7 +1,8 @@
 """Which bound pods are Drifted, written onto the pods as a condition and an Event.
 
-Contract: `check` and the readers (`count`, `drifted`) run on the controller's reconcile thread
-only; condition writes go to a small executor so a slow apiserver never holds up a compile.
+Contract: `check` and `drifted` run on the drift queue's one worker only (controller/driftjudge.py);
+`count` and `total` are read by the status writer from its own (one read of a dict each); condition
+writes go to a small executor so a slow apiserver never holds up a judgement.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Grants: which namespaces may place on which nodes and GPUs. Owns the placement policy (ConfigMap
 gpuplace-policy), the node labels it is resolved against, and every valid map offered to the
 compiler: a map the grants allow is compiled, one outside them is withheld and its status names each
-entry that is not granted. Runs on the reconcile loop only (the caller holds its lock)."""
+entry that is not granted. Runs in the model keeper's pass only (the caller holds the inbox's lock)."""
 
 from __future__ import annotations
 

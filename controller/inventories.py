@@ -12,7 +12,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Final
 
+from controller.workqueue import Requeue
 from kubeio.client import Obj, obj_key
 from placement.binding import InventoryState
 from placement.inventory import INVENTORY_KEY, NodeInventory, SourcedTaint
@@ -20,10 +22,14 @@ from placement.types import NodeName
 
 log = logging.getLogger(__name__)
 
+#: The expiry queue's one key: every inventory re-judged, once a second.
+EXPIRY: Final = "inventories"
+EXPIRY_SECONDS = 1.0
+
 
 class InventoryTracker:
-    """Written by the inventories' and leases' informer threads, the expiry timer and (`retaint`)
-    the ResourceSlices' and DeviceTaintRules' informer threads, under one lock; `states` is read
+    """Written by the inventories' and leases' informer threads, the expiry queue's worker and
+    (`retaint_all`) the taints queue's worker, under one lock; `states` is read
     by the binder and `on_change` is called under that lock. The inventory served (to `states`
     and `on_change`) is the agent's with `taints_of(node)` overlaid: the compiler and the binder
     see the same taints."""
@@ -118,7 +124,19 @@ class InventoryTracker:
             return dict(self._inventories)
 
     def check_expiry(self) -> None:
-        """Re-judges freshness; run every second or so by a timer (no API calls)."""
+        """Re-judges freshness (no API calls)."""
         with self._lock:
             for node in list(self._inventories):
                 self._publish(node)
+
+    def expire(self, _keys: list[str]) -> Requeue[str]:
+        """The expiry queue's reconcile: every inventory now, and again in a second (it looks
+        at every inventory: once a second is enough)."""
+        self.check_expiry()
+        return {EXPIRY: EXPIRY_SECONDS}
+
+    def retaint_all(self, nodes: list[NodeName]) -> None:
+        """The taints queue's reconcile (dra enforcement): the nodes whose devices' taints the
+        DRA tracker saw change."""
+        for node in nodes:
+            self.retaint(node)

@@ -2,7 +2,8 @@
 what a bound pod holds depends on what its signature proves; and followed afterwards. A rotation,
 an adoption, a deletion or an edit of the Secret has every bound pod judged again; an unreadable
 ring is reported and the last good one keeps serving; a deleted or emptied Secret gets the ring this
-leader holds written back."""
+leader holds written back. Its queue has one key, `KEY_RING`, added by the Secret's informer; a
+reconcile reads the Secret as the informer holds it now (absent: deleted)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,23 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from controller.binder import Binder
 from controller.bindingkey import KeySecret, load_or_create, read_stored, write_back
 from controller.metrics import ControllerMetrics
+from controller.snapshot import Published
+from controller.workqueue import WorkQueue
 from kubeio.client import Kube, Obj
 from kubeio.errors import APIError
-from kubeio.informer import DELETED
+from kubeio.informer import Informer
 from kubeio.pod import Pod
 from placement.keyring import KEYRING_FIELD, RingError, TrustView
 
 log = logging.getLogger(__name__)
+
+#: The key ring queue's one key.
+KEY_RING: Final = "key-ring"
 
 RING_HINT = (
     " (mend the Secret, or delete it to start a new key ring: pods bound under the old keys then"
@@ -46,7 +53,10 @@ class KeyWatch:
     binder: Binder
     metrics: ControllerMetrics
     pods: Callable[[], list[Pod]]
-    shared: Callable[[], set[str]]
+    published: Published
+    #: The Secret's informer, and the queue its events go to.
+    informer: Informer
+    queue: WorkQueue[str]
 
     def load(self, stop: threading.Event, retry_seconds: float) -> TrustView:
         """The ring, created if there is none; retried until it is usable (the binder does not
@@ -64,14 +74,19 @@ class KeyWatch:
                 )
                 stop.wait(retry_seconds)
 
-    def on_secret(self, event: str, obj: Obj, _old: Obj | None) -> None:
+    def on_secret(self, _event: str, _obj: Obj, _old: Obj | None) -> None:
         """The Secret's informer handler (informer thread)."""
+        self.queue.add(KEY_RING)
+
+    def reconcile(self, _keys: list[str]) -> None:
+        """The Secret as the informer holds it now, against the ring the binder trusts."""
         held = self.binder.trust
         if not self.binder.active.is_set() or held is None:
             return  # not leading: the leader's start-up reads the Secret itself
+        obj = self.informer.get(self.secret.namespace, self.secret.name)
         try:
-            stored = None if event == DELETED else read_stored(obj, self.secret)
-            if stored is None or stored.ring is None:
+            stored = None if obj is None else read_stored(obj, self.secret)
+            if obj is None or stored is None or stored.ring is None:
                 view = write_back(self.kube, self.secret, held)
             elif legacy_only(obj):
                 view = load_or_create(self.kube, self.secret)
@@ -94,4 +109,4 @@ class KeyWatch:
             view.ring.signer.id,
             len(view.adoptions),
         )
-        self.binder.retrust(view, self.pods(), self.shared())
+        self.binder.retrust(view, self.pods(), self.published.current.shared)

@@ -1,16 +1,22 @@
-"""Sources -> compile -> model: the one writer of the model. Applies the typed changes the informers
-queue (maps, the policy, nodes, inventories), compiles once per pass when something changed, and on
-the leader publishes the model ConfigMaps and wakes the binder. Runs on the reconcile loop, and on
-the thread that starts a leadership; both hold the controller's lock."""
+"""Sources -> compile -> model: the one writer of the model, and of the snapshot every other reconciler
+reads (controller/snapshot.py). Its queue has one key, `MODEL`, added with every typed change the
+informers put in the inbox (maps, the policy, nodes, inventories); a pass applies them all, compiles
+once when something changed, and on the leader publishes the model ConfigMaps; then it swaps the
+snapshot and only then tells the others: the maps whose status to write, whose pods to judge for
+drift, the claim templates, the binder's wake keys. Runs on the model queue's one worker, and on the
+thread that starts a leadership (`lead`); both hold the inbox's lock."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import assert_never
 
+from controller.changequeue import ChangeQueue
 from controller.changes import (
     Change,
     InventoryChanged,
@@ -19,16 +25,17 @@ from controller.changes import (
     SourceChanged,
     SourceDeleted,
 )
-from controller.dirty import DirtyMaps
 from controller.grantkeeper import GrantKeeper
-from controller.inventories import InventoryTracker
 from controller.metrics import ControllerMetrics
 from controller.nodekeeper import NodeKeeper
 from controller.renumber import RenumberTracker
+from controller.snapshot import Published, Snapshot
 from controller.sources import Form, SourceState, merge, read_resource, read_source, restore
+from controller.statuswriter import POLICY, StatusKey
+from controller.templatesync import TEMPLATES
+from controller.workqueue import WorkQueue
 from controller.writer import ModelWriter
 from kubeio.client import Obj, obj_key
-from placement.binding import Cluster
 from placement.compile import Compiler
 from placement.inventory import NodeInventory
 from placement.model import Model, read_model
@@ -44,17 +51,18 @@ class ModelKeeper:
     compiler: Compiler
     grants: GrantKeeper
     nodes: NodeKeeper
-    tracker: InventoryTracker
     renumber: RenumberTracker
     writer: ModelWriter
     metrics: ControllerMetrics
-    statuses: DirtyMaps
-    require_inventory: bool = field(kw_only=True)
-    alias_label: str = field(kw_only=True)
-    #: Called with the maps a newly published model changed (drift, claim templates).
-    on_published: Callable[[set[MapKey]], None] = field(kw_only=True)
-    #: Called when a map's source is deleted (its status bookkeeping goes).
-    on_deleted: Callable[[MapKey], None] = field(kw_only=True)
+    #: The typed changes the informers queue (its lock orders a pass against a leadership's start).
+    inbox: ChangeQueue
+    published: Published
+    #: The other concerns' queues, told after each swap.
+    statuses: WorkQueue[StatusKey] = field(kw_only=True)
+    drift: WorkQueue[MapKey] = field(kw_only=True)
+    templates: WorkQueue[str] | None = field(kw_only=True)
+    #: The model ConfigMaps' data by name, as stored (the writer compares against it).
+    stored: Callable[[], Mapping[str, Mapping[str, str]]] = field(kw_only=True)
     #: Wakes the binder's waiting pods for these keys.
     wake: Callable[[set[WakeKey]], None] = field(kw_only=True)
     #: Whether this replica leads (a deleted node's inventory is then removed).
@@ -62,6 +70,8 @@ class ModelKeeper:
     #: Whether the lease is held right now (checked before the model is written).
     holds_lease: Callable[[], bool] = field(kw_only=True)
 
+    #: Set once this replica's leadership has published its first model (readiness).
+    ready: threading.Event = field(default_factory=threading.Event, init=False)
     model: Model = field(default_factory=Model, init=False)
     #: Maps with sharing: shared, in the current model (read on every pod event).
     shared: set[str] = field(default_factory=set, init=False)
@@ -73,20 +83,70 @@ class ModelKeeper:
     _uncompiled: bool = field(default=False, init=False)
     #: binder keys those changes may unblock
     _unblocked: set[WakeKey] = field(default_factory=set, init=False)
+    #: What to tell the other concerns once the pass's snapshot is published.
+    _status_keys: set[StatusKey] = field(default_factory=set, init=False)
+    _drift_keys: set[MapKey] = field(default_factory=set, init=False)
+    _wake_keys: set[WakeKey] = field(default_factory=set, init=False)
+    _templates_due: bool = field(default=False, init=False)
 
     @property
     def uncompiled(self) -> bool:
         return self._uncompiled
 
-    def cluster(self) -> Cluster:
-        return Cluster(
-            self.model,
-            self.nodes.nodes,
-            self.nodes.aliases,
-            self.tracker.states,
-            self.require_inventory,
-            self.alias_label,
+    # -- the model queue's reconcile ------------------------------------------------------------
+    def reconcile(self, _keys: list[str]) -> None:
+        """One pass: everything queued since the last, compiled once and only when something
+        changed (node heartbeats and the echoes of status patches arrive many times a second on a
+        large cluster and change nothing); on the leader also what was applied before it led."""
+        with self.inbox.lock:
+            self.apply_all(self.inbox.take())
+            if self.leading() and self._uncompiled:
+                self.publish(self.stored, first=not self.ready.is_set())
+            self.flush()
+
+    def lead(self, stored: Mapping[str, Mapping[str, str]]) -> None:
+        """A leadership's first pass (its start-up thread), seeded with the stored model: earlier
+        `count` picks stay, and sources invalid now keep serving what the stored model served.
+        Everything the informers listed is compiled at once, not a partial model that the next
+        pass would correct with another generation."""
+        with self.inbox.lock:
+            seeded = self.seed(stored)
+            self.apply_all(self.inbox.take())
+            if seeded is not None:
+                self.restore_last_valid(seeded)
+            self.publish(self.stored, first=True)
+            self.flush()
+
+    def flush(self) -> None:
+        """Publishes this pass's snapshot, then tells the other concerns what changed: they read
+        the new snapshot, never the one before (caller holds the inbox's lock)."""
+        self.published.swap(
+            Snapshot(
+                model=self.model,
+                shared=self.shared,
+                sources=MappingProxyType(dict(self.sources)),
+                forms=MappingProxyType(
+                    {k: MappingProxyType(dict(v)) for k, v in self.forms.items()}
+                ),
+                reports=MappingProxyType(dict(self.compiler.reports)),
+                denied=MappingProxyType(dict(self.grants.denied)),
+                policy_objects=MappingProxyType(dict(self.grants.policy_objects)),
+                verdicts=MappingProxyType(dict(self.grants.verdicts)),
+            )
         )
+        if self.grants.verdicts_dirty:
+            self.grants.verdicts_dirty = False
+            self._status_keys.add(POLICY)
+        status_keys, self._status_keys = self._status_keys, set()
+        drift_keys, self._drift_keys = self._drift_keys, set()
+        wake_keys, self._wake_keys = self._wake_keys, set()
+        self.statuses.add_all(status_keys)
+        self.drift.add_all(drift_keys)
+        if self._templates_due and self.templates is not None:
+            self.templates.add(TEMPLATES)
+        self._templates_due = False
+        if wake_keys:
+            self.wake(wake_keys)
 
     # -- applying changes -------------------------------------------------------------------
     def apply_all(self, batch: Iterable[Change]) -> None:
@@ -99,7 +159,7 @@ class ModelKeeper:
         self.nodes.refresh_aliases()
         regranted = self.grants.regrant()
         if regranted is not None:
-            self.statuses.update(regranted)
+            self._status_keys.update(regranted)
             self._uncompiled = True
             self._unblocked.add(WakeKey.model())
 
@@ -143,7 +203,7 @@ class ModelKeeper:
             or known.provenance != state.provenance
         ):
             self.grants.offer(state.valid, state.valid_version, state.provenance)
-        self.statuses.add(key)
+        self._status_keys.add(key)
 
     def _keep(self, key: MapKey, state: SourceState) -> None:
         """Replaces the served state by one rebuilt from the stored model; a single form's
@@ -163,7 +223,7 @@ class ModelKeeper:
         self.sources.pop(key, None)
         self.grants.forget(key)
         self.compiler.remove_map(key)
-        self.on_deleted(key)
+        self._status_keys.add(key)  # its status bookkeeping goes
         return set()
 
     def _apply_inventory(self, node: NodeName, inventory: NodeInventory | None) -> set[WakeKey]:
@@ -171,14 +231,15 @@ class ModelKeeper:
             self.compiler.remove_inventory(node)
         else:
             self.compiler.set_inventory(inventory)
-        self.statuses.update(self.renumber.check(node, inventory))
+        self._status_keys.update(self.renumber.check(node, inventory))
         return {WakeKey.inventory(node)}
 
     # -- compiling and publishing -------------------------------------------------------------
     def publish(self, current: Callable[[], Mapping[str, Mapping[str, str]]], first: bool) -> bool:
         """Compiles what changed and, when the model did (or on a leadership's `first` pass),
-        writes it (`current`: the model ConfigMaps' data by name) and wakes the binder. Only
-        while the lease is held (returns False otherwise: what is pending stays pending)."""
+        writes it (`current`: the model ConfigMaps' data by name); the binder is woken by the
+        `flush` that follows. Only while the lease is held (returns False otherwise: what is
+        pending stays pending)."""
         if not self.holds_lease():
             return False
         keys, self._uncompiled, self._unblocked = self._unblocked, False, set()
@@ -195,13 +256,15 @@ class ModelKeeper:
             self.model = model
             self.shared = {str(k) for k, m in model.maps.items() if m.sharing is Sharing.SHARED}
             self.metrics.model_generation.set(model.generation)
-            self.statuses.update(changed)
-            self.on_published(changed)
+            self._status_keys.update(changed)
+            self._drift_keys.update(changed)
+            self._templates_due = True
             keys.add(WakeKey.model())
             keys |= {WakeKey.map(k) for k in changed}
-        self.statuses.update(set(reports) & set(self.sources))
-        if keys:
-            self.wake(keys)
+        self._status_keys.update(set(reports) & set(self.sources))
+        self._wake_keys |= keys
+        if first:
+            self.ready.set()
         return True
 
     def seed(self, stored: Mapping[str, Mapping[str, str]]) -> Model | None:
@@ -233,13 +296,13 @@ class ModelKeeper:
                     # came from the revision the model recorded (and no shard is rewritten).
                     self._keep(key, replace(state, provenance=cmap.provenance))
                     self.grants.offer(state.valid, state.valid_version, cmap.provenance)
-                    self.statuses.add(key)
+                    self._status_keys.add(key)
                 continue
             pmap = declared_map(cmap)
             restored = restore(state, pmap, cmap.source_version, cmap.provenance)
             self._keep(key, restored)
             self.grants.offer(pmap, cmap.source_version, cmap.provenance)
-            self.statuses.add(key)
+            self._status_keys.add(key)
             log.info(
                 "map %s is invalid; serving version %s from the stored model",
                 key,

@@ -1,6 +1,6 @@
 """Nodes: their state as the binder needs it (Ready, schedulable, logical alias), the alias index,
-and the inventories of deleted nodes. Applies node changes on the reconcile loop (the caller holds
-its lock); the leader removes what no agent will renew any more."""
+and the inventories of deleted nodes. Applies node changes in the model keeper's pass (the caller holds
+the inbox's lock); the leader removes what no agent will renew any more."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Bound pods after their binding: whether each runs (rollouts wait for it), the envMode-index
 bindings the renumbering tracker follows, and which maps' pods to judge for drift again. Pod events
-arrive on the informer threads; the binder sees each first. Drift and rollouts are judged on the
-reconcile loop, from the maps marked here and by the model's changes."""
+arrive on the informer threads; the binder sees each first. Drift and rollouts are judged by their
+own queue's worker (controller/driftjudge.py), from the maps added here and by the model keeper."""
 
 from __future__ import annotations
 
@@ -10,27 +10,25 @@ from dataclasses import dataclass, field
 
 from controller import podfacts
 from controller.binder import Binder
-from controller.dirty import DirtyMaps
-from controller.drift import DriftTracker
 from controller.renumber import RenumberTracker, bound_indices
-from controller.rollout import Rollouts
+from controller.snapshot import Published
+from controller.statuswriter import StatusKey
+from controller.workqueue import WorkQueue
 from kubeio.client import Obj
 from kubeio.informer import DELETED
 from kubeio.pod import Pod
 from placement.annotations import LEGACY_MAP_PREFIX
-from placement.model import Model
 from placement.types import MapKey
 
 
 @dataclass(eq=False)
 class PodWatch:
     binder: Binder
-    drift: DriftTracker
-    rollouts: Rollouts
     renumber: RenumberTracker
-    statuses: DirtyMaps
+    published: Published
+    statuses: WorkQueue[StatusKey]
     #: Maps whose bound pods to judge for drift again.
-    drift_dirty: DirtyMaps = field(default_factory=DirtyMaps)
+    drift: WorkQueue[MapKey]
     #: bound pod uid -> Running (informer threads write)
     _running: dict[str, bool] = field(default_factory=dict, init=False)
     #: bound pod uid -> (key ring version, annotations) last decoded and judged for it, so that
@@ -42,14 +40,14 @@ class PodWatch:
     def is_running(self, uid: str) -> bool:
         return self._running.get(uid, False)
 
-    def on_pod(self, event: str, obj: Obj, shared: set[str]) -> None:
-        """One pod event (informer thread): the binder first, then what follows a binding. The
-        object is read here, once (`kubeio.pod.Pod`), and a bound pod's binding is decoded and
-        judged once for all of them (`podfacts.BoundPod`)."""
+    def on_pod(self, event: str, obj: Obj, _old: Obj | None = None) -> None:
+        """One pod event (the pod informers' handler): the binder first, then what follows a
+        binding. The object is read here, once (`kubeio.pod.Pod`), and a bound pod's binding is
+        decoded and judged once for all of them (`podfacts.BoundPod`)."""
         pod = Pod.of(obj)
         bound = podfacts.BoundPod(pod, self.binder.trust) if pod.bound else None
         if self.binder.active.is_set():
-            self.binder.on_pod(event, pod, shared, bound)
+            self.binder.on_pod(event, pod, self.published.current.shared, bound)
         if bound is None:
             return
         uid = bound.uid
@@ -68,7 +66,7 @@ class PodWatch:
                 self._bindings_seen[uid] = seen
         decision = bound.decision
         if decision is not None and not decision.map.name.startswith(LEGACY_MAP_PREFIX):
-            self.drift_dirty.add(decision.map)
+            self.drift.add(decision.map)
         self.track_indices(bound, gone)
 
     def track_indices(self, bound: podfacts.BoundPod, gone: bool) -> None:
@@ -94,13 +92,4 @@ class PodWatch:
         for pod in pods:
             if pod.bound:
                 self.track_indices(podfacts.BoundPod(pod, trust), pod.finished)
-        self.drift_dirty.update(h.slot.map for h in self.binder.cache.holdings())
-
-    def judge(self, model: Model) -> None:
-        """Drift of the bound pods of maps that changed or whose pods did, then rollouts; the
-        maps whose counts changed get their status written again."""
-        dirty: set[MapKey] = self.drift_dirty.take()
-        changed = self.drift.check(dirty, model, self.binder.cache) if dirty else set()
-        changed |= self.rollouts.step(model, self.drift, self.binder.cache)
-        if changed:
-            self.statuses.update(changed)
+        self.drift.add_all({h.slot.map for h in self.binder.cache.holdings()})

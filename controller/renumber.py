@@ -6,7 +6,7 @@ UUIDs differently (a reboot, a GPU replaced or reseated), the container would us
 than the ones it holds at its next start. Such a pod gets condition `DevicesRenumbered=True` and
 a Warning Event; its map's status counts it; `gpuplace_renumbered_pods` counts them all.
 
-Contract: `track` and `forget` run on informer threads, `check` on the reconcile thread; every
+Contract: `track` and `forget` run on informer threads, `check` on the model queue's worker; every
 method takes the lock. Condition writes go to a small executor.
 """
 

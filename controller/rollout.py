@@ -7,14 +7,15 @@ pass). A pod is evicted only when its new slot can be served now (node Ready and
 devices present, healthy and free), so a replacement never waits on a slot another drifted pod
 still holds; slots that swap places wait for an operator (the map's status says so).
 
-Contract: `step` runs on the controller's reconcile thread only.
+Contract: `step` and `moving` run on the drift queue's one worker only (controller/driftjudge.py);
+`state` is read by the status writer from its own (one read of a dict).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -69,14 +70,31 @@ class Rollouts:
         self._retry_at: dict[MapKey, float] = {}
         self.states: dict[MapKey, RolloutState] = {}
 
-    def step(self, model: Model, drift: DriftTracker, cache: SlotCache) -> set[MapKey]:
-        """Evicts what the budgets allow; returns maps whose rollout state changed."""
+    def state(self, key: MapKey) -> RolloutState | None:
+        return self.states.get(key)
+
+    def moving(self, key: MapKey, model: Model, drift: DriftTracker) -> bool:
+        """Whether the map's rollout has pods to evict or evicted pods to wait for."""
+        return key in self._evicted or (
+            drift.count(key) > 0
+            and (m := model.maps.get(key)) is not None
+            and m.rollout.strategy is RolloutStrategy.EVICT
+        )
+
+    def step(
+        self,
+        model: Model,
+        drift: DriftTracker,
+        cache: SlotCache,
+        only: Iterable[MapKey] | None = None,
+    ) -> set[MapKey]:
+        """Evicts what the budgets allow, in the maps `only` (None: every map); returns maps whose
+        rollout state changed."""
         changed: set[MapKey] = set()
-        keys = set(self._evicted) | {
-            k
-            for k in drift.maps()
-            if (m := model.maps.get(k)) is not None and m.rollout.strategy is RolloutStrategy.EVICT
-        }
+        candidates = drift.maps() if only is None else only
+        keys = {k for k in candidates if self.moving(k, model, drift)}
+        if only is None:
+            keys |= set(self._evicted)
         now = time.monotonic()
         for key in sorted(keys):
             state = self._step_map(key, model, drift, cache, now)

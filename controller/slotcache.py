@@ -8,8 +8,8 @@ caller to report; `conflicts()` lists those standing until one of the holders is
 
 Concurrency: the cache is written from three kinds of thread: the decision thread (`assume`), the
 request loop's thread (`confirm`, `forget`, as Bindings are answered) and the informer threads
-(`add_bound`, `confirm`, `release`), and read from the decision thread, the reconcile loop and the
-status writer. Every method takes
+(`add_bound`, `confirm`, `release`), and read from the decision thread, the drift queue's worker and
+the status writer. Every method takes
 the one lock, and every reader returns a copy (or an immutable value), so no caller iterates a
 dictionary that another thread is changing. A decision that reads several times is still
 consistent enough: only the decision thread adds holdings for pods it has not seen bound.

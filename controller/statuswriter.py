@@ -1,28 +1,31 @@
-"""Map status: the one writer of `gpuplace.io/status` on source ConfigMaps, of the map Events on
-phase transitions, and of the map and slot gauges. Takes the maps marked dirty (by any part of the
-controller) at most twice a second on the leader; a status whose only news is the bound count is
-held back while one was written recently, so that a burst of binds costs one patch per map."""
+"""Map status: the one writer of `gpuplace.io/status` on source ConfigMaps and of the PlacementMaps'
+status, of the map Events on phase transitions, of the map and slot gauges and of the placement
+policy's verdicts. Its queue is keyed by map (and `POLICY`); every other part adds the maps whose
+status may have changed. A reconcile reads the published snapshot (controller/snapshot.py) and the
+counts (controller/counts.py) and writes on the leader only; a status whose only news is the bound
+count is held back while one was written recently (its key comes back when the hold ends), so that
+a burst of binds costs one patch per map."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Final, Literal
 
-from controller.dirty import DirtyMaps
-from controller.grantkeeper import GrantKeeper
+from controller.counts import MapCounts
 from controller.metrics import ControllerMetrics
-from controller.podwatch import PodWatch
 from controller.policystatus import write_policy_status
+from controller.snapshot import Published, Snapshot
 from controller.sources import Form, SourceState, map_status, only_bound_changed
+from controller.workqueue import RETRY, Requeue
 from controller.writer import patch_resource_status, patch_status
 from kubeio.client import Kube, Obj
 from kubeio.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from kubeio.informer import Informer
 from kubeio.times import now_time
 from placement.annotations import STATUS_ANNOTATION
-from placement.compile import Compiler
 from placement.model import Model
 from placement.resourcestatus import comparable, resource_status
 from placement.status import MapStatus, Phase
@@ -30,6 +33,9 @@ from placement.types import API_VERSION, KIND, MapKey, RolloutStrategy
 
 #: What a status is written onto: a map's form and key.
 Target = tuple[Form, MapKey]
+#: The status queue's key for the placement policy's verdicts.
+POLICY: Final = "policy"
+StatusKey = MapKey | Literal["policy"]
 
 
 @dataclass(eq=False)
@@ -37,7 +43,8 @@ class StatusWriter:
     kube: Kube
     events: EventRecorder
     metrics: ControllerMetrics
-    dirty: DirtyMaps
+    published: Published
+    counts: MapCounts
     #: The source ConfigMaps' informer; None when maps come from git (no object to patch) or
     #: the ConfigMap form is off.
     sources: Informer | None = field(kw_only=True)
@@ -47,12 +54,14 @@ class StatusWriter:
     #: The policy's informers by form (its status is written when its verdict changes).
     policies: Mapping[Form, Informer] = field(default_factory=dict, kw_only=True)
     system_namespace: str = field(default="gpuplace-system", kw_only=True)
+    #: Whether the lease is held right now: checked before each batch of writes.
+    holds_lease: Callable[[], bool] = field(default=lambda: True, kw_only=True)
     _statuses: dict[Target, str] = field(default_factory=dict, init=False)
     #: last patched, and when
     _written: dict[Target, tuple[MapStatus, float]] = field(default_factory=dict, init=False)
     _phases: dict[MapKey, Phase] = field(default_factory=dict, init=False)
     #: Every map's status as last computed (read by the per-map series at scrape time; a dict
-    #: swapped entry by entry on the reconcile thread, copied by the reader).
+    #: swapped entry by entry on the status worker, copied by the reader).
     latest: dict[MapKey, MapStatus] = field(default_factory=dict, init=False)
     _last_phase: dict[Target, Phase] = field(default_factory=dict, init=False)
 
@@ -62,59 +71,86 @@ class StatusWriter:
             self._statuses.pop((form, key), None)
             self._written.pop((form, key), None)
         self.latest.pop(key, None)
+        self._phases.pop(key, None)
 
-    def write(
-        self,
-        states: Mapping[MapKey, SourceState],
-        model: Model,
-        compiler: Compiler,
-        grants: GrantKeeper,
-        pods: PodWatch,
-        forms: Mapping[MapKey, Mapping[Form, SourceState]] | None = None,
-    ) -> None:
-        """Writes the status of every dirty map whose status changed, onto each form that
-        declares it."""
-        reports = compiler.reports
-        deferred: set[MapKey] = set()
-        for key in sorted(self.dirty.take()):
-            state = states.get(key)
-            if state is None:
+    def reconcile(self, keys: list[StatusKey]) -> Requeue[StatusKey]:
+        """Writes the status of each map of `keys` whose status changed, onto each form that
+        declares it, and the policy's verdicts for `POLICY`; then the gauges. Returns the keys
+        held back (for how long) or whose write failed."""
+        if not self.holds_lease():
+            return None  # the leadership is ending: what the next leader lists, it writes
+        snap = self.published.current
+        again: dict[StatusKey, float] = {}
+        for key in keys:
+            if key == POLICY:
+                if not self._write_policy(snap):
+                    again[key] = RETRY
                 continue
-            cmap = model.maps.get(key)
-            denied = grants.denied.get(key)
-            if denied:
-                state = replace(state, valid=None, valid_version="", errors=denied)
-            status = map_status(
-                state,
-                reports.get(key),
-                model.generation,
-                pods.binder.cache.bound_count(key),
-                pods.drift.count(key),
-                cmap.provenance.revision if cmap else "",
-                rollout_note(key, model, pods),
-                pods.renumber.count(key),
-                pods.binder.report.count(key),
-                pods.binder.gangs.state(key),
-            )
-            self.latest[key] = status
-            self._phases[key] = status.phase
-            declared = (forms or {}).get(key) or {state.form: state}
-            both = len(declared) > 1 and not state.form_conflict
-            supersedes = f"configmap {key}" if both else ""
-            for form, own in declared.items():
-                shown = for_form(status, state, own, declared)
-                if not self._write_one(key, shown, form, own, supersedes):
-                    deferred.add(key)
-        self.dirty.update(deferred)
+            assert isinstance(key, MapKey)
+            delay = self._write_map(key, snap)
+            if delay is not None:
+                again[key] = delay
+        self._gauges(snap)
+        return again
+
+    def status(self, key: MapKey, snap: Snapshot) -> MapStatus | None:
+        """The map's status from the snapshot and the counts; None when it has no source."""
+        state = snap.sources.get(key)
+        if state is None:
+            return None
+        cmap = snap.model.maps.get(key)
+        denied = snap.denied.get(key)
+        if denied:
+            state = replace(state, valid=None, valid_version="", errors=denied)
+        return map_status(
+            state,
+            snap.reports.get(key),
+            snap.model.generation,
+            self.counts.bound(key),
+            self.counts.drifted(key),
+            cmap.provenance.revision if cmap else "",
+            rollout_note(key, snap.model, self.counts),
+            self.counts.renumbered(key),
+            self.counts.unverifiable(key),
+            self.counts.gang(key),
+        )
+
+    def _write_map(self, key: MapKey, snap: Snapshot) -> float | None:
+        """One map's status onto each form; None when done, else when to try again."""
+        status = self.status(key, snap)
+        if status is None:
+            self.forget(key)
+            return None
+        state = snap.sources[key]
+        self.latest[key] = status
+        self._phases[key] = status.phase
+        declared = snap.forms.get(key) or {state.form: state}
+        both = len(declared) > 1 and not state.form_conflict
+        supersedes = f"configmap {key}" if both else ""
+        again: float | None = None
+        for form, own in declared.items():
+            shown = for_form(status, state, own, declared)
+            delay = self._write_one(key, shown, form, own, supersedes)
+            if delay is not None:
+                again = delay if again is None or delay == RETRY else min(again, delay)
+        return again
+
+    def _gauges(self, snap: Snapshot) -> None:
         phases: dict[str, int] = {p.value: 0 for p in Phase}
-        for key in states:
+        for key in snap.sources:
             phase = self._phases.get(key)
             if phase is not None:
                 phases[phase.value] += 1
         for phase_name, count in phases.items():
             self.metrics.maps.labels(phase_name).set(count)
-        self._count_slots(compiler, pods)
-        self._write_policy(grants)
+        reports = snap.reports.values()
+        total = sum(r.total for r in reports)
+        served = sum(r.served for r in reports)
+        self.metrics.slots.labels("total").set(total)
+        self.metrics.slots.labels("served").set(served)
+        self.metrics.slots.labels("blocked").set(total - served)
+        self.metrics.slots.labels("bound").set(self.counts.bound_total())
+        self.metrics.slots.labels("drifted").set(self.counts.drifted_total())
 
     def _write_one(
         self,
@@ -123,13 +159,14 @@ class StatusWriter:
         form: Form = Form.CONFIGMAP,
         own: SourceState | None = None,
         supersedes: str = "",
-    ) -> bool:
-        """Patches one status if it changed; False when it is held back for later."""
+    ) -> float | None:
+        """Patches one status if it changed; None when done, else when to try again (the rest of
+        its hold, or `RETRY` when the write failed)."""
         target = (form, key)
         if form is Form.RESOURCE:
             obj = self.resources.get(key.namespace, key.name) if self.resources else None
             if obj is None:
-                return True
+                return None
             current = obj.get("status") if isinstance(obj.get("status"), dict) else None
             body = resource_status(
                 status,
@@ -150,26 +187,29 @@ class StatusWriter:
             )
             if self.sources is None:  # git source: no ConfigMap to carry the status
                 self._statuses[target] = text
-                return True
+                return None
             write = partial(patch_status, self.kube, key, status)
         if self._statuses.get(target) == text and on_object == text:
-            return True
-        if self._coalesce(target, status, on_object):
-            return False
-        if write():
-            self._statuses[target] = text
-            self._written[target] = (status, time.monotonic())
-            self._event_on_transition(target, obj, status)
-        return True
+            return None
+        hold = self._hold(target, status, on_object)
+        if hold > 0:
+            return hold
+        if not write():
+            return RETRY
+        self._statuses[target] = text
+        self._written[target] = (status, time.monotonic())
+        self._event_on_transition(target, obj, status)
+        return None
 
-    def _coalesce(self, target: Target, status: MapStatus, on_object: str | None) -> bool:
-        """Whether to hold back a status whose only news is the bound count, written recently."""
+    def _hold(self, target: Target, status: MapStatus, on_object: str | None) -> float:
+        """How much longer to hold back a status whose only news is the bound count, written
+        recently; 0: write it now."""
         written = self._written.get(target)
         if written is None or on_object != self._statuses.get(target):
-            return False
+            return 0.0
         last, when = written
-        recent = time.monotonic() - when < self.bound_seconds
-        return recent and only_bound_changed(last, status)
+        left = self.bound_seconds - (time.monotonic() - when)
+        return left if left > 0 and only_bound_changed(last, status) else 0.0
 
     def _event_on_transition(self, target: Target, obj: Obj | None, status: MapStatus) -> None:
         """An Event on the object when its phase changes (and on every write that is not
@@ -187,14 +227,13 @@ class StatusWriter:
         kind = NORMAL if status.phase is Phase.VALID else WARNING
         self.events.emit(ref, kind, status.phase.value, status.message)
 
-    def _write_policy(self, grants: GrantKeeper) -> None:
-        """The placement policy's verdicts, onto the objects they judge."""
-        if not grants.verdicts_dirty:
-            return
+    def _write_policy(self, snap: Snapshot) -> bool:
+        """The placement policy's verdicts, onto the objects they judge; whether all were
+        written."""
         done = True
-        for form, verdict in grants.verdicts.items():
+        for form, verdict in snap.verdicts.items():
             informer = self.policies.get(form)
-            obj = grants.policy_objects.get(form)
+            obj = snap.policy_objects.get(form)
             if informer is None or obj is None:
                 continue
             meta = obj.get("metadata") or {}
@@ -208,17 +247,7 @@ class StatusWriter:
                 resource=form is Form.RESOURCE,
                 namespace=self.system_namespace,
             )
-        grants.verdicts_dirty = not done
-
-    def _count_slots(self, compiler: Compiler, pods: PodWatch) -> None:
-        reports = compiler.reports.values()
-        total = sum(r.total for r in reports)
-        served = sum(r.served for r in reports)
-        self.metrics.slots.labels("total").set(total)
-        self.metrics.slots.labels("served").set(served)
-        self.metrics.slots.labels("blocked").set(total - served)
-        self.metrics.slots.labels("bound").set(len(pods.binder.cache))
-        self.metrics.slots.labels("drifted").set(pods.drift.total())
+        return done
 
 
 def for_form(
@@ -245,14 +274,14 @@ def for_form(
     return shown
 
 
-def rollout_note(key: MapKey, model: Model, pods: PodWatch) -> str:
+def rollout_note(key: MapKey, model: Model, counts: MapCounts) -> str:
     """How the map's drifted pods move, for its status (empty while none is drifted)."""
     cmap = model.maps.get(key)
-    if cmap is None or not pods.drift.count(key):
+    if cmap is None or not counts.drifted(key):
         return ""
     if cmap.rollout.strategy is RolloutStrategy.MANUAL:
         return "manual: delete the drifted pods to move them"
-    state = pods.rollouts.states.get(key)
+    state = counts.rollout(key)
     note = cmap.rollout.describe()
     if state is not None and state.down:
         note += f", {state.down} down"

@@ -9,7 +9,7 @@
   False and a Normal Event says so.
 
 Contract: `judged` and `gone` run on informer threads and the leader's start-up thread, the
-readers (`count`, `total`) on the reconcile thread; every method takes `_lock`. Condition and
+readers (`count`, `total`) on the status queue's worker; every method takes `_lock`. Condition and
 Event writes go to a small executor, so a slow apiserver never holds up an informer.
 """
 

@@ -137,7 +137,7 @@ class WorkQueue(Generic[K]):
         with self._cond:
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
-        delay = min(self.max_delay, self.base_delay * 2**failures)
+        delay = min(self.max_delay, self.base_delay * float(2**failures))
         self.add_after(key, delay)
         return delay
 

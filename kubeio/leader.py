@@ -44,6 +44,23 @@ class LeaderSettings:
     retry_seconds: float = 2.0
 
 
+class LeaseHold:
+    """Whether this process holds the lease right now: written by the elector alone, read by every
+    leader write's fence from any thread (an Event and one float, no lock needed). Built before the
+    elector, so that what fences on it (the binder, the model keeper, the status writer) is given it
+    when it is built, whatever order the elector's own callbacks need."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.is_leader = threading.Event()
+        self.held_until = 0.0  # monotonic; see holds()
+
+    def holds(self) -> bool:
+        """Whether this process may act as the leader right now: check it immediately before
+        each write that only the leader may make."""
+        return self.is_leader.is_set() and self.clock() < self.held_until
+
+
 class LeaderElector:
     """Campaigns for and renews one Lease.
 
@@ -61,33 +78,43 @@ class LeaderElector:
         on_started: Callable[[], None],
         on_stopped: Callable[[], bool],
         clock: Callable[[], float] = time.monotonic,
+        hold: LeaseHold | None = None,
     ) -> None:
         self.kube = kube
-        self._clock = clock  # monotonic seconds; tests step it
+        #: what `holds()` reads (shared with the leader's writers when given)
+        self.hold = hold if hold is not None else LeaseHold(clock)
+        self._clock = self.hold.clock  # monotonic seconds; tests step it
         self.s = settings
         self.on_started = on_started
         self.on_stopped = on_stopped
-        self.is_leader = threading.Event()
+        self.is_leader = self.hold.is_leader
         self._stop = threading.Event()
         self._observed: tuple[str, str] = ("", "")  # (holder, renewTime) last seen
         self._observed_at = 0.0
-        self._held_until = 0.0  # monotonic; see holds()
         #: The Lease as this process last wrote it (None when not holding): a renewal writes it
         #: again at once, with its resourceVersion, instead of reading it first; one request
         #: instead of two on an apiserver that may be answering slowly.
         self._written: Obj | None = None
         #: monotonic time of the loop's last campaign or renewal attempt (for /healthz)
-        self.last_attempt = clock()
+        self.last_attempt = self._clock()
         self._path = LEASES.collection(settings.namespace)
         self._item = LEASES.item(settings.name, settings.namespace)
 
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def _held_until(self) -> float:
+        return self.hold.held_until
+
+    @_held_until.setter
+    def _held_until(self, value: float) -> None:
+        self.hold.held_until = value
+
     def holds(self) -> bool:
         """Whether this process may act as the leader right now: check it immediately before
         each write that only the leader may make."""
-        return self.is_leader.is_set() and self._clock() < self._held_until
+        return self.hold.holds()
 
     def _renew(self) -> bool:
         started = self._clock()

@@ -13,11 +13,8 @@ from types import FrameType
 
 from controller import heap
 from controller.builder import build
-from controller.gpumetrics import GpuCollector, MapSlotsCollector
-from controller.informers import snapshot
-from controller.manager import Controller
 from controller.settings import BinderSettings, ControllerSettings
-from controller.webview import Authorizer, ViewSources, WebServer, loopback_only
+from controller.webview import loopback_only
 from gpuplace.commands._env import (
     EnvFlags,
     add_enforcement_flags,
@@ -26,8 +23,7 @@ from gpuplace.commands._env import (
     add_log_flags,
 )
 from kubeio import logs
-from kubeio.client import ClientSettings, Kube, Obj
-from kubeio.httpserver import OpsServer, ServerMetrics
+from kubeio.client import ClientSettings, Kube
 from placement.dra import DraSettings, Enforcement
 from placement.errors import PlacementError
 from placement.grants import parse_label_selector
@@ -202,22 +198,7 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     controller = build(kube, settings)
-    register_series(controller)
-    ops = OpsServer(
-        settings.metrics_host,
-        settings.metrics_port,
-        controller.metrics.registry,
-        ready=lambda: controller.ready.is_set() or not controller.elector.is_leader.is_set(),
-        healthy=controller.healthy,
-    )
-    ops.start()
-    log.info(
-        "controller %s starting; metrics on port %d; %d Bindings in flight from its request loop",
-        settings.identity,
-        ops.port,
-        settings.binder.bind_workers,
-    )
-    web = start_web_view(kube, settings, controller, ops.metrics)
+    controller.start()
 
     def shutdown(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: shutting down", signum)
@@ -229,9 +210,7 @@ def run(args: argparse.Namespace) -> int:
     runner.start()
     while runner.is_alive():
         runner.join(0.5)
-    ops.stop()
-    if web is not None:
-        web.stop()
+    controller.close()
     if controller.lost_leadership.is_set():
         log.error(
             "leadership lost (the apiserver could not be reached to renew the lease within "
@@ -260,54 +239,3 @@ def web_view_problem(settings: ControllerSettings) -> str:
         "chart value controller.web.authenticate: true) or listen on 127.0.0.1 only and reach it "
         "with kubectl port-forward"
     )
-
-
-def start_web_view(
-    kube: Kube, settings: ControllerSettings, controller: Controller, metrics: ServerMetrics
-) -> WebServer | None:
-    """The read-only web view on `--web-address`, from this replica's caches; None when off."""
-    if not settings.web_address:
-        return None
-    host, _, port = settings.web_address.rpartition(":")
-    informers = controller.informers
-
-    def maps() -> list[Obj]:
-        return list(snapshot(informers.sources).values()) if informers.sources is not None else []
-
-    sources = ViewSources(
-        settings.identity,
-        controller.elector.is_leader.is_set,
-        controller.tracker.inventories,
-        informers.pods_held,
-        maps,
-    )
-    authorizer = (
-        Authorizer(kube, settings.system_namespace, settings.web_service)
-        if settings.web_authenticate
-        else None
-    )
-    web = WebServer(
-        host or "0.0.0.0",  # noqa: S104 - refused by web_view_problem unless authenticated
-        int(port),
-        sources,
-        authorizer,
-        metrics,
-    ).start()
-    log.info(
-        "web view on port %d%s",
-        web.port,
-        " (bearer tokens checked)" if authorizer is not None else "",
-    )
-    return web
-
-
-def register_series(controller: Controller) -> None:
-    """The per-GPU and per-map series on the controller's registry, built from its caches at each
-    scrape (controller/gpumetrics.py)."""
-    maps, register = controller.maps, controller.metrics.registry.register
-    register(
-        GpuCollector(
-            controller.tracker.inventories, controller.binder.cache.holdings, lambda: maps.model
-        )
-    )
-    register(MapSlotsCollector(lambda: dict(controller.status_writer.latest)))

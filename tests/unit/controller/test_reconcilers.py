@@ -13,18 +13,22 @@ import pytest
 
 from controller import podfacts
 from controller.bindingkey import KeySecret
+from controller.changequeue import MODEL, ChangeQueue
 from controller.changes import InventoryChanged, NodeChanged, SourceChanged, SourceDeleted
-from controller.dirty import DirtyMaps
+from controller.counts import MapCounts
 from controller.grantkeeper import GrantKeeper
-from controller.inventories import InventoryTracker
-from controller.keywatch import KeyWatch
+from controller.keywatch import KEY_RING, KeyWatch
 from controller.metrics import ControllerMetrics
 from controller.modelkeeper import ModelKeeper
 from controller.nodekeeper import NodeKeeper
 from controller.podwatch import PodWatch
 from controller.renumber import RenumberTracker
 from controller.settings import ControllerSettings
-from controller.statuswriter import StatusWriter
+from controller.snapshot import Published
+from controller.statuswriter import POLICY as POLICY_KEY
+from controller.statuswriter import StatusKey, StatusWriter
+from controller.templatesync import TEMPLATES
+from controller.workqueue import RETRY, WorkQueue
 from controller.writer import ModelWriter
 from kubeio.errors import APINotFoundError, APIServerError
 from kubeio.events import EventRecorder
@@ -46,6 +50,28 @@ from tests.unit.placement.test_grants import (
 )
 
 INFERENCE = MapKey("inference", "llm")
+
+#: No pod is bound, drifted, renumbered, unverifiable or in a gang.
+ZERO = MapCounts(
+    bound=lambda _k: 0,
+    drifted=lambda _k: 0,
+    rollout=lambda _k: None,
+    renumbered=lambda _k: 0,
+    unverifiable=lambda _k: 0,
+    gang=lambda _k: None,
+    bound_total=lambda: 0,
+    drifted_total=lambda: 0,
+)
+
+
+def taken(queue: WorkQueue[Any]) -> set[Any]:
+    """Every key ready in `queue` now, each marked done."""
+    keys: set[Any] = set()
+    while batch := queue.get(100, timeout=0):
+        keys.update(batch)
+        for key in batch:
+            queue.done(key)
+    return keys
 
 
 class Apiserver:
@@ -146,28 +172,37 @@ class Keepers:
             self.compiler,
             self.grants,
         )
-        self.statuses = DirtyMaps()
+        self.models: WorkQueue[str] = WorkQueue("model")
+        self.inbox = ChangeQueue(self.models)
+        self.published = Published()
+        self.statuses: WorkQueue[StatusKey] = WorkQueue("status")
+        self.drifts: WorkQueue[MapKey] = WorkQueue("drift")
+        self.templates: WorkQueue[str] = WorkQueue("templates")
         self.woken: list[set[WakeKey]] = []
-        self.published: list[set[MapKey]] = []
-        self.deleted: list[MapKey] = []
         self.lease = True
         self.maps = ModelKeeper(
             self.compiler,
             self.grants,
             self.nodes,
-            InventoryTracker(lambda *_: None),
             RenumberTracker(self.api, self.events, lambda _n: None),  # type: ignore[arg-type]
             ModelWriter(self.api, self.settings.system_namespace),  # type: ignore[arg-type]
             ControllerMetrics(),
-            self.statuses,
-            require_inventory=False,
-            alias_label=self.settings.alias_label,
-            on_published=self.published.append,
-            on_deleted=self.deleted.append,
+            self.inbox,
+            self.published,
+            statuses=self.statuses,
+            drift=self.drifts,
+            templates=self.templates,
+            stored=dict,
             wake=self.woken.append,
             leading=lambda: self.lease,
             holds_lease=lambda: self.lease,
         )
+
+    def apply(self, *batch: Any) -> set[StatusKey]:
+        """One batch applied and its snapshot published; the status keys it queued."""
+        self.maps.apply_all(batch)
+        self.maps.flush()
+        return taken(self.statuses)
 
 
 # -- ModelKeeper ----------------------------------------------------------------------------------
@@ -176,11 +211,13 @@ class Keepers:
 def test_a_source_is_compiled_once_and_its_own_echo_changes_nothing() -> None:
     k = Keepers()
     obj = source(map_text())
-    k.maps.apply_all([SourceChanged(obj)])
-    assert k.maps.uncompiled and k.statuses.take() == {INFERENCE}
+    assert k.apply(SourceChanged(obj)) == {INFERENCE}
+    assert k.maps.uncompiled and k.published.current.sources[INFERENCE].valid is not None
     assert k.maps.publish(dict, first=True)
-    assert INFERENCE in k.maps.model.maps
-    assert k.published == [{INFERENCE}]
+    assert k.woken == []  # nobody is told before the snapshot is swapped
+    k.maps.flush()
+    assert INFERENCE in k.maps.model.maps and k.published.current.model is k.maps.model
+    assert taken(k.drifts) == {INFERENCE} and taken(k.templates) == {TEMPLATES}
     assert WakeKey.map(INFERENCE) in k.woken[-1]
     # Our own status patch comes back: the same text, nothing to apply or compile.
     echoed = {**obj, "metadata": {**obj["metadata"], "annotations": {STATUS_ANNOTATION: "{}"}}}
@@ -195,12 +232,38 @@ def test_a_standby_compiles_nothing_and_keeps_what_is_pending() -> None:
     assert k.maps.uncompiled and k.api.writes == [] and not k.maps.model.maps
 
 
+def test_a_pass_of_the_model_queue_applies_what_the_inbox_holds_and_publishes_it() -> None:
+    k = Keepers()
+    k.inbox.put(SourceChanged(source(map_text())))
+    k.inbox.put(NodeChanged(node("gpu-1")))
+    assert k.models.get(10, timeout=0) == [MODEL]  # two changes, one key
+    k.maps.reconcile([MODEL])
+    assert INFERENCE in k.published.current.model.maps and k.maps.ready.is_set()
+    assert {w[0] for w in k.api.writes} == {"put"}  # the model ConfigMaps
+    assert INFERENCE in taken(k.statuses)
+
+
+def test_the_others_are_told_only_after_the_snapshot_they_read_is_swapped() -> None:
+    k = Keepers()
+    seen: list[bool] = []
+
+    class Watching(WorkQueue[StatusKey]):
+        def add_all(self, keys: Any) -> None:
+            keys = set(keys)
+            seen.append(INFERENCE in keys and INFERENCE in k.published.current.sources)
+            super().add_all(keys)
+
+    k.maps.statuses = Watching("status")
+    k.apply(SourceChanged(source(map_text())))
+    assert seen == [True]
+
+
 def test_an_invalid_version_keeps_the_last_valid_one_in_service() -> None:
     k = Keepers()
-    k.maps.apply_all([SourceChanged(source(map_text()))])
+    k.apply(SourceChanged(source(map_text())))
     k.maps.publish(dict, first=True)
     generation = k.maps.model.generation
-    k.maps.apply_all([SourceChanged(source(map_text(devices="[0, 0]")))])
+    k.apply(SourceChanged(source(map_text(devices="[0, 0]"))))
     k.maps.publish(dict, first=False)
     assert k.maps.model.generation == generation
     state = k.maps.sources[INFERENCE]
@@ -210,18 +273,23 @@ def test_an_invalid_version_keeps_the_last_valid_one_in_service() -> None:
 def test_a_deleted_source_leaves_the_model_and_its_status_bookkeeping() -> None:
     k = Keepers()
     obj = source(map_text())
-    k.maps.apply_all([SourceChanged(obj)])
+    k.apply(SourceChanged(obj))
     k.maps.publish(dict, first=True)
+    k.maps.flush()
+    taken(k.statuses)
     k.maps.apply_all([SourceDeleted(obj)])
     k.maps.publish(dict, first=False)
+    k.maps.flush()
     assert INFERENCE not in k.maps.model.maps and INFERENCE not in k.maps.sources
-    assert k.deleted == [INFERENCE]
+    assert INFERENCE in taken(k.statuses)  # the status writer forgets it
+    assert INFERENCE not in k.published.current.sources
 
 
 def test_an_inventory_change_wakes_the_nodes_pods() -> None:
     k = Keepers()
     k.maps.apply_all([InventoryChanged(NodeName("gpu-1"), None)])
     k.maps.publish(dict, first=False)
+    k.maps.flush()
     assert any(WakeKey.inventory(NodeName("gpu-1")) in keys for keys in k.woken)
 
 
@@ -230,14 +298,12 @@ def test_an_inventory_change_wakes_the_nodes_pods() -> None:
 
 def test_a_map_outside_its_grants_is_withheld_and_named_for_its_status() -> None:
     k = Keepers()
-    k.maps.apply_all([NodeChanged(node("gpu-1")), SourceChanged(source(map_text()))])
-    k.statuses.take()
+    k.apply(NodeChanged(node("gpu-1")), SourceChanged(source(map_text())))
     assert k.grants.apply_policy(
         source(POLICY, "gpuplace-system", "gpuplace-policy") | {"data": {"policy.yaml": POLICY}}
     )
-    k.maps.apply_all([])
-    assert INFERENCE in k.grants.denied  # inference is granted gpu-2 only
-    assert k.statuses.take() == {INFERENCE}
+    assert k.apply() == {INFERENCE, POLICY_KEY}  # the map, and the policy's verdict
+    assert INFERENCE in k.published.current.denied  # inference is granted gpu-2 only
     k.maps.publish(dict, first=True)
     assert INFERENCE not in k.maps.model.maps
 
@@ -305,28 +371,38 @@ def status(bound: int) -> MapStatus:
     )
 
 
-def test_a_status_whose_only_news_is_the_bound_count_waits_for_the_next_pass() -> None:
-    api = Apiserver()
-    informer = FakeInformer([source(map_text())])
-    writer = StatusWriter(
+def status_writer(
+    api: Apiserver, sources: FakeInformer | None, published: Published | None = None
+) -> StatusWriter:
+    return StatusWriter(
         api,  # type: ignore[arg-type]
         EventRecorder(api, "test"),  # type: ignore[arg-type]
         ControllerMetrics(),
-        DirtyMaps(),
-        sources=informer,  # type: ignore[arg-type]
+        published or Published(),
+        ZERO,
+        sources=sources,  # type: ignore[arg-type]
         bound_seconds=60.0,
     )
-    assert writer._write_one(INFERENCE, status(0))
+
+
+def test_a_status_whose_only_news_is_the_bound_count_waits_for_the_next_pass() -> None:
+    api = Apiserver()
+    informer = FakeInformer([source(map_text())])
+    writer = status_writer(api, informer)
+    assert writer._write_one(INFERENCE, status(0)) is None
     patched = [w for w in api.writes if w[0] == "patch"]
     assert len(patched) == 1
     # The annotation came back on the object.
     informer.store[("inference", "llm")]["metadata"]["annotations"] = {
         STATUS_ANNOTATION: status(0).to_json()
     }
-    assert writer._write_one(INFERENCE, status(0))  # unchanged: nothing written
-    assert not writer._write_one(INFERENCE, status(1))  # held back
+    assert writer._write_one(INFERENCE, status(0)) is None  # unchanged: nothing written
+    held = writer._write_one(INFERENCE, status(1))  # held back for the rest of the minute
+    assert held is not None and 0 < held <= 60
     assert len([w for w in api.writes if w[0] == "patch"]) == 1
-    assert writer._write_one(INFERENCE, replace(status(1), phase=Phase.DEGRADED, message="x"))
+    assert (
+        writer._write_one(INFERENCE, replace(status(1), phase=Phase.DEGRADED, message="x")) is None
+    )
     assert len([w for w in api.writes if w[0] == "patch"]) == 2
     # The first patch is a transition (a new map: Valid), the second one too (Degraded).
     assert [e["reason"] for e in api.events] == ["Valid", "Degraded"]
@@ -334,16 +410,39 @@ def test_a_status_whose_only_news_is_the_bound_count_waits_for_the_next_pass() -
 
 def test_a_map_from_git_has_no_object_to_patch() -> None:
     api = Apiserver()
-    writer = StatusWriter(
-        api,  # type: ignore[arg-type]
-        EventRecorder(api, "test"),  # type: ignore[arg-type]
-        ControllerMetrics(),
-        DirtyMaps(),
-        sources=None,
-        bound_seconds=60.0,
-    )
-    assert writer._write_one(INFERENCE, status(0))
+    writer = status_writer(api, None)
+    assert writer._write_one(INFERENCE, status(0)) is None
     assert api.writes == [] and api.events == []
+
+
+def test_a_status_reconcile_reads_the_snapshot_and_asks_again_for_what_failed() -> None:
+    k = Keepers()
+    k.apply(SourceChanged(source(map_text())))
+    k.maps.publish(dict, first=True)
+    k.maps.flush()
+
+    class Refusing(Apiserver):
+        def patch(self, path: str, body: Any, **_: Any) -> dict[str, Any]:
+            raise APIServerError(503, "ServiceUnavailable", path)
+
+    down = Refusing()
+    writer = status_writer(down, FakeInformer([source(map_text())]), k.published)
+    assert writer.reconcile([INFERENCE]) == {INFERENCE: RETRY}  # after its backoff
+    api = Apiserver()
+    writer = status_writer(api, FakeInformer([source(map_text())]), k.published)
+    assert writer.reconcile([INFERENCE]) == {}
+    assert [w[0] for w in api.writes] == ["patch"]
+    assert writer.latest[INFERENCE].phase is Phase.DEGRADED  # gpu-1 has no inventory
+    writer.published = Published()  # the map's source is gone: its bookkeeping goes
+    assert writer.reconcile([INFERENCE]) == {} and INFERENCE not in writer.latest
+
+
+def test_a_status_writer_that_lost_the_lease_writes_nothing() -> None:
+    api = Apiserver()
+    writer = status_writer(api, FakeInformer([source(map_text())]))
+    writer.holds_lease = lambda: False
+    assert writer.reconcile([INFERENCE, POLICY_KEY]) is None
+    assert api.writes == []
 
 
 # -- PodWatch and KeyWatch against a fake binder -------------------------------------------------
@@ -395,35 +494,35 @@ def bound_pod(ring: TrustView, phase: str = "Running") -> dict[str, Any]:
     }
 
 
-def pod_watch(binder: FakeBinder) -> tuple[PodWatch, DirtyMaps]:
+def pod_watch(binder: FakeBinder) -> tuple[PodWatch, WorkQueue[MapKey]]:
     api = Apiserver()
     events = EventRecorder(api, "test")  # type: ignore[arg-type]
-    statuses = DirtyMaps()
+    drifts: WorkQueue[MapKey] = WorkQueue("drift")
     watch = PodWatch(
         binder,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
         RenumberTracker(api, events, lambda _n: None),  # type: ignore[arg-type]
-        statuses,
+        Published(),
+        WorkQueue("status"),
+        drifts,
     )
-    return watch, statuses
+    return watch, drifts
 
 
 def test_a_bound_pods_repeated_events_are_judged_once_while_leading() -> None:
     ring = TrustView.of(new_ring(KEY, "2026-01-01T00:00:00Z"), (), "1")
     binder = FakeBinder(ring)
-    watch, _ = pod_watch(binder)
+    watch, drifts = pod_watch(binder)
     pod = bound_pod(ring)
-    watch.on_pod("ADDED", pod, set())
+    watch.on_pod("ADDED", pod)
     assert binder.seen == [] and watch.is_running("uid-0")  # standby: the binder sees nothing
-    assert watch.drift_dirty.take() == {INFERENCE}
+    assert taken(drifts) == {INFERENCE}
     binder.active.set()
-    watch.on_pod("MODIFIED", pod, set())
-    assert watch.drift_dirty.take() == {INFERENCE}
-    watch.on_pod("MODIFIED", pod, set())  # the kubelet wrote its status: same binding
-    assert watch.drift_dirty.take() == set()
+    watch.on_pod("MODIFIED", pod)
+    assert taken(drifts) == {INFERENCE}
+    watch.on_pod("MODIFIED", pod)  # the kubelet wrote its status: same binding
+    assert taken(drifts) == set()
     assert binder.seen == [("MODIFIED", "llm-0"), ("MODIFIED", "llm-0")]
-    watch.on_pod("DELETED", pod, set())
+    watch.on_pod("DELETED", pod)
     assert not watch.is_running("uid-0")
 
 
@@ -432,22 +531,28 @@ def test_the_key_ring_is_followed_only_by_the_leader_and_an_unreadable_one_is_co
     binder = FakeBinder(ring)
     api = Apiserver()
     metrics = ControllerMetrics()
+    broken = {
+        "metadata": {"name": "gpuplace-binding-key", "namespace": "gpuplace-system"},
+        "data": {"keyring.json": "bm90IGpzb24="},
+    }
+    queue: WorkQueue[str] = WorkQueue("key-ring")
     keys = KeyWatch(
         api,  # type: ignore[arg-type]
         KeySecret("gpuplace-system", "gpuplace-binding-key"),
         binder,  # type: ignore[arg-type]
         metrics,
         list,
-        set,
+        Published(),
+        FakeInformer([broken]),  # type: ignore[arg-type]
+        queue,
     )
-    broken = {
-        "metadata": {"name": "gpuplace-binding-key"},
-        "data": {"keyring.json": "bm90IGpzb24="},
-    }
     keys.on_secret("MODIFIED", broken, None)
+    keys.on_secret("MODIFIED", broken, None)
+    assert taken(queue) == {KEY_RING}  # the informer's events only add the key
+    keys.reconcile([KEY_RING])
     assert metrics.key_ring_errors._value.get() == 0  # standby: not its to read
     binder.active.set()
-    keys.on_secret("MODIFIED", broken, None)
+    keys.reconcile([KEY_RING])
     assert metrics.key_ring_errors._value.get() == 1
     assert binder.retrusted == [] and binder.trust is ring
 
@@ -463,7 +568,9 @@ def test_loading_the_ring_retries_until_stopped() -> None:
         FakeBinder(),  # type: ignore[arg-type]
         ControllerMetrics(),
         list,
-        set,
+        Published(),
+        FakeInformer(),  # type: ignore[arg-type]
+        WorkQueue("key-ring"),
     )
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
@@ -495,6 +602,6 @@ def test_a_bound_pods_first_event_decodes_and_judges_its_binding_once(
 
     monkeypatch.setattr(podfacts, "decode_binding", decode)
     monkeypatch.setattr(TrustView, "judge", judge)
-    watch.on_pod("ADDED", bound_pod(ring), set())
+    watch.on_pod("ADDED", bound_pod(ring))
     assert binder.seen == [("ADDED", "llm-0")]
     assert decoded == ["inference"] and judged == ["uid-0"]

@@ -4,7 +4,6 @@ Kubernetes conventions, admitted by the webhook with field paths."""
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -24,6 +23,7 @@ from placement.status import COMPILING, MapStatus, Phase, SlotCounts
 from placement.types import MapKey
 from tests.unit.controller.test_reconcilers import (
     INFERENCE,
+    ZERO,
     Apiserver,
     FakeInformer,
     Keepers,
@@ -72,7 +72,8 @@ def test_both_forms_with_the_same_content_are_one_map_and_the_resource_wins() ->
     k.maps.apply_all([SourceDeleted(source(map_text()))])
     k.maps.publish(dict, first=False)
     assert k.maps.model.maps[INFERENCE].slots == slots
-    assert k.deleted == []
+    k.maps.flush()
+    assert INFERENCE in k.published.current.sources  # the resource still declares it
 
 
 def test_both_forms_with_different_content_are_a_conflict_that_keeps_what_was_served() -> None:
@@ -101,31 +102,6 @@ def test_an_invalid_resource_names_the_field_path_without_lines() -> None:
     assert error.format().startswith("placementmap inference/llm: error: spec.placements[0]")
 
 
-class _Zero:
-    """Counts nothing: no pod is bound, drifted, renumbered or unverifiable."""
-
-    def count(self, _key: MapKey) -> int:
-        return 0
-
-    def bound_count(self, _key: MapKey) -> int:
-        return 0
-
-    def total(self) -> int:
-        return 0
-
-    def state(self, _key: MapKey) -> None:
-        return None  # no gang waits
-
-    def __len__(self) -> int:
-        return 0
-
-
-class NoPods:
-    def __init__(self) -> None:
-        self.drift = self.renumber = _Zero()
-        self.binder = SimpleNamespace(cache=_Zero(), report=_Zero(), gangs=_Zero())
-
-
 def written_statuses(
     forms: dict[Form, dict[str, Any]],
 ) -> tuple[Apiserver, dict[str, Any]]:
@@ -134,24 +110,19 @@ def written_statuses(
     for form, obj in forms.items():
         k.maps.apply_all([SourceChanged(obj, form)])
     k.maps.publish(dict, first=True)
+    k.maps.flush()
     api = Apiserver()
     writer = StatusWriter(
         api,  # type: ignore[arg-type]
         EventRecorder(api, "test"),  # type: ignore[arg-type]
         ControllerMetrics(),
-        k.statuses,
+        k.published,
+        ZERO,
         sources=FakeInformer([forms[Form.CONFIGMAP]] if Form.CONFIGMAP in forms else []),  # type: ignore[arg-type]
         resources=FakeInformer([forms[Form.RESOURCE]] if Form.RESOURCE in forms else []),  # type: ignore[arg-type]
         bound_seconds=5.0,
     )
-    writer.write(
-        k.maps.sources,
-        k.maps.model,
-        k.compiler,
-        k.grants,
-        NoPods(),
-        k.maps.forms,  # type: ignore[arg-type]
-    )
+    assert writer.reconcile([INFERENCE]) == {}
     return api, {path: body for verb, path, body in api.writes if verb == "patch"}
 
 
