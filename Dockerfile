@@ -5,7 +5,8 @@
 #
 #   docker build -t ghcr.io/gpuplace/gpuplace:0.1.0 .
 #
-# BASE_IMAGE is any Debian-based image with python3 and its venv module on PATH; the published image
+# BASE_IMAGE is any Debian-based image with python3 and its venv module on PATH and libstdc++6 (for
+# grpcio, the agent's kubelet PodResources client); the published image
 # uses python:3.12-slim-bookworm (Python 3.12). `make image` (hack/build-image.sh) builds this same
 # file with buildah, without a Docker engine, on a base made from Debian's own packages by
 # mmdebstrap (Debian 12's python3, Python 3.11), and writes a reproducible OCI archive.

@@ -3,8 +3,9 @@
 # archive; prints its path, size and digest (the manifest's, which `ctr images import` and the
 # kubelet report), the last line being the path.
 #
-# - The base is made from Debian's packages by mmdebstrap (Debian 12 essential + python3: Python
-#   3.11, where the published base, python:3.12-slim-bookworm, has 3.12), written as a one-layer OCI
+# - The base is made from Debian's packages by mmdebstrap (Debian 12 essential + python3 and
+#   libstdc++6: Python 3.11, where the published base, python:3.12-slim-bookworm, has 3.12),
+#   written as a one-layer OCI
 #   archive by hack/oci.py. It is cached per package set and day.
 # - buildah (Debian's package; --isolation chroot, vfs storage under the cache) builds the Dockerfile
 #   with BASE_IMAGE pointing at it. pip installs gpuplace's dependencies from PyPI.
@@ -35,7 +36,9 @@ take_lock "$cache/.lock" "$cache"
 epoch=$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 1700000000)
 export SOURCE_DATE_EPOCH=$epoch
 
-packages=python3,python3-venv
+# libstdc++6: grpcio (the agent's kubelet PodResources client) is C++; Debian images that carry
+# apt (python:3.12-slim-bookworm) have it already.
+packages=python3,python3-venv,libstdc++6
 base_key=$(printf '%s %s %s' "$packages" "$(date -u +%Y%m%d)" "$epoch" | sha256sum | cut -c1-12)
 base=$cache/base-$base_key.oci.tar
 if [ ! -s "$base" ]; then
