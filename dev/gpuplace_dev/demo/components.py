@@ -127,9 +127,11 @@ class Components:
         interval: float = 2.0,
         number: int | None = None,
         mig: Mapping[int, list[dict[str, object]]] | None = None,
+        pod_resources: Path | None = None,
     ) -> Path:
         """An agent for ``node`` whose fake NVML reports ``gpus`` devices (UUIDs from ``number``,
-        MIG instances from ``mig``, see `fake_gpus`)."""
+        MIG instances from ``mig``, see `fake_gpus`); ``pod_resources``: the kubelet's
+        pod-resources socket it publishes from (none read otherwise)."""
         config = self.workdir / f"nvml-{node}.json"
         config.write_text(json.dumps(fake_gpus(node, gpus, number, mig), indent=1))
         env = {
@@ -140,7 +142,11 @@ class Components:
         self._add(
             f"agent-{node}",
             self._gpuplace(
-                "agent", f"--node={node}", f"--interval={interval}", "--metrics-address=127.0.0.1:0"
+                "agent",
+                f"--node={node}",
+                f"--interval={interval}",
+                "--metrics-address=127.0.0.1:0",
+                f"--pod-resources-socket={pod_resources or ''}",
             ),
             env,
         )

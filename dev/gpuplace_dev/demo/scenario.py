@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import inspect
-from gpuplace_dev.demo import plan, realnode, training
+from gpuplace_dev.demo import adopt, plan, realnode, training
 from gpuplace_dev.demo.argocd import (
     APPLICATION,
     APPLICATIONSET,
@@ -154,6 +154,14 @@ class Demo:
         if self.real_node:
             self._real_node_step(repo)
         moved = self._move_step(repo, commit)
+        adopt.Step(
+            self,
+            repo,
+            CLUSTER_DIR,
+            lambda rev: self._sync(repo, rev),
+            self._wait_map_valid,
+            scheduler_running=self.in_cluster,
+        ).run()
         self._broken_map_step(repo)
         if self.argocd is not None:
             self._degraded_step(repo)
