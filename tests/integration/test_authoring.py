@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import git
+import grpc
 import pytest
 import yaml
 
+from agent.podresources import encode_response
+from gpuplace_dev.demo.components import FAKE_NVML_DIR, demo_uuid, fake_gpus
 from gpuplace_dev.localcluster import FakeNode, LocalCluster
 from kubeio.client import ClientSettings, Kube
 from placement.dra import DraSettings, device_name, slice_for
+from placement.inventory import INVENTORY_NAMESPACE
+from placement.podresources import POD_RESOURCES_KEY, PodResources, plugin_gpus
 from placement.types import MapKey
 from placement.validate import parse_map
 from tests.integration.controllerkit import (
@@ -475,4 +485,154 @@ def test_freeze_writes_the_controllers_picks_and_moves_no_pod(
         # The declaration changes (count 2 -> two devices); the pod holding them stays.
         assert plan["summary"]["podsDrifting"] == 0 and plan["summary"]["slotsWaiting"] == 0
         assert repo.head.commit.message.startswith("gpuplace freeze: 1 slot(s)")
+        repo.close()
+
+
+# -- the kubelet's record, published by the agent ------------------------------------------------
+
+
+@contextmanager
+def fake_kubelet(socket: str, pods: list[dict[str, Any]]) -> Iterator[None]:
+    """A gRPC server on `socket` that answers the PodResources `List` as a kubelet does (the v1
+    wire format) with `pods`."""
+    answer = encode_response(pods)
+    handler = grpc.method_handlers_generic_handler(
+        "v1.PodResourcesLister",
+        {"List": grpc.unary_unary_rpc_method_handler(lambda request, context: answer)},
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop(None)
+
+
+def plugin_pod(namespace: str, name: str, gpus: list[str]) -> dict[str, Any]:
+    """A pod's entry in the kubelet's answer: the device plugin's GPUs of its one container."""
+    devices = [{"resource_name": "nvidia.com/gpu", "device_ids": gpus}]
+    return {
+        "name": name,
+        "namespace": namespace,
+        "containers": [{"name": "main", "devices": devices}],
+    }
+
+
+def device_plugin_statefulset(namespace: str, name: str, node: str) -> dict[str, Any]:
+    """A StatefulSet of 2 pods on `node`, each asking the device plugin for one GPU."""
+    container = {
+        "name": "main",
+        "image": "registry.k8s.io/pause:3.10",
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 2,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"nodeName": node, "containers": [container]},
+            },
+        },
+    }
+
+
+def test_the_agent_publishes_the_kubelets_record_and_import_reads_device_plugin_gpus_from_it(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    node = unique("plugin")
+    number = 0x61
+    cluster.create_nodes([FakeNode(node, gpus=4)])
+    gpus = [demo_uuid(number, i) for i in range(4)]
+    # A unix socket's path has room for about 100 bytes: tmp_path may be longer.
+    sockets = Path(tempfile.mkdtemp(prefix="kubelet-", dir="/tmp"))
+    socket = str(sockets / "kubelet.sock")
+    with fresh_namespace(cluster, "plugin") as namespace:
+        create_workload(cluster, device_plugin_statefulset(namespace, "llm", node))
+        wait_for(
+            "the 2 device-plugin pods Running",
+            lambda: (
+                sum(p["status"].get("phase") == "Running" for p in list_pods(cluster, namespace))
+                == 2
+            ),
+            timeout=120,
+        )
+        # What the node's kubelet says the device plugin gave each pod: GPUs 1 and 3.
+        record = [
+            plugin_pod(namespace, "llm-0", [gpus[1]]),
+            plugin_pod(namespace, "llm-1", [gpus[3]]),
+        ]
+        nvml = tmp_path / "nvml.json"
+        nvml.write_text(json.dumps(fake_gpus(node, 4, number)))
+        env = {
+            **os.environ,
+            "LD_LIBRARY_PATH": str(FAKE_NVML_DIR / "build"),
+            "GPUPLACE_FAKE_NVML_CONFIG": str(nvml),
+        }
+        with fake_kubelet(socket, record):
+            agent = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpuplace",
+                    "agent",
+                    f"--node={node}",
+                    "--once",
+                    f"--pod-resources-socket={socket}",
+                    "--metrics-address=127.0.0.1:0",
+                    f"--kubeconfig={cluster.kubeconfig}",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=120,
+                env=env,
+            )
+        shutil.rmtree(sockets, ignore_errors=True)
+        assert agent.returncode == 0, agent.stdout + agent.stderr
+        status, cm = cluster.request(
+            "GET", f"/api/v1/namespaces/{INVENTORY_NAMESPACE}/configmaps/{node}"
+        )
+        assert status == 200, cm
+        published = PodResources.from_json(cm["data"][POD_RESOURCES_KEY])
+        assert published.node == node
+        listed = published.pod(namespace, "llm-1")
+        assert listed is not None and plugin_gpus(listed.plugin) == ((gpus[3],), ())
+
+        root = tmp_path / "repo"
+        repo = repository(root, {})
+        done = run_gpuplace(
+            "import",
+            "--repo",
+            str(root),
+            "--dir",
+            "clusters/dev",
+            "--namespace",
+            namespace,
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--format",
+            "json",
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        text = (root / "clusters/dev/maps/llm.yaml").read_text()
+        # The kubelet's record, not the pods' specs (which ask for "1 GPU", none in particular).
+        assert "device plugin (kubelet pod resources)" in text, text
+        assert "DRA claims read from the apiserver" not in text, text
+        llm = parse_map(text, "llm.yaml")
+        assert {s.index: (s.node, s.devices) for s in llm.slots} == {
+            0: (node, (gpus[1],)),
+            1: (node, (gpus[3],)),
+        }
+        plan = json.loads(done.stdout)
+        assert plan["valid"], done.stdout
+        assert plan["summary"]["slotsAdded"] == 2 and plan["summary"]["slotsMoved"] == 0
+        assert plan["summary"]["podsDrifting"] == 0, done.stdout
         repo.close()
