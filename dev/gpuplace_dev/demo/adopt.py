@@ -6,8 +6,8 @@ commit, and only those pods move.
 
 kwok nodes run no DRA driver, so the demo publishes for them the ResourceSlices a driver would
 (placement/dra.py slice_for, from each node's agent inventory); kube-scheduler allocates the
-claims from them. The step leaves nothing behind: its workloads, maps, slices and DeviceClass go
-at its end."""
+claims from them. At its end the step deletes its workloads, their maps (a commit) and the slices;
+the DeviceClass stays, as a driver's chart would leave it."""
 
 from __future__ import annotations
 
@@ -453,7 +453,7 @@ class Step:
         }
 
     def _clean_up(self, kustomization: str, original: str) -> None:
-        """The workloads, their maps (out of git), the slices and the DeviceClass go."""
+        """The workloads, their maps (out of git) and the slices go."""
         demo = self.demo
         for kind, name, _, _ in WORKLOADS:
             self.cluster.kubectl("-n", NAMESPACE, "delete", kind.lower(), name, "--wait=false")
