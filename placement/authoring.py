@@ -452,8 +452,9 @@ def add_generators(kustomization: str, source: str, entries: Sequence[tuple[MapK
     for key, file in entries:
         lines = generator_lines(key, file)
         block += [f"  - {lines[0]}", *(f"    {line}" for line in lines[1:])]
-    if isinstance(generators, ScalarNode) and generators.value in ("", "null", "~"):
-        # `configMapGenerator:` with nothing under it yet: the entries go under the key.
+    empty_list = isinstance(generators, SequenceNode) and not generators.value
+    if empty_list or (isinstance(generators, ScalarNode) and generators.value in ("", "null", "~")):
+        # `configMapGenerator:` (or `[]`) with nothing in it yet: the entries go under the key.
         assert doc is not None
         edit.replace_pair_text(doc, "configMapGenerator", "\n".join(block))
         return edit.result()

@@ -203,3 +203,11 @@ def test_an_empty_configmapgenerator_gets_its_first_entries_under_its_key() -> N
     assert after.endswith("# later\nresources: [a.yaml]\n")
     generated = yaml.safe_load(after)["configMapGenerator"]
     assert generated[0]["files"] == ["placement.yaml=maps/m.yaml"]
+
+
+def test_an_empty_flow_list_of_generators_gets_its_first_entries() -> None:
+    before = "kind: Kustomization\nconfigMapGenerator: []\nresources: [a.yaml]\n"
+    after = add_generators(before, "k.yaml", [(MapKey("ml", "m"), "maps/m.yaml")])
+    assert after.startswith("kind: Kustomization\nconfigMapGenerator:\n  - name: m\n")
+    assert after.endswith("resources: [a.yaml]\n")
+    assert yaml.safe_load(after)["configMapGenerator"][0]["name"] == "m"
