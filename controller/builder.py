@@ -46,7 +46,7 @@ from controller.sources import Form
 from controller.statuswriter import StatusKey, StatusWriter
 from controller.templatesync import TemplateSync
 from controller.webview import Authorizer, ViewSources, WebServer
-from controller.workqueue import Workers, WorkQueue
+from controller.workqueue import QueueCollector, Workers, WorkQueue
 from controller.writer import ModelWriter
 from kubeio.client import Kube, Obj
 from kubeio.events import EventRecorder, ObjectRef
@@ -284,6 +284,7 @@ def build(
         healthy=health.healthy,
     )
     register_series(metrics, tracker, binder, published, status_writer)
+    metrics.registry.register(QueueCollector([*every_replica, *leader]))
     controller = Controller(
         settings,
         metrics,

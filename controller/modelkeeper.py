@@ -88,6 +88,9 @@ class ModelKeeper:
     _drift_keys: set[MapKey] = field(default_factory=set, init=False)
     _wake_keys: set[WakeKey] = field(default_factory=set, init=False)
     _templates_due: bool = field(default=False, init=False)
+    #: Whether the snapshot lags what this keeper holds (a node heartbeat changes nothing, and a
+    #: large cluster sends many a second: no copy for them).
+    _stale: bool = field(default=True, init=False)
 
     @property
     def uncompiled(self) -> bool:
@@ -120,6 +123,21 @@ class ModelKeeper:
     def flush(self) -> None:
         """Publishes this pass's snapshot, then tells the other concerns what changed: they read
         the new snapshot, never the one before (caller holds the inbox's lock)."""
+        if self._stale or self.grants.verdicts_dirty:
+            self._swap()
+        status_keys, self._status_keys = self._status_keys, set()
+        drift_keys, self._drift_keys = self._drift_keys, set()
+        wake_keys, self._wake_keys = self._wake_keys, set()
+        self.statuses.add_all(status_keys)
+        self.drift.add_all(drift_keys)
+        if self._templates_due and self.templates is not None:
+            self.templates.add(TEMPLATES)
+        self._templates_due = False
+        if wake_keys:
+            self.wake(wake_keys)
+
+    def _swap(self) -> None:
+        self._stale = False
         self.published.swap(
             Snapshot(
                 model=self.model,
@@ -137,16 +155,6 @@ class ModelKeeper:
         if self.grants.verdicts_dirty:
             self.grants.verdicts_dirty = False
             self._status_keys.add(POLICY)
-        status_keys, self._status_keys = self._status_keys, set()
-        drift_keys, self._drift_keys = self._drift_keys, set()
-        wake_keys, self._wake_keys = self._wake_keys, set()
-        self.statuses.add_all(status_keys)
-        self.drift.add_all(drift_keys)
-        if self._templates_due and self.templates is not None:
-            self.templates.add(TEMPLATES)
-        self._templates_due = False
-        if wake_keys:
-            self.wake(wake_keys)
 
     # -- applying changes -------------------------------------------------------------------
     def apply_all(self, batch: Iterable[Change]) -> None:
@@ -154,11 +162,12 @@ class ModelKeeper:
         for change in batch:
             unblocked = self.apply(change)
             if unblocked is not None:
-                self._uncompiled = True
+                self._uncompiled = self._stale = True
                 self._unblocked |= unblocked
         self.nodes.refresh_aliases()
         regranted = self.grants.regrant()
         if regranted is not None:
+            self._stale = True
             self._status_keys.update(regranted)
             self._uncompiled = True
             self._unblocked.add(WakeKey.model())
@@ -208,6 +217,7 @@ class ModelKeeper:
     def _keep(self, key: MapKey, state: SourceState) -> None:
         """Replaces the served state by one rebuilt from the stored model; a single form's
         state with it, so the next read of that form starts from it."""
+        self._stale = True
         self.sources[key] = state
         if not state.form_conflict and state.form in self.forms.get(key, {}):
             self.forms[key][state.form] = state
@@ -243,6 +253,7 @@ class ModelKeeper:
         if not self.holds_lease():
             return False
         keys, self._uncompiled, self._unblocked = self._unblocked, False, set()
+        self._stale = True  # the reports, at least
         started = time.perf_counter()
         model, reports = self.compiler.build()
         self.metrics.compile_seconds.observe(time.perf_counter() - started)

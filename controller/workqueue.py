@@ -26,8 +26,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,9 @@ class WorkQueue(Generic[K]):
         self._due: dict[K, float] = {}
         self._sequence = itertools.count()
         self._shut = False
+        #: keys added and keys retried after a failure, since the start (for /metrics)
+        self.adds = 0
+        self.retries = 0
 
     # -- adding ---------------------------------------------------------------------------------
     def add(self, key: K) -> None:
@@ -109,6 +115,7 @@ class WorkQueue(Generic[K]):
         if self._shut:
             return
         self._due.pop(key, None)  # ready now: a later readiness it had is void
+        self.adds += 1
         if key in self._dirty:
             return
         self._dirty.add(key)
@@ -137,6 +144,7 @@ class WorkQueue(Generic[K]):
         with self._cond:
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
+            self.retries += 1
         delay = min(self.max_delay, self.base_delay * float(2**failures))
         self.add_after(key, delay)
         return delay
@@ -307,3 +315,46 @@ class Workers(Generic[K]):
                 self.queue.retry(key)
             else:
                 self.queue.add_after(key, delay)
+
+
+class QueueCollector(Collector):
+    """`gpuplace_controller_queue_depth{queue}` (keys ready), `..._queue_delayed{queue}` (keys
+    waiting for a delay or a backoff), `..._queue_adds_total{queue}`,
+    `..._queue_retries_total{queue}` and `..._queue_longest_batch_seconds{queue}` (how long the
+    batch in progress the longest has run): read from the queues at scrape time, nothing counted
+    on their paths but two integers."""
+
+    def __init__(self, workers: Sequence[Workers[Any]]) -> None:
+        self.workers = workers
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ("queue",)
+        depth = GaugeMetricFamily(
+            "gpuplace_controller_queue_depth", "Keys ready in a work queue", labels=labels
+        )
+        delayed = GaugeMetricFamily(
+            "gpuplace_controller_queue_delayed",
+            "Keys of a work queue waiting for a delay or their backoff",
+            labels=labels,
+        )
+        adds = CounterMetricFamily(
+            "gpuplace_controller_queue_adds", "Keys added to a work queue", labels=labels
+        )
+        retries = CounterMetricFamily(
+            "gpuplace_controller_queue_retries",
+            "Keys of a work queue retried after a failure",
+            labels=labels,
+        )
+        longest = GaugeMetricFamily(
+            "gpuplace_controller_queue_longest_batch_seconds",
+            "How long the batch in progress in a work queue the longest has run",
+            labels=labels,
+        )
+        for workers in self.workers:
+            queue = workers.queue
+            depth.add_metric([queue.name], len(queue))
+            delayed.add_metric([queue.name], queue.delayed())
+            adds.add_metric([queue.name], queue.adds)
+            retries.add_metric([queue.name], queue.retries)
+            longest.add_metric([queue.name], workers.stuck(0.0))
+        yield from (depth, delayed, adds, retries, longest)

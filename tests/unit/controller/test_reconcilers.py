@@ -243,6 +243,16 @@ def test_a_pass_of_the_model_queue_applies_what_the_inbox_holds_and_publishes_it
     assert INFERENCE in taken(k.statuses)
 
 
+def test_a_pass_that_changed_nothing_publishes_no_new_snapshot() -> None:
+    k = Keepers()
+    k.apply(NodeChanged(node("gpu-1")), SourceChanged(source(map_text())))
+    before = k.published.current
+    k.apply(NodeChanged(node("gpu-1")))  # a heartbeat
+    assert k.published.current is before
+    k.apply(NodeChanged(node("gpu-1", ready=False)))
+    assert k.published.current is not before
+
+
 def test_the_others_are_told_only_after_the_snapshot_they_read_is_swapped() -> None:
     k = Keepers()
     seen: list[bool] = []

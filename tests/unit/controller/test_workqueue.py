@@ -8,8 +8,9 @@ import threading
 from collections import Counter
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
-from controller.workqueue import RETRY, Workers, WorkQueue
+from controller.workqueue import RETRY, QueueCollector, Workers, WorkQueue
 
 
 class Clock:
@@ -190,3 +191,17 @@ def test_racing_adders_and_workers_keep_the_contract() -> None:
     assert behind == []
     assert overlaps == []
     assert set(seen) == set(added)
+
+
+def test_the_queues_series_read_each_queue_at_scrape_time() -> None:
+    queue: WorkQueue[str] = WorkQueue("status", base_delay=60)
+    registry = CollectorRegistry()
+    registry.register(QueueCollector([Workers(queue, lambda _keys: None)]))
+    queue.add_all(["a", "b", "a"])
+    queue.retry("c")
+    text = generate_latest(registry).decode()
+    assert 'gpuplace_controller_queue_depth{queue="status"} 2.0' in text
+    assert 'gpuplace_controller_queue_delayed{queue="status"} 1.0' in text
+    assert 'gpuplace_controller_queue_adds_total{queue="status"} 3.0' in text
+    assert 'gpuplace_controller_queue_retries_total{queue="status"} 1.0' in text
+    assert 'gpuplace_controller_queue_longest_batch_seconds{queue="status"} 0.0' in text
