@@ -422,6 +422,37 @@ def maps_folder(kustomization: str, source: str) -> str:
     return "maps"
 
 
+def listed_resources(kustomization: str, source: str) -> tuple[list[str], bool]:
+    """The entries of the kustomization's `resources:` block list, and whether it has any
+    configMapGenerator entry: a kustomization that lists its maps as resources and generates
+    none serves them as PlacementMap custom resources (after `gpuplace migrate`)."""
+    edit = YamlEdit(kustomization, source)
+    listed: list[str] = []
+    generates = False
+    for doc in edit.documents:
+        generators = edit.get(doc, "configMapGenerator")
+        generates = generates or (isinstance(generators, SequenceNode) and bool(generators.value))
+        resources = edit.get(doc, "resources")
+        if isinstance(resources, SequenceNode):
+            listed += [str(getattr(item, "value", "")) for item in resources.value]
+    return listed, generates
+
+
+def add_resources(kustomization: str, source: str, files: Sequence[str]) -> str:
+    """The kustomization with each file appended to its `resources:` block list (which
+    `listed_resources` found); every other byte as it was."""
+    edit = YamlEdit(kustomization, source)
+    for doc in edit.documents:
+        resources = edit.get(doc, "resources")
+        if isinstance(resources, SequenceNode) and resources.value:
+            if resources.flow_style:
+                raise ValueError(f"{source}: resources is a flow list ([...]); write it as a block")
+            for file in files:
+                edit.append_item(resources, [file])
+            return edit.result()
+    raise ValueError(f"{source}: no resources list to add the maps to")
+
+
 NEW_KUSTOMIZATION = """\
 # Written by `gpuplace import`. ArgoCD builds this directory with kustomize: each map file becomes
 # one source ConfigMap, named and namespaced like the map, with the file under placement.yaml.

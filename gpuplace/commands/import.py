@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import posixpath
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -55,7 +56,9 @@ from placement.authoring import (
     ImportedMap,
     RunningGpuPod,
     add_generators,
+    add_resources,
     import_maps,
+    listed_resources,
     maps_folder,
 )
 from placement.dra import DraDevice, DraSettings, read_claim
@@ -261,6 +264,21 @@ class PodReader:
         return out
 
 
+def serves_resources(ws: Workspace, kustomization: str, path: str) -> bool:
+    """Whether the kustomization serves its maps as PlacementMap custom resources (listed under
+    `resources:`, none generated as ConfigMaps, as after `gpuplace migrate`): the imported maps
+    are then listed the same way."""
+    listed, generates = listed_resources(kustomization, path)
+    if generates:
+        return False
+    folder = posixpath.dirname(path)
+    for entry in listed:
+        text = ws.files.get(posixpath.normpath(posixpath.join(folder, entry)), "")
+        if re.search(r"^kind:\s*PlacementMap\s*$", text, re.MULTILINE):
+            return True
+    return False
+
+
 def kustomization_of(ws: Workspace) -> str | None:
     for name in KUSTOMIZATION_NAMES:
         path = posixpath.join(ws.directory, name) if ws.directory else name
@@ -352,7 +370,10 @@ def run(args: argparse.Namespace) -> int:
         base = ws.directory
         entries = [(m.key, posixpath.relpath(p, base or ".")) for p, m in sorted(good.items())]
         try:
-            changed[kpath] = add_generators(before, kpath, entries)
+            if serves_resources(ws, before, kpath):
+                changed[kpath] = add_resources(before, kpath, [file for _, file in entries])
+            else:
+                changed[kpath] = add_generators(before, kpath, entries)
         except (PlacementError, ValueError) as exc:
             print(f"gpuplace import: error: {exc}", file=sys.stderr)
             return 1

@@ -9,7 +9,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from placement.authoring import SlotEdit, add_generators, apply_slot_edits, maps_folder
+from placement.authoring import (
+    SlotEdit,
+    add_generators,
+    add_resources,
+    apply_slot_edits,
+    listed_resources,
+    maps_folder,
+)
 from placement.types import GpuUuid, MapKey
 from placement.validate import parse_map
 from placement.yamledit import YamlEdit, scalar
@@ -211,3 +218,20 @@ def test_an_empty_flow_list_of_generators_gets_its_first_entries() -> None:
     assert after.startswith("kind: Kustomization\nconfigMapGenerator:\n  - name: m\n")
     assert after.endswith("resources: [a.yaml]\n")
     assert yaml.safe_load(after)["configMapGenerator"][0]["name"] == "m"
+
+
+def test_maps_served_as_resources_are_listed_after_the_others() -> None:
+    """After `gpuplace migrate` a kustomization lists its maps under resources and generates no
+    ConfigMap: imported maps are listed the same way, every other byte kept."""
+    before = (
+        "kind: Kustomization\n"
+        "resources:\n"
+        "  - maps/llm.yaml   # the serving map\n"
+        "  - policy.yaml\n"
+        "namespace: ml\n"
+    )
+    assert listed_resources(before, "k.yaml") == (["maps/llm.yaml", "policy.yaml"], False)
+    after = add_resources(before, "k.yaml", ["maps/vllm.yaml"])
+    assert after == before.replace("  - policy.yaml\n", "  - policy.yaml\n  - maps/vllm.yaml\n")
+    generated = "kind: Kustomization\nresources: [a.yaml]\nconfigMapGenerator:\n  - name: m\n"
+    assert listed_resources(generated, "k.yaml") == (["a.yaml"], True)
