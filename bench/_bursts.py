@@ -21,7 +21,14 @@ from bench._runs import (
 )
 from bench._stats import bucket_delta, histogram_buckets
 from bench._webhooks import APISERVER_WEBHOOK_METRIC, WebhookSwitch
-from bench._workload import CREATE_THREADS, NAMESPACE, Scale, gpuplace_pod, pinned_pod
+from bench._workload import (
+    CREATE_THREADS,
+    NAMESPACE,
+    Scale,
+    admitted_gpuplace_pod,
+    gpuplace_pod,
+    pinned_pod,
+)
 from webhook.manifests import POD_WEBHOOK
 
 
@@ -61,11 +68,12 @@ class Bursts(WebhookSwitch):
     def gpuplace_burst_unhooked(self) -> RunResult:
         """The same burst with the pod webhook unregistered: what creating the pods costs the
         apiserver without the webhook's round trip, in the same run. The pods already carry the
-        schedulerName the webhook would set (the pod-bindings policy refuses a map's pod without
-        it), and the controller binds them as in the burst."""
+        schedulerName and the wiring the webhook would set (the pod-bindings policy refuses a
+        map's pod without the first, the binder places none without the second), and the
+        controller binds them as in the burst."""
         self.gpuplace_binding()
         with self._unhooked():
-            return self._burst(gpuplace_pod)
+            return self._burst(admitted_gpuplace_pod)
 
     def reference_burst(self) -> RunResult:
         """The same burst with the pod webhook's entry pointed at the reference webhook (Go, one

@@ -159,12 +159,17 @@ def gpuplace_pod(scale: Scale, pod: int, run: int) -> Obj:
     """A pod of a placement map. No nvidia.com/gpu request: gpuplace places GPUs itself and
     its pods must not take the device plugin's (see README, Honest limits)."""
     name, index = scale.map_index(pod)
-    body = bench_pod(
+    return bench_pod(
         pod_name(scale, pod, run),
         {MAP_LABEL: name, INDEX_LABEL: str(index)},
         {"schedulerName": SCHEDULER_NAME},
     )
-    # As the webhook leaves it: the binder places a map's pod only with its wiring.
+
+
+def admitted_gpuplace_pod(scale: Scale, pod: int, run: int) -> Obj:
+    """`gpuplace_pod` as the webhook leaves it, for pods created while it is unregistered: the
+    binder places a map's pod only with its wiring (placement/admitted.py)."""
+    body = gpuplace_pod(scale, pod, run)
     body["spec"]["containers"][0]["env"] = [dict(e) for e in wired_env(EnvMode.INDEX)]
     return body
 

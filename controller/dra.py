@@ -163,6 +163,10 @@ class DraTracker:
                     self._allocated[device_id].add(claim.key)
                     if len(self._allocated[device_id]) > 1:
                         self._doubled.add(device_id)
+                        # The binder's wake is where a device in two claims is reported.
+                        device = self._by_id.get(device_id)
+                        if device is not None:
+                            keys.add(WakeKey.gpu(device.node, device.uuid))
                 if needs_protection(claim) and claim.templated:
                     self._unprotected[claim.key] = claim
         finalizers = self._finalizers

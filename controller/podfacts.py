@@ -18,7 +18,6 @@ from placement.annotations import (
     legacy_map_key,
 )
 from placement.binding import Cluster, PodFacts
-from placement.declared import declared_elsewhere
 from placement.devices import GpuId
 from placement.gate import Path, identify, judge
 from placement.keyring import TrustView, Verdict
@@ -159,8 +158,7 @@ def flagged_unverifiable(pod: Pod) -> bool:
 def prebound_legacy(pod: Pod, cluster: Cluster) -> Holding | str | None:
     """What a pod that another scheduler bound holds, by its `gpu-scheduling-map` line (cut-over
     from the earlier tools): a Holding; a reason it holds nothing (the gate refuses it: its line
-    resolves to another node than the one it runs on, or outside its namespace's grants, or a
-    GPU a served map slot declares, `placement.declared`); or
+    resolves to another node than the one it runs on, or outside its namespace's grants); or
     None when it is not such a pod (gpuplace annotations, no line for its index)."""
     line = prebound_line(pod)
     if line is None or line.index is None or line.entry is None:
@@ -187,13 +185,9 @@ def prebound_legacy(pod: Pod, cluster: Cluster) -> Holding | str | None:
     )
     if refusal is not None:
         return f"pod {pod.key} annotation gpu-scheduling-map: {refusal}"
-    # A pod no scheduler placed does not take a GPU a served slot declares (its pod away).
-    taken = declared_elsewhere(cluster.model, pod.namespace, pod.name, node, devices)
-    if taken is not None:
-        return (
-            f"pod {pod.key} annotation gpu-scheduling-map line {entry.line}: the pod was bound "
-            f"to node {node} by another scheduler, but {taken}: it holds no GPUs"
-        )
+    # A GPU a served slot declares is not judged here: the webhook refuses a pod created bound
+    # onto one (`placement.declared`); one bound before the map declared it (by the earlier
+    # tools, before gpuplace) keeps it, on every rebuild of the slot cache alike.
     # Kept by UUID, as binder holdings are, whenever the node's inventory names the device.
     gpus = tuple(
         GpuId.of_uuid(d.uuid) if d.uuid is not None else GpuId.of(ref)

@@ -19,6 +19,7 @@ from placement.grants import GRANTS_CONFIGMAP, GRANTS_KEY, POLICY_CONFIGMAP, POL
 from placement.model import MODEL_LABEL, model_data, read_model
 from tests.integration.controllerkit import (
     ControllerProcess,
+    admitted,
     apply_map,
     create_system_namespaces,
     get_pod,
@@ -111,11 +112,18 @@ def location_of(text: str, needle: str) -> tuple[int, int]:
 
 
 def pod(name: str, **spec: Any) -> dict[str, Any]:
+    """A pod; the binder's own pods carry the webhook's wiring, as the binder requires of a
+    map's pod (whether or not a webhook runs in the test)."""
+    main = (
+        admitted("main", "busybox")
+        if spec.get("schedulerName") == "gpuplace"
+        else {"name": "main", "image": "busybox"}
+    )
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {}, "annotations": {}},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}], **spec},
+        "spec": {"containers": [main], **spec},
     }
 
 

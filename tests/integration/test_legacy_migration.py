@@ -534,10 +534,21 @@ def test_pending_pod_in_status_and_a_map_bound_count_that_follows_its_pod(
     kubectl_create(cluster, legacy_pod(ns, "waiter-0", f"0={AKS_NODES[0]}:2\n"))
     wait_for("waiter-0 waits", lambda: pending_reason(cluster, ns, "waiter-0") == "DeviceBusy")
     delete_pods(cluster, ns)
-    # ... but a pod the earlier tools bound there runs on it: the map's next pod has to wait.
+    # ... but a pod the earlier tools bound there before the map declared it runs on it: the
+    # map's next pod has to wait. (Created bound while the map declares the GPU, it is refused.)
     squatter = legacy_pod(ns, "squatter-0", f"0={AKS_NODES[0]}:2\n")
     squatter["spec"]["nodeName"] = AKS_NODES[0]
-    kubectl_create(cluster, squatter)
+    refused = cluster.kubectl("create", "-f", "-", input=json.dumps(squatter), check=False)
+    assert refused.returncode != 0 and "is declared by map" in refused.stderr, refused.stderr
+    cluster.request("DELETE", f"/api/v1/namespaces/{ns}/configmaps/solo")
+
+    def created_before_the_map() -> bool:
+        done = cluster.kubectl("create", "-f", "-", input=json.dumps(squatter), check=False)
+        return done.returncode == 0
+
+    wait_for("squatter-0 bound before the map declares GPU 2", created_before_the_map)
+    apply_map(cluster, ns, "solo", text)
+    wait_for("solo Valid", lambda: (map_status(cluster, ns, "solo") or {}).get("phase") == "Valid")
     kubectl_create(cluster, pod)
     wait_for("solo-0 waits", lambda: pending_reason(cluster, ns, "solo-0") == "DeviceBusy")
     wait_for("bound: 0", lambda: (map_status(cluster, ns, "solo") or {})["slots"]["bound"] == 0)

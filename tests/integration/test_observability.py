@@ -128,8 +128,9 @@ def test_status_and_explain_as_json_and_yaml(
     assert bound["node"] == nodes[0] and bound["byGpuplace"] and bound["index"] == "0"
     assert bound["map"] == "llm"
     assert bound["gpus"] == ",".join(gpu_uuid(nodes[0], d) for d in (0, 1))
-    # Created without the webhook (no env wiring): the container would see no CUDA_VISIBLE_DEVICES.
-    assert bound["cudaVisibleDevices"] == "(not set)"
+    # Created with the webhook's wiring (as the binder requires of a map's pod): the container
+    # sees the binding's CUDA_VISIBLE_DEVICES.
+    assert bound["cudaVisibleDevices"] == "0,1"
     waiting = yaml.safe_load(gpuplace(cluster, "explain", f"{namespace}/web-2", "-o", "yaml"))
     assert waiting["node"] == "" and "DeviceUnhealthy" in waiting["pending"]
 

@@ -45,6 +45,7 @@ from placement.keyring import TrustView, new_ring
 from placement.maps import DeclaredSlot
 from placement.reasons import Reason
 from placement.types import GpuUuid, MapKey, NodeName, Sharing, SlotKey
+from placement.wake import WakeKey
 from tests.unit.fakesender import InlineSender
 from tests.unit.placement.test_binding_plan import build
 from tests.unit.placement.test_binding_plan import inventory as plan_inventory
@@ -744,3 +745,18 @@ def test_a_pod_whose_claim_stays_missing_is_reported_by_the_binders_own_loop() -
         binder.stop()
     assert api.kinds() == ["pod status", "event"]  # with no other event to wake the binder
     assert 0.2 <= waited < 1.5
+
+
+def test_a_claim_that_doubles_a_device_wakes_its_gpu_and_is_found() -> None:
+    """A claim allocated a device another claim holds (written by hand, owner or not) wakes that
+    GPU, which is where the binder reports it: a wake with no key would reach nobody."""
+    first = claim("a", devices=(2,))
+    t, woken = tracker(first)
+    second = claim("b", devices=(2,))
+    del second["metadata"]["ownerReferences"]
+    t.on_claim("ADDED", second, None)
+    assert WakeKey.gpu(NODE, f"GPU-{NODE}-2") in woken[-1]
+    [found] = t.held_twice(Slots())
+    assert [c.name for c in found.claims] == ["a", "b"]
+    t.on_claim("DELETED", second, None)
+    assert t.held_twice(Slots()) == []
