@@ -188,20 +188,26 @@ def run(
             f"gpuplace gpus names rank 0's pod {on_real[0].name} on {REAL_NODE_NAME}",
         )
     _delete_job(demo)
-    # The map goes too: the DRA step declares the real node's GPU 2 in a map of its own.
-    (repo.path / cluster_dir / MAP_FILE).unlink()
-    (repo.path / kustomization).write_text(before)
-    done = repo.commit("The training job is done: its map goes")
-    demo.check(sync(done).ok, f"sync of {done} applied (the map {MAP_NAME} is no longer in git)")
-    for kind in ("placementmaps.gpuplace.io", "configmap"):
-        demo.cluster.kubectl(
-            "-n", NAMESPACE, "delete", kind, MAP_NAME, "--ignore-not-found", check=False
+    if not real:
+        # The map goes: nothing in the demo needs it any more.
+        (repo.path / cluster_dir / MAP_FILE).unlink()
+        (repo.path / kustomization).write_text(before)
+        done = repo.commit("The training job is done: its map goes")
+        demo.check(
+            sync(done).ok, f"sync of {done} applied (the map {MAP_NAME} is no longer in git)"
         )
-    demo.wait(
-        f"map {NAMESPACE}/{MAP_NAME} gone",
-        lambda: f"{NAMESPACE}/{MAP_NAME}" not in dict(inspect.map_statuses(demo.kube)),
-    )
-    demo.out(f"    kubectl delete: map {NAMESPACE}/{MAP_NAME}, no longer in git")
+        for kind in ("placementmaps.gpuplace.io", "configmap"):
+            demo.cluster.kubectl(
+                "-n", NAMESPACE, "delete", kind, MAP_NAME, "--ignore-not-found", check=False
+            )
+        return
+    # Rank 0's slot leaves the real node: the DRA step declares its GPU 2 in a map of its own.
+    # The map stays in git (an edit, synced as every map commit; its next Job runs on kwok).
+    (repo.path / cluster_dir / MAP_FILE).write_text(map_yaml(False))
+    done = repo.commit("The training job is done: rank 0's slot leaves the real node")
+    demo.check(sync(done).ok, f"sync of {done} applied (rank 0's slot on gpu-node-6)")
+    wait_valid(f"{NAMESPACE}/{MAP_NAME}")
+    demo.out(f"    map {NAMESPACE}/{MAP_NAME}: no slot on {REAL_NODE_NAME} any more")
 
 
 def _restart(demo: Demo, want: dict[int, tuple[str, int]]) -> None:
