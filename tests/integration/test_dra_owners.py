@@ -58,8 +58,7 @@ def gpu_claims_policy(cluster: LocalCluster) -> Iterator[None]:
     DeviceClass (what the driver's chart installs) for kube-scheduler to allocate from."""
     objects = local_policies.local_copies(local_policies.GPU_CLAIMS, dra=True)
     for obj in objects:
-        path = POLICIES if obj["kind"] == "ValidatingAdmissionPolicy" else BINDINGS
-        status, body = cluster.request("POST", path, obj)
+        status, body = cluster.request("POST", policy_path(obj), obj)
         assert status in (201, 409), body
     device_class = {
         "apiVersion": "resource.k8s.io/v1",
@@ -82,8 +81,11 @@ def gpu_claims_policy(cluster: LocalCluster) -> Iterator[None]:
         yield
     finally:
         for obj in reversed(objects):
-            path = POLICIES if obj["kind"] == "ValidatingAdmissionPolicy" else BINDINGS
-            cluster.request("DELETE", f"{path}/{obj['metadata']['name']}")
+            cluster.request("DELETE", f"{policy_path(obj)}/{obj['metadata']['name']}")
+
+
+def policy_path(obj: dict[str, Any]) -> str:
+    return POLICIES if obj["kind"] == "ValidatingAdmissionPolicy" else BINDINGS
 
 
 @pytest.fixture

@@ -135,21 +135,7 @@ def test_a_jobset_of_two_jobs_of_two_pods_takes_its_ranks_slots(
         },
     }
     create(cluster, f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets", body)
-    pods = wait_for(
-        lambda: f"the JobSet's 4 pods bound: {describe_pending(cluster, namespace)}",
-        lambda: (
-            (p := labelled(cluster, namespace, JOBSET_INDEX, JOB_COMPLETION_INDEX))
-            and len(p) == 4
-            and all(placed(x) for x in p)
-            and p
-        ),
-        timeout=120,
-    )
-    ranks = {}
-    for pod in pods:
-        labels = pod["metadata"]["labels"]
-        rank = int(labels[JOBSET_INDEX]) * 2 + int(labels[JOB_COMPLETION_INDEX])
-        ranks[rank] = placed(pod)
+    ranks = bound_ranks(cluster, namespace, "the JobSet's", JOBSET_INDEX, JOB_COMPLETION_INDEX)
     assert ranks == {r: (nodes[r], str(r)) for r in range(4)}
 
 
@@ -172,19 +158,27 @@ def test_a_leaderworkerset_of_two_groups_of_two_takes_its_ranks_slots(
         f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets",
         body,
     )
+    ranks = bound_ranks(cluster, namespace, "the LeaderWorkerSet's", LWS_GROUP, LWS_WORKER)
+    assert ranks == {r: (nodes[r], str(r)) for r in range(4)}
+
+
+def bound_ranks(
+    cluster: LocalCluster, namespace: str, whose: str, outer: str, inner: str
+) -> dict[int, Any]:
+    """Once the workload's 4 pods (labelled `outer` and `inner` by their controller) are bound:
+    where each rank (outer x 2 + inner) is placed."""
     pods = wait_for(
-        lambda: f"the LeaderWorkerSet's 4 pods bound: {describe_pending(cluster, namespace)}",
+        lambda: f"{whose} 4 pods bound: {describe_pending(cluster, namespace)}",
         lambda: (
-            (p := labelled(cluster, namespace, LWS_GROUP, LWS_WORKER))
+            (p := labelled(cluster, namespace, outer, inner))
             and len(p) == 4
             and all(placed(x) for x in p)
             and p
         ),
         timeout=120,
     )
-    ranks = {}
-    for pod in pods:
-        labels = pod["metadata"]["labels"]
-        rank = int(labels[LWS_GROUP]) * 2 + int(labels[LWS_WORKER])
-        ranks[rank] = placed(pod)
-    assert ranks == {r: (nodes[r], str(r)) for r in range(4)}
+    labels = [pod["metadata"]["labels"] for pod in pods]
+    return {
+        int(lab[outer]) * 2 + int(lab[inner]): placed(pod)
+        for lab, pod in zip(labels, pods, strict=True)
+    }
