@@ -19,15 +19,14 @@ from typing import Any
 import pytest
 
 from gpuplace_dev.localcluster import LocalCluster
-from placement.admitted import CUDA_FIELD_PATH
 from placement.annotations import (
-    ENV_CUDA_VISIBLE_DEVICES,
     INDEX_ANNOTATION,
     JOB_COMPLETION_INDEX,
     MAP_LABEL,
 )
 from tests.integration.controllerkit import (
     ControllerProcess,
+    admitted,
     apply_map,
     create,
     describe_pending,
@@ -63,10 +62,6 @@ def controller(cluster: LocalCluster) -> Iterator[ControllerProcess]:
 
 def indexed_job(namespace: str, name: str, map_name: str, ranks: int) -> dict[str, Any]:
     """An Indexed Job of `ranks` ranks, all at once, whose pods are gpuplace's."""
-    wired = {
-        "name": ENV_CUDA_VISIBLE_DEVICES,
-        "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": CUDA_FIELD_PATH}},
-    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -83,7 +78,7 @@ def indexed_job(namespace: str, name: str, map_name: str, ranks: int) -> dict[st
                     "restartPolicy": "Never",
                     # What gpuplace's webhook wires into a map's pod (placement/admitted.py):
                     # the binder places only pods that carry it.
-                    "containers": [{"name": "rank", "image": "busybox", "env": [wired]}],
+                    "containers": [admitted("rank", "busybox")],
                 },
             },
         },

@@ -18,15 +18,14 @@ import pytest
 
 from gpuplace_dev.localcluster import LocalCluster
 from gpuplace_dev.localtraining.launcher import LocalTrainingOperators
-from placement.admitted import CUDA_FIELD_PATH
 from placement.annotations import (
-    ENV_CUDA_VISIBLE_DEVICES,
     INDEX_ANNOTATION,
     JOB_COMPLETION_INDEX,
     MAP_LABEL,
 )
 from tests.integration.controllerkit import (
     ControllerProcess,
+    admitted,
     apply_map,
     create,
     describe_pending,
@@ -66,16 +65,12 @@ def controller(cluster: LocalCluster) -> Iterator[ControllerProcess]:
 
 
 def pod_template(map_name: str) -> dict[str, Any]:
-    wired = {
-        "name": ENV_CUDA_VISIBLE_DEVICES,
-        "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": CUDA_FIELD_PATH}},
-    }
     return {
         "metadata": {"labels": {MAP_LABEL: map_name}},
         "spec": {
             "schedulerName": "gpuplace",
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "rank", "image": "busybox", "env": [wired]}],
+            "containers": [admitted("rank", "busybox")],
         },
     }
 
