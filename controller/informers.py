@@ -11,7 +11,7 @@ from functools import partial
 
 from controller import heap
 from controller.settings import ControllerSettings
-from controller.trim import trim_namespace, trim_node, trim_pod
+from controller.trim import NODE_SHAPE, POD_SHAPE, trim_namespace, trim_node, trim_pod
 from kubeio.client import Kube, Obj
 from kubeio.configmapwatch import ConfigMapWatch
 from kubeio.informer import Informer
@@ -110,6 +110,7 @@ class SharedInformers:
                 resync_seconds=resync,
                 transform=partial(trim_pod, legacy=name != s.binder.scheduler_name),
                 after_page=heap.trim,
+                shape=POD_SHAPE,
             )
             for name in names
         )
@@ -143,7 +144,12 @@ class SharedInformers:
             resources=resources,
             policy_resource=policy_resource,
             nodes=Informer(
-                kube, NODES.collection(), name="nodes", transform=trim_node, after_page=heap.trim
+                kube,
+                NODES.collection(),
+                name="nodes",
+                transform=trim_node,
+                after_page=heap.trim,
+                shape=NODE_SHAPE,
             ),
             inventories=Informer(
                 kube, CONFIGMAPS.collection(s.inventory_namespace), name="inventories"

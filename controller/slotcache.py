@@ -181,6 +181,10 @@ class SlotCache:
         with self._lock:
             return list(self._conflicts.values())
 
+    def conflict_count(self) -> int:
+        with self._lock:
+            return len(self._conflicts)
+
     def _add(self, holding: Holding) -> list[Conflict]:
         found = []
         with self._lock:

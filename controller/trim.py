@@ -17,9 +17,10 @@ spec.unschedulable, its Ready condition) and the grants (a node's labels).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from kubeio.client import Obj
+from kubeio.shapes import Shape
 from placement.annotations import (
     INDEX_LABEL,
     JOB_COMPLETION_INDEX,
@@ -178,3 +179,88 @@ def trim_namespace(obj: Obj) -> Obj:
     out_meta = _metadata(meta)
     out_meta["labels"] = dict(meta.get("labels") or {})
     return {"metadata": out_meta}
+
+
+# -- what is decoded at all (kubeio/shapes.py): the fields the trims above read, no others ------
+# Each field may be null in what an apiserver sends (a Go nil without omitempty): `| None`.
+
+
+class _OwnerReference(TypedDict, total=False):
+    apiVersion: str | None
+    kind: str | None
+    name: str | None
+    uid: str | None
+    controller: bool | None
+
+
+class _Metadata(TypedDict, total=False):
+    namespace: str | None
+    name: str | None
+    uid: str | None
+    generateName: str | None
+    resourceVersion: str | None
+    creationTimestamp: str | None
+    deletionTimestamp: str | None
+    ownerReferences: list[_OwnerReference] | None
+    labels: dict[str, Any] | None
+    annotations: dict[str, Any] | None
+
+
+class _Condition(TypedDict, total=False):
+    type: str | None
+    status: str | None
+    reason: str | None
+    message: str | None
+    lastTransitionTime: str | None
+
+
+class _ContainerResources(TypedDict, total=False):
+    claims: list[dict[str, Any]] | None
+
+
+class _Container(TypedDict, total=False):
+    name: str | None
+    env: list[dict[str, Any]] | None
+    resources: _ContainerResources | None
+
+
+class _PodSpec(TypedDict, total=False):
+    nodeName: str | None
+    schedulerName: str | None
+    initContainers: list[_Container] | None
+    containers: list[_Container] | None
+    resourceClaims: list[dict[str, Any]] | None
+
+
+class _PodStatus(TypedDict, total=False):
+    phase: str | None
+    conditions: list[_Condition] | None
+    resourceClaimStatuses: list[dict[str, Any]] | None
+
+
+class _Pod(TypedDict, total=False):
+    metadata: _Metadata | None
+    spec: _PodSpec | None
+    status: _PodStatus | None
+
+
+class _NodeSpec(TypedDict, total=False):
+    unschedulable: bool | None
+
+
+class _NodeStatus(TypedDict, total=False):
+    conditions: list[_Condition] | None
+
+
+class _Node(TypedDict, total=False):
+    metadata: _Metadata | None
+    spec: _NodeSpec | None
+    status: _NodeStatus | None
+
+
+#: A pod's fields as `trim_pod` reads them: its managedFields, volumes, tolerations, container
+#: images and statuses are never built.
+POD_SHAPE = Shape(_Pod)
+#: A node's fields as `trim_node` reads them: its images, addresses, capacity and annotations are
+#: never built.
+NODE_SHAPE = Shape(_Node)

@@ -349,14 +349,18 @@ class Kube:
         content_type: str | None = None,
         timeout: float | None = None,
         guard: Callable[[], bool] | None = None,
+        shape: Callable[[bytes], Obj] | None = None,
     ) -> Obj:
         """Sends one request; returns the decoded JSON body ({} when empty); raises APIError for
-        an error status (see `send` for the guard)."""
+        an error status (see `send` for the guard). `shape` decodes a successful answer's body in
+        place of the whole JSON (`kubeio.shapes.Shape.page`)."""
         request = prepare(method, path, body=body, query=query, content_type=content_type)
         response = self.send(request, timeout=timeout, guard=guard)
         if response.status >= 300:
             raise error_for(response.status, response.data)
         try:
+            if shape is not None and response.data:
+                return shape(response.data)
             decoded = decode(method, path, response.data)
         except ValueError as exc:
             raise APIError(response.status, "BadResponse", str(exc)) from exc
@@ -383,9 +387,16 @@ class Kube:
     def delete(self, path: str, **query: Any) -> Obj:
         return self.request("DELETE", path, query=query)
 
-    def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> Iterator[Obj]:
+    def stream(
+        self,
+        path: str,
+        query: Mapping[str, Any],
+        timeout: float,
+        shape: Callable[[bytes], Obj] | None = None,
+    ) -> Iterator[Obj]:
         """Opens a watch and returns its events (one JSON object a line) until the server ends
-        it. The watch is open when this returns: what changes from then on is in the events."""
+        it. The watch is open when this returns: what changes from then on is in the events.
+        `shape` decodes each line in place of the whole JSON (`kubeio.shapes.Shape.event`)."""
         target = prepare("GET", path, query={**query, "watch": True}).target
         try:
             response = self._pool.request(
@@ -402,19 +413,23 @@ class Kube:
                 raise error_for(response.status, response.read())
             finally:
                 response.release_conn()
-        return _events(response, path)
+        return _events(response, path, shape or orjson.loads)
 
 
-def _events(response: urllib3.BaseHTTPResponse, path: str) -> Iterator[Obj]:
+def _events(
+    response: urllib3.BaseHTTPResponse, path: str, decode_line: Callable[[bytes], Obj]
+) -> Iterator[Obj]:
     try:
-        yield from json_lines(response.stream(64 * 1024, decode_content=True))
+        yield from json_lines(response.stream(64 * 1024, decode_content=True), decode_line)
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise APITransportError(0, "Transport", f"WATCH {path}: {exc}") from exc
     finally:
         response.release_conn()
 
 
-def json_lines(chunks: Iterable[bytes]) -> Iterator[Obj]:
+def json_lines(
+    chunks: Iterable[bytes], decode_line: Callable[[bytes], Obj] = orjson.loads
+) -> Iterator[Obj]:
     """The JSON objects of a stream with one a line (a watch), however the chunks split it; an
     unfinished last line (the connection was cut) is dropped, and the watch resumes before it."""
     pending = b""  # the start of a line whose end is in a later chunk
@@ -425,7 +440,7 @@ def json_lines(chunks: Iterable[bytes]) -> Iterator[Obj]:
         pending = lines.pop()
         for line in lines:
             if line.strip():
-                yield orjson.loads(line)
+                yield decode_line(line)
 
 
 def obj_key(obj: Obj) -> tuple[str, str]:

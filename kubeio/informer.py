@@ -17,11 +17,12 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubeio.client import Kube, Obj, obj_key
 from kubeio.errors import APIError, APIGoneError, APINotFoundError, status_error
+from kubeio.shapes import Shape
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Informer:
         absent_retry_seconds: float = 30.0,
         transform: Transform | None = None,
         after_page: Callable[[], None] | None = None,
+        shape: Shape | None = None,
     ) -> None:
         self.kube = kube
         self.path = path
@@ -74,6 +76,9 @@ class Informer:
         #: Called after each page of a list has been trimmed and its whole objects dropped: the
         #: caller may give the memory they held back to the system (see the module's docstring).
         self.after_page = after_page
+        #: The fields built of each object as it is decoded (`kubeio.shapes`); the transform
+        #: then runs on those. None: every field is built.
+        self.shape = shape
         self._absent_logged = False
         self.store: dict[tuple[str, str], Obj] = {}
         self.synced = threading.Event()
@@ -130,13 +135,11 @@ class Informer:
                 log.exception("handler failed", extra={"informer": self.name, "event": event})
 
     def _list(self) -> None:
+        began = time.monotonic()
         items: list[Obj] = []
-        cont = ""
-        while True:
-            page = self.kube.get(
-                self.path, limit=self.page_size, **{"continue": cont}, **self._selectors()
-            )
-            meta = page.get("metadata", {})
+        rv = ""
+        for page in self._pages():
+            rv = str(page.get("metadata", {}).get("resourceVersion", ""))
             if self.transform is None:
                 items.extend(page.get("items") or [])
             else:
@@ -146,10 +149,7 @@ class Informer:
                 del page
                 if self.after_page is not None:
                     self.after_page()
-            cont = meta.get("continue", "")
-            if not cont:
-                self._rv = str(meta.get("resourceVersion", ""))
-                break
+        self._rv = rv
         self.failing_since = None
         fresh = {obj_key(o): o for o in items}
         with self.lock:
@@ -164,7 +164,30 @@ class Informer:
                     self._emit(MODIFIED, obj, old)
             for key in [k for k in self.store if k not in fresh]:
                 self._emit(DELETED, self.store.pop(key), None)
+        if not self.synced.is_set():
+            log.info(
+                "informer %s synced: %d objects listed in %.2f s",
+                self.name,
+                len(fresh),
+                time.monotonic() - began,
+            )
         self.synced.set()
+
+    def _page(self, cont: str) -> Obj:
+        query = {"limit": self.page_size, "continue": cont, **self._selectors()}
+        shape = self.shape.page if self.shape is not None else None
+        return self.kube.request("GET", self.path, query=query, shape=shape)
+
+    def _pages(self) -> Iterator[Obj]:
+        """The list's pages in order."""
+        page = self._page("")
+        while True:
+            cont = page.get("metadata", {}).get("continue", "")
+            yield page
+            del page
+            if not cont:
+                return
+            page = self._page(cont)
 
     def _watch(self) -> None:
         last_resync = time.monotonic()
@@ -176,7 +199,10 @@ class Informer:
                 "timeoutSeconds": self.watch_timeout_seconds,
             }
             for event in self.kube.stream(
-                self.path, query, timeout=self.watch_timeout_seconds + 30
+                self.path,
+                query,
+                timeout=self.watch_timeout_seconds + 30,
+                shape=self.shape.event if self.shape is not None else None,
             ):
                 if self._stop.is_set():
                     return

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from controller.trim import POD_SHAPE, trim_pod
 from gpuplace_dev.localcluster import LocalCluster
+from kubeio.informer import Informer
+from kubeio.paths import PODS as PODS_PATH
+from placement.annotations import JOB_COMPLETION_INDEX
 from tests.integration.controllerkit import (
     ControllerProcess,
     fresh_namespace,
@@ -104,3 +109,60 @@ def test_unrelated_annotations_cost_the_controller_nothing(
     finally:
         for proc in procs:
             proc.stop()
+
+
+def test_pods_decoded_by_their_shape_are_cached_as_whole_pods_trimmed(
+    cluster: LocalCluster, two_namespaces: tuple[str, str]
+) -> None:
+    """The pod informer's shape (controller/trim.py POD_SHAPE) builds only the fields the trim
+    reads: what it caches, listed and watched, is what trimming the whole pods caches."""
+    namespace = two_namespaces[0]
+    scheduler = unique("shape")
+    spec = {
+        "schedulerName": scheduler,
+        "containers": [
+            {
+                "name": "c",
+                "image": "busybox",
+                "env": [{"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"}],
+            }
+        ],
+        "initContainers": [{"name": "i", "image": "busybox"}],
+    }
+    meta = {"labels": {"team": "a"},
+            "annotations": {JOB_COMPLETION_INDEX: "1", "example.com/other": "x" * 1000}}  # fmt: skip
+    status, resp = cluster.request(
+        "POST", f"/api/v1/namespaces/{namespace}/pods", pod_body(namespace, "listed", spec, **meta)
+    )
+    assert status == 201, resp
+    path = PODS_PATH.collection(namespace)
+    trim = partial(trim_pod, legacy=True)
+    informers = [
+        Informer(cluster.kube, path, name="shaped", transform=trim, shape=POD_SHAPE),
+        Informer(cluster.kube, path, name="whole", transform=trim),
+    ]
+    for informer in informers:
+        informer.start()
+    try:
+        for informer in informers:
+            assert informer.wait_synced(60)
+        status, resp = cluster.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            pod_body(namespace, "watched", spec, **meta),
+        )
+        assert status == 201, resp
+        wait_for(
+            "both informers to see the watched pod",
+            lambda: all(i.get(namespace, "watched") is not None for i in informers),
+            timeout=60,
+        )
+        shaped, whole = (dict(i.store) for i in informers)
+        assert set(shaped) == {(namespace, "listed"), (namespace, "watched")}
+        assert shaped == whole
+        listed = shaped[(namespace, "listed")]
+        assert listed["metadata"]["annotations"] == {JOB_COMPLETION_INDEX: "1"}
+        assert listed["spec"]["containers"][0]["env"] == spec["containers"][0]["env"]
+    finally:
+        for informer in informers:
+            informer.stop()

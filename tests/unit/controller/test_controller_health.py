@@ -26,10 +26,10 @@ def test_every_metric_family_has_a_sample_before_any_event() -> None:
 class _FailingKube:
     """A client whose every request fails as an unreachable apiserver's would."""
 
-    def get(self, path: str, **query: Any) -> Any:
-        raise APIServerError(503, "ServiceUnavailable", f"GET {path}")
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        raise APIServerError(503, "ServiceUnavailable", f"{method} {path}")
 
-    def stream(self, path: str, query: Any, timeout: float) -> Any:
+    def stream(self, path: str, query: Any, timeout: float, shape: Any = None) -> Any:
         raise APIServerError(503, "ServiceUnavailable", f"WATCH {path}")
 
 

@@ -6,9 +6,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from controller import podfacts
 from controller.nodekeeper import node_state
-from controller.trim import MAX_LABEL_BYTES, trim_namespace, trim_node, trim_pod
+from controller.trim import (
+    MAX_LABEL_BYTES,
+    NODE_SHAPE,
+    POD_SHAPE,
+    trim_namespace,
+    trim_node,
+    trim_pod,
+)
 from kubeio.pod import Pod
 from placement.annotations import (
     CUDA_ANNOTATION,
@@ -120,8 +129,8 @@ def test_a_pod_of_odd_shape_is_trimmed_without_failing() -> None:
     assert Pod.of(trimmed).containers()[0].name == ""
 
 
-def test_a_trimmed_node_keeps_its_state_and_labels() -> None:
-    node = {
+def full_node() -> dict[str, Any]:
+    return {
         "metadata": {"name": "gpu-node-01", "resourceVersion": "5", "labels": {"gpu-node-name": "a"},
                      "annotations": {"big": "x" * 10_000}},
         "spec": {"unschedulable": True, "podCIDR": "10.0.0.0/24"},
@@ -132,6 +141,10 @@ def test_a_trimmed_node_keeps_its_state_and_labels() -> None:
             "capacity": {"cpu": "8"},
         },
     }  # fmt: skip
+
+
+def test_a_trimmed_node_keeps_its_state_and_labels() -> None:
+    node = full_node()
     trimmed = trim_node(node)
     assert node_state(trimmed, "gpu-node-name") == node_state(node, "gpu-node-name")
     assert trimmed["metadata"]["labels"] == {"gpu-node-name": "a"}
@@ -144,3 +157,39 @@ def test_a_trimmed_namespace_keeps_its_labels() -> None:
     assert trim_namespace(ns) == {
         "metadata": {"name": "a", "resourceVersion": "1", "labels": {"x": "y"}}
     }
+
+
+def listed(*items: dict[str, Any]) -> bytes:
+    return orjson.dumps({"kind": "List", "metadata": {"resourceVersion": "9"}, "items": items})
+
+
+def test_a_pod_decoded_by_its_shape_trims_to_what_the_whole_pod_trims_to() -> None:
+    nulls = full_pod()
+    nulls["metadata"]["labels"] = None  # a Go nil map without omitempty
+    nulls["spec"]["containers"][0]["env"] = None
+    nulls["status"]["conditions"][0]["lastProbeTime"] = None
+    for obj in (full_pod(), nulls):
+        page = POD_SHAPE.page(listed(obj))
+        assert page["metadata"] == {"resourceVersion": "9"}
+        (shaped,) = page["items"]
+        assert "managedFields" not in shaped["metadata"]  # never built
+        assert "volumes" not in shaped["spec"]
+        for legacy in (False, True):
+            assert trim_pod(shaped, legacy=legacy) == trim_pod(obj, legacy=legacy)
+        event = POD_SHAPE.event(orjson.dumps({"type": "MODIFIED", "object": obj}))
+        assert event["type"] == "MODIFIED"
+        assert trim_pod(event["object"], legacy=True) == trim_pod(obj, legacy=True)
+
+
+def test_a_node_decoded_by_its_shape_trims_to_what_the_whole_node_trims_to() -> None:
+    (shaped,) = NODE_SHAPE.page(listed(full_node()))["items"]
+    assert "images" not in shaped["status"]
+    assert trim_node(shaped) == trim_node(full_node())
+
+
+def test_a_pod_the_shape_does_not_fit_is_decoded_whole_and_trimmed_as_before() -> None:
+    odd = {"metadata": {"namespace": "ml", "name": "p", "generateName": 5},
+           "spec": {"containers": ["x", {}]}, "status": {"conditions": "no"}}  # fmt: skip
+    (item,) = POD_SHAPE.page(listed(odd))["items"]
+    assert item == odd
+    assert trim_pod(item, legacy=False) == trim_pod(odd, legacy=False)

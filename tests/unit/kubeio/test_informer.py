@@ -40,14 +40,18 @@ class Apiserver:
         self.done = threading.Event()
         self._pages: list[dict[str, Any]] = []
 
-    def get(self, path: str, **query: Any) -> dict[str, Any]:
-        assert path == PATH
+    def request(
+        self, method: str, path: str, *, query: dict[str, Any], shape: Any = None
+    ) -> dict[str, Any]:
+        assert (method, path, shape) == ("GET", PATH, None)
         self.list_queries.append(query)
         if not query.get("continue"):
             self._pages = list(self.lists.pop(0))
         return self._pages.pop(0)
 
-    def stream(self, path: str, query: dict[str, Any], timeout: float) -> Iterator[dict[str, Any]]:
+    def stream(
+        self, path: str, query: dict[str, Any], timeout: float, shape: Any = None
+    ) -> Iterator[dict[str, Any]]:
         assert path == PATH
         self.watch_queries.append(dict(query))
         if not self.watches:
@@ -178,11 +182,13 @@ class AbsentFirst(Apiserver):
         super().__init__(lists, watches)
         self.absent = True
 
-    def get(self, path: str, **query: Any) -> dict[str, Any]:
+    def request(
+        self, method: str, path: str, *, query: dict[str, Any], shape: Any = None
+    ) -> dict[str, Any]:
         if self.absent:
             self.absent = False
             raise APINotFoundError(404, "NotFound", "the server could not find the resource")
-        return super().get(path, **query)
+        return super().request(method, path, query=query, shape=shape)
 
 
 def test_an_optional_resource_that_is_not_served_is_empty_synced_and_listed_again() -> None:
