@@ -156,14 +156,17 @@ class Binder:
         )
 
     # -- feeding -------------------------------------------------------------------------------
-    def rebuild(self, pods: Iterable[Pod], shared_maps: set[str]) -> int:
-        """Rebuilds the slot cache from bound pods' annotations; queues the unbound ones."""
-        count = 0
+    def rebuild(self, pods: Iterable[Pod], shared_maps: set[str]) -> list[podfacts.BoundPod]:
+        """Rebuilds the slot cache from bound pods' annotations; queues the unbound ones.
+        Returns the bound pods' bindings as read (each decoded and judged once, for the
+        other readers of a leadership's start too)."""
+        bound: list[podfacts.BoundPod] = []
         for pod in pods:
-            self.on_pod("ADDED", pod, shared_maps)
-            if pod.bound:
-                count += 1
-        return count
+            read = podfacts.BoundPod(pod, self.trust) if pod.bound else None
+            self.on_pod("ADDED", pod, shared_maps, read)
+            if read is not None:
+                bound.append(read)
+        return bound
 
     def on_pod(
         self,

@@ -139,10 +139,10 @@ class Leadership:
         pods = self.informers.pods_held()
         self.binder.active.set()
         bound = self.binder.rebuild(pods, self.maps.shared)
-        self.pods.rebuild(pods)
+        self.pods.rebuild(bound)
         inventories = {n: state.inventory for n, state in self.tracker.states.items()}
         self.statuses.add_all(self.renumber.check_all(inventories))
-        return bound
+        return len(bound)
 
     def stop(self) -> bool:
         """The leadership ended (the elector no longer counts it held): the binder stops and

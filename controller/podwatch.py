@@ -85,11 +85,10 @@ class PodWatch:
         if tracked is not None:
             self.renumber.track(bound.uid, tracked)
 
-    def rebuild(self, pods: list[Pod]) -> None:
-        """After the binder rebuilt its cache at the start of a leadership: the renumbering
-        tracker from the bound pods, and every held map to judge for drift."""
-        trust = self.binder.trust
-        for pod in pods:
-            if pod.bound:
-                self.track_indices(podfacts.BoundPod(pod, trust), pod.finished)
+    def rebuild(self, bound: list[podfacts.BoundPod]) -> None:
+        """After the binder rebuilt its cache at the start of a leadership (`Binder.rebuild`,
+        which read the bound pods' bindings): the renumbering tracker from the bound pods, and
+        every held map to judge for drift."""
+        for read in bound:
+            self.track_indices(read, read.pod.finished)
         self.drift.add_all({h.slot.map for h in self.binder.cache.holdings()})
