@@ -45,7 +45,7 @@ main() {
   local total_start=$SECONDS
   # The module as published, copied out of the read-only module cache to add the missing file.
   local dir
-  dir=$(cd "$root" && GOFLAGS=-mod=mod go mod download -json "$module@$version" | awk -F'"' '$2 == "Dir" {print $4}')
+  dir=$(GOFLAGS=-mod=mod go_module_dir "$root" "$module@$version")
   [ -d "$dir" ] || die "go mod download $module@$version gave no directory"
   local src="$root/src"
   rm -rf "$src"

@@ -47,10 +47,10 @@ main() {
   fi
 
   local dir
-  dir=$(cd "$mod" && go mod download -json "sigs.k8s.io/jobset@$jobset" | awk -F'"' '$2 == "Dir" {print $4}')
+  dir=$(go_module_dir "$mod" "sigs.k8s.io/jobset@$jobset")
   cp "$dir"/config/components/crd/bases/*.yaml "$root/crds/jobset/"
   rm -rf "$root/webhook/jobset" && cp -R "$dir/config/components/webhook" "$root/webhook/jobset"
-  dir=$(cd "$mod" && go mod download -json "sigs.k8s.io/lws@$lws" | awk -F'"' '$2 == "Dir" {print $4}')
+  dir=$(go_module_dir "$mod" "sigs.k8s.io/lws@$lws")
   cp "$dir"/config/crd/bases/*.yaml "$root/crds/lws/"
   rm -rf "$root/webhook/lws" && cp -R "$dir/config/webhook" "$root/webhook/lws"
   chmod -R u+w "$root/crds" "$root/webhook"

@@ -40,6 +40,12 @@ go_version() {
                       $1 == "require" && $2 == module {print $3; exit}' "$2"
 }
 
+# go_module_dir DIR MODULE@VERSION -> the directory of that module in Go's module cache, as `go` run
+# in DIR downloads it (a copy of the published module: read-only, its own go.mod beside its files).
+go_module_dir() {
+  (cd "$1" && go mod download -json "$2" | awk -F'"' '$2 == "Dir" {print $4}')
+}
+
 # go_in DIR ARGS... -> runs `go ARGS` in DIR (run_build starts it in a subshell of its own).
 go_in() {
   cd "$1"

@@ -3,17 +3,14 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuplace_dev.builtcache import find_built
+from gpuplace_dev.gobuild import HACK, find_built, go_mod_version
 from gpuplace_dev.localcluster.binaries import cache_root
 
-_HACK = Path(__file__).resolve().parents[3] / "hack"
-_BUILD_SCRIPT = _HACK / "build-argocd.sh"
-_WRAPPER_MOD = _HACK / "argocd" / "go.mod"
-_REQUIRE = re.compile(r"^\s*(?:require\s+)?github\.com/argoproj/argo-cd/v3\s+(v\S+)", re.MULTILINE)
+_BUILD_SCRIPT = HACK / "build-argocd.sh"
+_WRAPPER_MOD = HACK / "argocd" / "go.mod"
 
 #: The components `LocalArgoCD` runs, each a symlink to the one `argocd` binary.
 COMPONENTS = (
@@ -58,10 +55,7 @@ class ArgoCDBinaries:
 
 def argocd_version() -> str:
     """The argo-cd release hack/argocd/go.mod pins."""
-    match = _REQUIRE.search(_WRAPPER_MOD.read_text())
-    if match is None:
-        raise ArgoCDBinariesError(f"{_WRAPPER_MOD}: no 'github.com/argoproj/argo-cd/v3 vX.Y.Z'")
-    return match.group(1)
+    return go_mod_version(_WRAPPER_MOD, "github.com/argoproj/argo-cd/v3", ArgoCDBinariesError)
 
 
 def cached() -> ArgoCDBinaries:

@@ -15,16 +15,14 @@ import json
 import os
 import shutil
 import socket
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
+from gpuplace_dev.gobuild import HostComponents
 from gpuplace_dev.localargocd.binaries import ArgoCDBinaries, find_argocd
 from gpuplace_dev.localcluster import LocalCluster
-from gpuplace_dev.localcluster.process import ProcessGroup, poll, spawn
 from gpuplace_dev.localcluster.tools import helm_binary
-from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS
 
 NAMESPACE = "argocd"
 CLUSTER_KIND_LABEL = "argocd.argoproj.io/secret-type"
@@ -89,7 +87,7 @@ def cluster_secret(
     }
 
 
-class LocalArgoCD(ProcessGroup):
+class LocalArgoCD(HostComponents):
     """Starts Redis and the three ArgoCD components against ``cluster``; `stop` ends them.
 
     ``settings`` are extra ``argocd-cm`` keys (e.g. gpuplace's health check). ``destinations`` are
@@ -108,12 +106,10 @@ class LocalArgoCD(ProcessGroup):
         settings: Mapping[str, str] | None = None,
         binaries: ArgoCDBinaries | None = None,
     ) -> None:
-        self.cluster = cluster
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuplace-argocd-"))
+        super().__init__(cluster, workdir, prefix="gpuplace-argocd-")
         self.destinations = destinations
         self.settings = dict(settings or {})
         self._binaries = binaries
-        super().__init__()
         self.repo_server_port = 0
         self.redis_port = 0
 
@@ -137,7 +133,7 @@ class LocalArgoCD(ProcessGroup):
 
     def _start_redis(self, redis: str, env: dict[str, str], timeout: float) -> None:
         self.redis_port = _free_port()
-        self._spawn(
+        self.spawn(
             "redis",
             [
                 redis,
@@ -155,7 +151,7 @@ class LocalArgoCD(ProcessGroup):
         self, binaries: ArgoCDBinaries, env: dict[str, str], timeout: float
     ) -> None:
         self.repo_server_port = _free_port()
-        self._spawn(
+        self.spawn(
             "argocd-repo-server",
             [
                 str(binaries.component("argocd-repo-server")),
@@ -174,7 +170,7 @@ class LocalArgoCD(ProcessGroup):
     ) -> None:
         """The application controller and the applicationset controller, on the repo server."""
         repo_server = f"127.0.0.1:{self.repo_server_port}"
-        self._spawn(
+        self.spawn(
             "argocd-application-controller",
             [
                 str(binaries.component("argocd-application-controller")),
@@ -192,7 +188,7 @@ class LocalArgoCD(ProcessGroup):
             env,
         )
         probe = _free_port()
-        self._spawn(
+        self.spawn(
             "argocd-applicationset-controller",
             [
                 str(binaries.component("argocd-applicationset-controller")),
@@ -212,8 +208,7 @@ class LocalArgoCD(ProcessGroup):
         """CRDs, the namespace, ArgoCD's settings, the default project and the destination cluster
         secrets."""
         cluster = self.cluster
-        cluster.kubectl("apply", "--server-side", "-f", str(binaries.crds_dir))
-        self.wait("ArgoCD's CRDs Established", lambda: all(map(self._established, CRDS)), 60.0)
+        self.install_crds(binaries.crds_dir, CRDS, "ArgoCD's")
         cluster.create_namespace(NAMESPACE)
         secret = {
             "apiVersion": "v1",
@@ -260,14 +255,8 @@ class LocalArgoCD(ProcessGroup):
         secret = cluster_secret(name, cluster, labels, server)
         self.cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(secret))
 
-    def _established(self, crd: str) -> bool:
-        status, body = self.cluster.request("GET", CUSTOM_RESOURCE_DEFINITIONS.item(crd))
-        conditions = (body.get("status") or {}).get("conditions") or [] if status == 200 else []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-
     def _environment(self, binaries: ArgoCDBinaries) -> dict[str, str]:
-        kubeconfig = self.workdir / "kubeconfig"
-        shutil.copyfile(self.cluster.kubeconfig, kubeconfig)
+        kubeconfig = self.copy_kubeconfig()
         self.cluster.kubectl(
             f"--kubeconfig={kubeconfig}", "config", "set-context", "--current",
             f"--namespace={NAMESPACE}",
@@ -281,27 +270,22 @@ class LocalArgoCD(ProcessGroup):
         path = os.pathsep.join(
             [str(binaries.bin_dir), str(helm), os.environ.get("PATH", "/usr/bin:/bin")]
         )
-        return {
-            "PATH": path,
-            "HOME": str(self.workdir),
-            "TMPDIR": str(data["tmp"]),
-            "KUBECONFIG": str(kubeconfig),
-            "ARGOCD_FAKE_IN_CLUSTER": "true",
-            "ARGOCD_TLS_DATA_PATH": str(data["tls"]),
-            "ARGOCD_SSH_DATA_PATH": str(data["ssh"]),
-            "ARGOCD_GNUPGHOME": str(data["gpg-keys"]),
-            "ARGOCD_GPG_DATA_PATH": str(data["gpg-source"]),
-            "ARGOCD_GPG_ENABLED": "false",
-            "ARGOCD_PLUGINSOCKFILEPATH": str(data["cmp"]),
+        return self.environment(
+            PATH=path,
+            TMPDIR=str(data["tmp"]),
+            KUBECONFIG=str(kubeconfig),
+            ARGOCD_FAKE_IN_CLUSTER="true",
+            ARGOCD_TLS_DATA_PATH=str(data["tls"]),
+            ARGOCD_SSH_DATA_PATH=str(data["ssh"]),
+            ARGOCD_GNUPGHOME=str(data["gpg-keys"]),
+            ARGOCD_GPG_DATA_PATH=str(data["gpg-source"]),
+            ARGOCD_GPG_ENABLED="false",
+            ARGOCD_PLUGINSOCKFILEPATH=str(data["cmp"]),
             # The application controller reads its shard from the ordinal of its host name.
-            "HOSTNAME": "argocd-application-controller-0",
-        }
+            HOSTNAME="argocd-application-controller-0",
+        )
 
     # ----------------------------------------------------------------------------- helpers
-
-    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
-        log = self.cluster.logs_dir / f"{name}.log"
-        self.processes.append(spawn(name, argv, log=log, env=env))
 
     def _wait_port(self, name: str, port: int, timeout: float) -> None:
         def listening() -> bool:
@@ -310,10 +294,3 @@ class LocalArgoCD(ProcessGroup):
                 return sock.connect_ex(("127.0.0.1", port)) == 0
 
         self.wait(f"{name} listening on 127.0.0.1:{port}", listening, timeout)
-
-    def wait(self, what: str, probe: Callable[[], Any], timeout: float) -> Any:
-        """Polls ``probe`` until it returns something true; fails early when a component died."""
-        result = poll(probe, timeout, self.check_alive)
-        if not result:
-            raise ArgoCDError(f"timed out after {timeout:.0f}s waiting for {what}")
-        return result

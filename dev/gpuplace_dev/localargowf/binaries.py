@@ -7,12 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuplace_dev.builtcache import find_built
+from gpuplace_dev.gobuild import HACK, find_built
 from gpuplace_dev.localcluster.binaries import cache_root
 
-_HACK = Path(__file__).resolve().parents[3] / "hack"
-_BUILD_SCRIPT = _HACK / "build-argo-workflows.sh"
-_VERSION_FILE = _HACK / "argo-workflows" / "version"
+_BUILD_SCRIPT = HACK / "build-argo-workflows.sh"
+_VERSION_FILE = HACK / "argo-workflows" / "version"
 
 
 class ArgoWorkflowsBinariesError(Exception):
@@ -62,11 +61,6 @@ def cached() -> ArgoWorkflowsBinaries:
     """The cache location of the pinned release, built or not."""
     version = argo_workflows_version()
     return ArgoWorkflowsBinaries(cache_root() / f"argo-workflows-{version}", version)
-
-
-def available() -> bool:
-    """Whether the pinned release is built (nothing is built by asking)."""
-    return cached().complete()
 
 
 def find_argo_workflows(*, build: bool = True) -> ArgoWorkflowsBinaries:

@@ -10,21 +10,18 @@ default ServiceAccount bound to the executor's Role of the same release.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 import yaml
 
+from gpuplace_dev.gobuild import HostComponents
 from gpuplace_dev.localargowf.binaries import ArgoWorkflowsBinaries, find_argo_workflows
 from gpuplace_dev.localcluster import LocalCluster
 from gpuplace_dev.localcluster.images import Image, ImageFile, oci_archive
-from gpuplace_dev.localcluster.process import ProcessGroup, poll, spawn
-from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS, Resource
+from kubeio.paths import Resource
 
 NAMESPACE = "argo"
 CONFIGMAP = "workflow-controller-configmap"
@@ -87,7 +84,7 @@ class WorkflowResult:
         return self.phase in FINISHED
 
 
-class LocalArgoWorkflows(ProcessGroup):
+class LocalArgoWorkflows(HostComponents):
     """Installs Argo Workflows' CRDs and RBAC, imports argoexec, and runs the controller for
     ``managed_namespace``; `stop` ends it."""
 
@@ -101,11 +98,9 @@ class LocalArgoWorkflows(ProcessGroup):
         *,
         binaries: ArgoWorkflowsBinaries | None = None,
     ) -> None:
-        self.cluster = cluster
+        super().__init__(cluster, workdir, prefix="gpuplace-argo-workflows-")
         self.managed_namespace = managed_namespace
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuplace-argo-workflows-"))
         self._binaries = binaries
-        super().__init__()
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -166,8 +161,7 @@ class LocalArgoWorkflows(ProcessGroup):
         """The CRDs, the controller's namespace and configuration, and the executor's Role bound to
         the managed namespace's default ServiceAccount."""
         cluster = self.cluster
-        cluster.kubectl("apply", "--server-side", "-f", str(binaries.crds_dir))
-        self.wait("Argo Workflows' CRDs Established", lambda: all(map(self._established, CRDS)), 60)
+        self.install_crds(binaries.crds_dir, CRDS, "Argo Workflows'")
         cluster.create_namespace(NAMESPACE)
         role = yaml.safe_load(binaries.executor_role.read_text())
         role["metadata"] = {"name": EXECUTOR_ROLE, "namespace": self.managed_namespace}
@@ -205,14 +199,9 @@ class LocalArgoWorkflows(ProcessGroup):
         cluster.kubectl("apply", "--server-side", "-f", "-", input=manifest)
 
     def _spawn_controller(self, binaries: ArgoWorkflowsBinaries, image: str) -> None:
-        kubeconfig = self.workdir / "kubeconfig"
-        shutil.copyfile(self.cluster.kubeconfig, kubeconfig)
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.workdir),
-            # One controller: no Lease to wait for.
-            "LEADER_ELECTION_DISABLE": "true",
-        }
+        kubeconfig = self.copy_kubeconfig()
+        # One controller: no Lease to wait for.
+        env = self.environment(LEADER_ELECTION_DISABLE="true")
         argv = [
             str(binaries.controller),
             f"--kubeconfig={kubeconfig}",
@@ -225,17 +214,4 @@ class LocalArgoWorkflows(ProcessGroup):
             "--executor-image-pull-policy=Never",
             "--loglevel=info",
         ]
-        log = self.cluster.logs_dir / "workflow-controller.log"
-        self.processes.append(spawn("workflow-controller", argv, log=log, env=env))
-
-    def _established(self, crd: str) -> bool:
-        status, body = self.cluster.request("GET", CUSTOM_RESOURCE_DEFINITIONS.item(crd))
-        conditions = (body.get("status") or {}).get("conditions") or [] if status == 200 else []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-
-    def wait(self, what: str, probe: Callable[[], Any], timeout: float) -> Any:
-        """Polls ``probe`` until it returns something true; fails early when the controller died."""
-        result = poll(probe, timeout, self.check_alive)
-        if not result:
-            raise ArgoWorkflowsError(f"timed out after {timeout:.0f}s waiting for {what}")
-        return result
+        self.spawn("workflow-controller", argv, env)

@@ -5,16 +5,14 @@ that directory."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuplace_dev.builtcache import find_built
+from gpuplace_dev.gobuild import HACK, find_built, go_mod_version
 from gpuplace_dev.localcluster.binaries import cache_root
 
-_HACK = Path(__file__).resolve().parents[3] / "hack"
-_BUILD_SCRIPT = _HACK / "build-training-operators.sh"
-_GO_MOD = _HACK / "training-operators" / "go.mod"
+_BUILD_SCRIPT = HACK / "build-training-operators.sh"
+_GO_MOD = HACK / "training-operators" / "go.mod"
 OPERATORS = ("jobset", "lws")
 
 
@@ -48,14 +46,10 @@ class TrainingOperatorsBinaries:
 
 def versions() -> tuple[str, str]:
     """The JobSet and LeaderWorkerSet releases hack/training-operators/go.mod pins."""
-    text = _GO_MOD.read_text()
-    found = []
-    for module in ("sigs.k8s.io/jobset", "sigs.k8s.io/lws"):
-        match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)} (v\S+)", text, re.MULTILINE)
-        if match is None:
-            raise TrainingOperatorsBinariesError(f"{_GO_MOD}: no {module} requirement")
-        found.append(match.group(1))
-    return found[0], found[1]
+    return (
+        go_mod_version(_GO_MOD, "sigs.k8s.io/jobset", TrainingOperatorsBinariesError),
+        go_mod_version(_GO_MOD, "sigs.k8s.io/lws", TrainingOperatorsBinariesError),
+    )
 
 
 def cached() -> TrainingOperatorsBinaries:
@@ -64,11 +58,6 @@ def cached() -> TrainingOperatorsBinaries:
     return TrainingOperatorsBinaries(
         cache_root() / f"training-operators-{jobset}-{lws}", (jobset, lws)
     )
-
-
-def available() -> bool:
-    """Whether the pinned releases are built (nothing is built by asking)."""
-    return cached().complete()
 
 
 def find_training_operators(*, build: bool = True) -> TrainingOperatorsBinaries:

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -27,15 +24,14 @@ from typing import Any, Self
 import yaml
 
 from gpuplace_dev.demo.components import free_port
+from gpuplace_dev.gobuild import HostComponents
 from gpuplace_dev.localcluster import LocalCluster
-from gpuplace_dev.localcluster.process import ProcessGroup, poll, spawn
 from gpuplace_dev.localtraining.binaries import (
     OPERATORS,
     TrainingOperatorsBinaries,
     find_training_operators,
 )
 from kubeio import pki
-from kubeio.paths import CUSTOM_RESOURCE_DEFINITIONS
 
 #: Each operator's configuration API and the CRDs it serves.
 _CONFIG_API = {"jobset": "config.jobset.x-k8s.io/v1alpha1", "lws": "config.lws.x-k8s.io/v1alpha1"}
@@ -50,7 +46,7 @@ class TrainingOperatorsError(Exception):
     """A training operator did not start or stopped."""
 
 
-class LocalTrainingOperators(ProcessGroup):
+class LocalTrainingOperators(HostComponents):
     """Installs the operators' CRDs and webhook configurations and runs their managers; `stop`
     ends them (the CRDs and configurations stay, as the cluster's own objects)."""
 
@@ -64,14 +60,12 @@ class LocalTrainingOperators(ProcessGroup):
         operators: Iterable[str] = OPERATORS,
         binaries: TrainingOperatorsBinaries | None = None,
     ) -> None:
-        self.cluster = cluster
         self.operators = tuple(operators)
         unknown = [o for o in self.operators if o not in OPERATORS]
         if unknown:
             raise ValueError(f"unknown training operators {unknown}; have {OPERATORS}")
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuplace-training-operators-"))
+        super().__init__(cluster, workdir, prefix="gpuplace-training-operators-")
         self._binaries = binaries
-        super().__init__()
 
     def start(self) -> Self:
         binaries = self._binaries or find_training_operators()
@@ -103,12 +97,7 @@ class LocalTrainingOperators(ProcessGroup):
     ) -> None:
         """The CRDs, then the webhook configurations pointed at the manager's loopback port."""
         cluster = self.cluster
-        cluster.kubectl("apply", "--server-side", "-f", str(binaries.crds_dir(operator)))
-        self.wait(
-            f"{operator}'s CRDs Established",
-            lambda: all(map(self._established, CRDS[operator])),
-            60,
-        )
+        self.install_crds(binaries.crds_dir(operator), CRDS[operator], f"{operator}'s")
         built = cluster.kubectl("kustomize", str(binaries.webhook_dir(operator))).stdout
         configurations = [
             loopback_webhooks(doc, operator, port, ca)
@@ -126,8 +115,7 @@ class LocalTrainingOperators(ProcessGroup):
         probe: int,
         certs: Path,
     ) -> None:
-        kubeconfig = self.workdir / "kubeconfig"
-        shutil.copyfile(self.cluster.kubeconfig, kubeconfig)
+        kubeconfig = self.copy_kubeconfig()
         config = {
             "apiVersion": _CONFIG_API[operator],
             "kind": "Configuration",
@@ -140,14 +128,9 @@ class LocalTrainingOperators(ProcessGroup):
         }
         path = self.workdir / f"{operator}-config.yaml"
         path.write_text(yaml.safe_dump(config))
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.workdir),
-            "KUBECONFIG": str(kubeconfig),
-        }
+        env = self.environment(KUBECONFIG=str(kubeconfig))
         argv = [str(binaries.manager(operator)), f"--config={path}"]
-        log = self.cluster.logs_dir / f"{operator}-controller.log"
-        self.processes.append(spawn(f"{operator}-controller", argv, log=log, env=env))
+        self.spawn(f"{operator}-controller", argv, env)
 
     def _ready(self, probe: int) -> bool:
         try:
@@ -155,18 +138,6 @@ class LocalTrainingOperators(ProcessGroup):
                 return bool(answer.status == 200)
         except (urllib.error.URLError, OSError):
             return False
-
-    def _established(self, crd: str) -> bool:
-        status, body = self.cluster.request("GET", CUSTOM_RESOURCE_DEFINITIONS.item(crd))
-        conditions = (body.get("status") or {}).get("conditions") or [] if status == 200 else []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-
-    def wait(self, what: str, probe: Callable[[], Any], timeout: float) -> Any:
-        """Polls ``probe`` until it returns something true; fails early when a manager died."""
-        result = poll(probe, timeout, self.check_alive)
-        if not result:
-            raise TrainingOperatorsError(f"timed out after {timeout:.0f}s waiting for {what}")
-        return result
 
 
 def loopback_webhooks(doc: dict[str, Any], operator: str, port: int, ca: bytes) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""`find_built`: the lookup of a release built by a hack/ script into the cache, which ArgoCD's and
-Argo Workflows' launchers share."""
+"""gobuild: the lookup of a release built by a hack/ script into the cache (`find_built`) and the
+reading of a pinned version from a go.mod, which the launchers of Go components share."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace_dev.builtcache import find_built
+from gpuplace_dev.gobuild import find_built, go_mod_version
 
 
 class NotBuiltError(Exception):
@@ -61,3 +61,40 @@ def test_a_failed_or_incomplete_build_names_the_script(tmp_path: Path, body: str
     build = script(tmp_path, body)
     with pytest.raises(NotBuiltError, match=f"{build} failed with exit status"):
         find_built(Release(tmp_path), build, build=True, not_built="x", error=NotBuiltError)
+
+
+GO_MOD = """module example.com/wrapper
+
+go 1.25
+
+require github.com/argoproj/argo-cd/v3 v3.2.11
+
+require (
+\tsigs.k8s.io/jobset v0.11.0
+\tsigs.k8s.io/jobset/extra v9.9.9
+\tsigs.k8s.io/lws v0.8.0 // indirect
+)
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "version"),
+    [
+        ("github.com/argoproj/argo-cd/v3", "v3.2.11"),
+        ("sigs.k8s.io/jobset", "v0.11.0"),
+        ("sigs.k8s.io/lws", "v0.8.0"),
+    ],
+)
+def test_a_pinned_version_is_read_from_a_require_line_or_block(
+    tmp_path: Path, module: str, version: str
+) -> None:
+    go_mod = tmp_path / "go.mod"
+    go_mod.write_text(GO_MOD)
+    assert go_mod_version(go_mod, module, NotBuiltError) == version
+
+
+def test_a_module_the_go_mod_does_not_require_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    go_mod = tmp_path / "go.mod"
+    go_mod.write_text(GO_MOD)
+    with pytest.raises(NotBuiltError, match=f"{go_mod}: no 'sigs.k8s.io/kueue vX.Y.Z' requirement"):
+        go_mod_version(go_mod, "sigs.k8s.io/kueue", NotBuiltError)
