@@ -2,7 +2,7 @@
 
 Every component command declares its flags through `EnvFlags`, so each `GPUPLACE_*` variable is
 read one way: when the parser is built, as the flag's default. The settings objects are then built
-from the parsed flags alone.
+from the parsed flags alone (`from_flags`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from gpuplace import fleet
 from kubeio.client import ClientSettings, Kube
 from placement.dra import DEFAULT_ATTRIBUTE, DEFAULT_DEVICE_CLASS, DEFAULT_DRIVER, Enforcement
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 #: The parser, or one of its argument groups (both have add_argument).
 Parser = argparse.ArgumentParser | argparse._ArgumentGroup
@@ -39,6 +42,20 @@ def env_bool(name: str, default: bool) -> bool:
 
 _N = TypeVar("_N", int, float)
 T = TypeVar("T")
+S = TypeVar("S", bound="DataclassInstance")
+
+
+def from_flags(settings: type[S], args: argparse.Namespace, **fields: Any) -> S:
+    """A `settings` dataclass whose fields are the parsed flags of the same name
+    (``--lease-seconds`` fills ``lease_seconds``), or `fields`, which name the others: one that
+    a flag of another name fills, a value converted from a flag, a nested settings object. A
+    field that neither names keeps its default."""
+    flagged = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(settings)
+        if f.init and f.name not in fields and hasattr(args, f.name)
+    }
+    return settings(**flagged, **fields)
 
 
 def env_int(name: str, default: int) -> int:

@@ -26,7 +26,7 @@ from agent.probe import EmptyProbe, GpuProbe, NvmlUnavailableError, ProbeError
 from agent.report import render_json, render_text
 from agent.runner import Agent
 from agent.settings import AgentSettings
-from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag, add_log_flags
+from gpuplace.commands._env import EnvFlags, add_kubeconfig_flag, add_log_flags, from_flags
 from kubeio import logs
 from kubeio.client import ClientSettings, Kube
 from kubeio.httpserver import OpsServer
@@ -151,19 +151,15 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
         raise ValueError(
             f"--xid-recovery-seconds must be 0 or more seconds, got {args.xid_recovery_seconds}"
         )
-    return AgentSettings(
+    return from_flags(
+        AgentSettings,
+        args,
         node=NodeName(args.node or socket.gethostname()),
         interval_seconds=float(args.interval),
-        xid_recovery_seconds=float(args.xid_recovery_seconds),
-        publish_empty=bool(args.publish_empty),
         identity=str(args.identity or socket.gethostname()),
-        kubeconfig=args.kubeconfig,
-        inventory_namespace=str(args.inventory_namespace),
-        model_namespace=str(args.model_namespace),
         metrics_host=host or "0.0.0.0",  # noqa: S104 - a pod's metrics port listens on all interfaces
         metrics_port=int(port),
         log_level=str(args.log_level or ("warning" if args.print_only else "info")),
-        log_json=bool(args.log_json),
         pod_resources_socket=str(args.pod_resources_socket or ""),
     )
 

@@ -21,6 +21,7 @@ from gpuplace.commands._env import (
     add_kubeconfig_flag,
     add_legacy_flags,
     add_log_flags,
+    from_flags,
 )
 from kubeio import logs
 from kubeio.client import ClientSettings, Kube
@@ -141,36 +142,22 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         if selector_text
         else None
     )
-    return ControllerSettings(
-        kubeconfig=args.kubeconfig,
+    return from_flags(
+        ControllerSettings,
+        args,
         identity=args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
         system_namespace=args.namespace,
-        lease_name=args.lease_name,
-        inventory_namespace=args.inventory_namespace,
-        lease_seconds=args.lease_seconds,
-        renew_deadline_seconds=args.renew_deadline_seconds,
-        retry_seconds=args.retry_seconds,
         alias_label=args.node_alias_label,
-        configmap_maps=args.configmap_maps,
-        resource_maps=args.resource_maps,
         metrics_host=host or "0.0.0.0",  # noqa: S104
         metrics_port=int(port),
-        web_address=args.web_address,
-        web_authenticate=args.web_authenticate,
-        web_service=args.web_service,
-        binder=BinderSettings(
-            scheduler_name=args.scheduler_name,
+        binder=from_flags(
+            BinderSettings,
+            args,
             legacy_scheduler_names=legacy_names,
-            legacy=args.legacy,
             legacy_namespace_selector=legacy_selector,
-            require_inventory=args.require_inventory,
-            bind_workers=args.bind_workers,
         ),
         enforcement=Enforcement(args.enforcement),
         dra=DraSettings(args.dra_driver, args.dra_attribute, args.dra_device_class),
-        startup_delay_seconds=args.startup_delay_seconds,
-        log_level=args.log_level,
-        log_json=args.log_json,
         grants_default_deny=args.grants_default == "deny",
     )
 

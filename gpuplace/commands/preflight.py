@@ -19,7 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 import yaml
 
 from gpuplace.commands._args import documented_command
-from gpuplace.commands._env import env_str
+from gpuplace.commands._env import env_str, from_flags
 from placement.annotations import LEGACY_NODE_LABEL
 from placement.errors import format_all
 from placement.maps import PlacementMap
@@ -138,19 +138,12 @@ def run(args: argparse.Namespace) -> int:
     pmap = _read_map(args.map_file, args.select)
     if pmap is None:
         return 1
-    settings = PreflightSettings(
-        image=args.image,
-        namespace=args.namespace,
-        name=args.name,
-        service_account=args.service_account,
-        runtime_class=args.runtime_class,
+    settings = from_flags(
+        PreflightSettings,
+        args,
         alias_label=args.node_alias_label,
         tolerations=tuple(args.tolerations or DEFAULT_TOLERATIONS),
         timeout_seconds=args.timeout,
-        parallelism=args.parallelism,
-        argocd_hook=args.argocd_hook,
-        nvml_host_path=args.nvml_host_path,
-        nvml_host_path_type=args.nvml_host_path_type,
         env=env,
     )
     manifest = workflow_manifest(pmap, settings)

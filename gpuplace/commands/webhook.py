@@ -13,6 +13,7 @@ from gpuplace.commands._env import (
     add_kubeconfig_flag,
     add_legacy_flags,
     add_log_flags,
+    from_flags,
 )
 from kubeio.client import ClientSettings
 from placement.dra import Enforcement
@@ -205,51 +206,30 @@ def _add_registration_flags(flags: EnvFlags) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> WebhookSettings:
-    return WebhookSettings(
-        admission=AdmissionSettings(
-            scheduler_name=args.scheduler_name,
+    return from_flags(
+        WebhookSettings,
+        args,
+        admission=from_flags(
+            AdmissionSettings,
+            args,
             legacy_mode=args.legacy,
             legacy_scheduler_names=tuple(args.legacy_names),
             enforcement=Enforcement(args.enforcement),
         ),
-        server=ServerSettings(
-            host=args.host,
-            port=args.port,
-            processes=args.processes,
-            max_body_bytes=args.max_body_bytes,
-            max_connections=args.max_connections,
-            max_connections_per_client=args.max_connections_per_client,
-            max_buffered_bytes=args.max_buffered_bytes,
-            validation_threads=args.validation_threads,
-            validation_queue_per_namespace=args.validation_queue_per_namespace,
-            validation_queue=args.validation_queue,
-            handshake_timeout_seconds=args.handshake_timeout_seconds,
-            head_timeout_seconds=args.head_timeout_seconds,
-            request_timeout_seconds=args.request_timeout_seconds,
-            idle_timeout_seconds=args.idle_timeout_seconds,
-            write_timeout_seconds=args.write_timeout_seconds,
-            shutdown_delay_seconds=args.shutdown_delay_seconds,
-        ),
-        tls=TLSSettings(
+        server=from_flags(ServerSettings, args),
+        tls=from_flags(
+            TLSSettings,
+            args,
             cert_file=args.tls_cert_file,
             key_file=args.tls_key_file,
             ca_file=args.tls_ca_file,
             bootstrap=args.bootstrap_tls,
-            namespace=args.namespace,
-            ca_secret=args.ca_secret,
-            service_name=args.service_name,
             extra_dns_names=tuple(args.dns_names),
             ip_addresses=tuple(args.ip_addresses),
         ),
-        registration=RegistrationSettings(
-            configuration_name=args.configuration_name,
-            register_url=args.register,
-            patch_ca_bundle=args.patch_ca_bundle,
-        ),
+        registration=from_flags(RegistrationSettings, args, register_url=args.register),
         kube=ClientSettings(kubeconfig=args.kubeconfig, context=args.context),
         model_namespace=args.namespace,
-        log_level=args.log_level,
-        log_json=args.log_json,
     )
 
 
