@@ -96,53 +96,75 @@ class GpuCollector(Collector):
         inventories: Mapping[NodeName, NodeInventory],
         unreported: set[tuple[NodeName, str]],
     ) -> GaugeMetricFamily:
-        users: dict[GpuKey, _Users] = {}
-        for held in self.holdings():
-            if held.assumed:
-                continue  # its Binding is not stored yet
-            namespace, _, pod = held.pod.partition("/")
-            labels = (namespace, pod, held.slot.map.name, str(held.slot.index))
-            for gpu in held.gpus:
-                key = _reported(held.node, GpuId(gpu), inventories.get(held.node))
-                if key is None:
-                    unreported.add((held.node, gpu))
-                else:
-                    _merge(users, key, labels)
-        family = GaugeMetricFamily(
+        def held() -> Iterator[tuple[NodeName, GpuId, tuple[str, ...]]]:
+            for holding in self.holdings():
+                if holding.assumed:
+                    continue  # its Binding is not stored yet
+                namespace, _, pod = holding.pod.partition("/")
+                labels = (namespace, pod, holding.slot.map.name, str(holding.slot.index))
+                for gpu in holding.gpus:
+                    yield holding.node, GpuId(gpu), labels
+
+        return _family(
             "gpuplace_gpu_holder",
             "A GPU pods hold (1), from the binder's slot cache; join DCGM's series on UUID. "
             "A label is empty where the pods holding the GPU differ in it",
-            labels=HOLDER_LABELS,
+            HOLDER_LABELS,
+            _users_by_gpu(held(), inventories, unreported),
+            lambda _users: 1,
         )
-        for (node, index, uuid), merged in sorted(users.items()):
-            family.add_metric([node, str(index), uuid, *merged.labels], 1)
-        return family
 
     def _declared(
         self,
         inventories: Mapping[NodeName, NodeInventory],
         unreported: set[tuple[NodeName, str]],
     ) -> GaugeMetricFamily:
-        users: dict[GpuKey, _Users] = {}
-        for key, cmap in self.model().maps.items():
-            for slot in cmap.slots.values():
-                labels = (key.namespace, key.name, str(slot.index))
-                node_inventory = inventories.get(slot.node)
-                for gpu in slot.gpus:
-                    found = _reported(slot.node, gpu, node_inventory)
-                    if found is None:
-                        unreported.add((slot.node, gpu))
-                    else:
-                        _merge(users, found, labels)
-        family = GaugeMetricFamily(
+        def declared() -> Iterator[tuple[NodeName, GpuId, tuple[str, ...]]]:
+            for key, cmap in self.model().maps.items():
+                for slot in cmap.slots.values():
+                    labels = (key.namespace, key.name, str(slot.index))
+                    for gpu in slot.gpus:
+                        yield slot.node, gpu, labels
+
+        return _family(
             "gpuplace_gpu_declared",
             "The slots of valid maps that declare a GPU, held or not: the maps' claims on the "
             "device. A label is empty where those slots differ in it",
-            labels=DECLARED_LABELS,
+            DECLARED_LABELS,
+            _users_by_gpu(declared(), inventories, unreported),
+            lambda users: users.count,
         )
-        for (node, index, uuid), merged in sorted(users.items()):
-            family.add_metric([node, str(index), uuid, *merged.labels], merged.count)
-        return family
+
+
+def _users_by_gpu(
+    uses: Iterable[tuple[NodeName, GpuId, tuple[str, ...]]],
+    inventories: Mapping[NodeName, NodeInventory],
+    unreported: set[tuple[NodeName, str]],
+) -> dict[GpuKey, _Users]:
+    """Each use of a GPU (its node, the GPU as the user names it, the user's labels) merged into
+    the reported GPU it is; a GPU no agent reports goes to `unreported` instead."""
+    users: dict[GpuKey, _Users] = {}
+    for node, gpu, labels in uses:
+        key = _reported(node, gpu, inventories.get(node))
+        if key is None:
+            unreported.add((node, gpu))
+        else:
+            _merge(users, key, labels)
+    return users
+
+
+def _family(
+    name: str,
+    documentation: str,
+    labels: tuple[str, ...],
+    users: Mapping[GpuKey, _Users],
+    value: Callable[[_Users], int],
+) -> GaugeMetricFamily:
+    """One series per reported GPU in `users`, its tenant labels merged, `value` its value."""
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for (node, index, uuid), merged in sorted(users.items()):
+        family.add_metric([node, str(index), uuid, *merged.labels], value(merged))
+    return family
 
 
 def _info(inventories: Mapping[NodeName, NodeInventory]) -> GaugeMetricFamily:
