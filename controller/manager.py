@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,7 +98,9 @@ class Leadership:
         if not self.hold.holds():
             log.warning("lease lost during start-up: not leading")
             return
+        synced = time.monotonic()
         self.maps.lead(model_data(self.informers.model.objects()))
+        compiled = time.monotonic()
         self.nodes.sweep_inventories(self.informers.inventories, self.tracker)
         if not snapshot(self.informers.policy):
             self.grants.warn_if_open()
@@ -106,11 +109,15 @@ class Leadership:
         if not self.hold.holds():
             log.warning("lease lost during start-up: not leading")
             return
+        rebuilding = time.monotonic()
         bound = self._rebuild_from_pods()
         log.info(
-            "leading: model generation %d, %d bound pods in the slot cache",
+            "leading: model generation %d (%.2f s after the caches synced), %d bound pods in the "
+            "slot cache (%.2f s)",
             self.maps.model.generation,
+            compiled - synced,
             bound,
+            time.monotonic() - rebuilding,
         )
         with self._term:
             if self._term_over or not self.hold.holds():
