@@ -1,7 +1,9 @@
 """YAML loading that remembers where every value and key came from.
 
 PyYAML's composer gives marks for each node; we build plain Python values from the node tree and keep
-a table from field path to (line, column), so validation errors can point at the exact spot.
+a table from field path to (line, column), so validation errors can point at the exact spot. A stream
+without anchors, tags or merge keys (nearly every map) is built straight from the parser's events
+instead (`placement/yamlevents.py`), with the same tables; any other is read through the node tree.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
 from placement.errors import Diagnostic, Location, PlacementError, oversized
+from placement.yamlevents import block_scalar_start, build_documents
 
 Path = tuple[str | int, ...]
 
@@ -234,14 +237,7 @@ class _Builder:
             return items
         assert isinstance(node, yaml.ScalarNode)
         if node.style == "|":
-            # Literal content starts on the line after the indicator and keeps its line breaks:
-            # record that line and its indent (folded `>` content does not map line for line).
-            lines = self.lines()
-            row = node.start_mark.line + 1
-            while row < len(lines) and not lines[row].strip():
-                row += 1
-            indent = len(lines[row]) - len(lines[row].lstrip(" ")) if row < len(lines) else 0
-            self.doc.block_scalars[path] = (node.start_mark.line + 2, indent)
+            self.doc.block_scalars[path] = block_scalar_start(self.lines(), node.start_mark.line)
         return self.construct(node)
 
     def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[Any, Any]:
@@ -358,11 +354,31 @@ def load_documents(
         Reader(text)
     except yaml.reader.ReaderError as exc:
         raise _unreadable(text, source, exc) from exc
+    with _gc_paused():
+        documents = _read_events(text, source, limits)
+        if documents is None:
+            documents = _read_nodes(text, source, limits)
+    yield from documents
+
+
+def _read_events(text: str, source: str, limits: YamlLimits) -> list[Document] | None:
+    """The common stream, built from the parser's events (`placement/yamlevents.py`); None for
+    any other, which only `_read_nodes` reads."""
+    parser = _EventSource(text)
+    try:
+        built = build_documents(parser, text, limits.max_depth)
+    finally:
+        parser.dispose()
+    if built is None:
+        return None
+    return [Document(source, doc.value, doc.values, doc.keys, doc.block_scalars) for doc in built]
+
+
+def _read_nodes(text: str, source: str, limits: YamlLimits) -> list[Document]:
+    """Any stream, through a node tree: anchors, aliases, tags and merge keys, and every refusal."""
     loader = _Loader(text, source, limits)
     try:
-        with _gc_paused():
-            documents = list(_documents(loader, text, source))
-        yield from documents
+        return list(_documents(loader, text, source))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
