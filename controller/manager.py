@@ -54,6 +54,9 @@ from placement.model import model_data
 
 log = logging.getLogger(__name__)
 
+#: The longest the collector stays paused at the start waiting for the informers to list.
+SETTLE_SECONDS = 60.0
+
 
 @dataclass(eq=False)
 class Leadership:
@@ -99,7 +102,8 @@ class Leadership:
             log.warning("lease lost during start-up: not leading")
             return
         synced = time.monotonic()
-        self.maps.lead(model_data(self.informers.model.objects()))
+        with heap.paused():
+            self.maps.lead(model_data(self.informers.model.objects()))
         compiled = time.monotonic()
         self.nodes.sweep_inventories(self.informers.inventories, self.tracker)
         if not snapshot(self.informers.policy):
@@ -110,7 +114,10 @@ class Leadership:
             log.warning("lease lost during start-up: not leading")
             return
         rebuilding = time.monotonic()
-        bound = self._rebuild_from_pods()
+        with heap.paused():
+            # What is rebuilt lives as long as the leadership: out of the collector's
+            # generations once built, never scanned again (controller/heap.py).
+            bound = self._rebuild_from_pods()
         log.info(
             "leading: model generation %d (%.2f s after the caches synced), %d bound pods in the "
             "slot cache (%.2f s)",
@@ -123,9 +130,6 @@ class Leadership:
             if self._term_over or not self.hold.holds():
                 log.warning("lease lost during start-up: not leading")
                 return
-            # What was just listed and rebuilt lives as long as the leadership: out of the
-            # collector's generations, never scanned again (controller/heap.py).
-            heap.freeze()
             self.binder.start()
             self.leading.set()
             for workers in self.workers:
@@ -210,9 +214,19 @@ class Controller:
                 " (bearer tokens checked)" if self.web.authorizer is not None else "",
             )
         self.informers.start()
+        threading.Thread(target=self._settle, name="heap", daemon=True).start()
         for workers in self.workers:
             workers.start()
         self.expiry.add(EXPIRY)
+
+    def _settle(self) -> None:
+        """Ends the start-up's pause of the collector (`heap.tune`) once every informer has
+        listed, or after `SETTLE_SECONDS` if one cannot (an apiserver down at the start: the
+        retries' garbage is collected again)."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        for informer in self.informers.all():
+            informer.wait_synced(max(0.0, deadline - time.monotonic()))
+        heap.resume()
 
     def run(self) -> None:
         """Campaigns and leads; blocks until `stop` or the loss of leadership."""
