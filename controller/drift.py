@@ -89,11 +89,10 @@ class DriftTracker:
         wanted = {k for k in keys if not k.name.startswith(LEGACY_MAP_PREFIX)}
         if not wanted:  # a legacy pod's map is its own annotation: it cannot drift
             return changed
-        by_map: dict[MapKey, dict[str, Holding]] = {k: {} for k in wanted}
-        for held in cache.holdings():  # a copy taken under the cache's lock
-            if held.slot.map in by_map and not held.assumed:
-                by_map[held.slot.map][held.uid] = held
-        for key, current in by_map.items():
+        for key in wanted:
+            # The map's own holdings: a drain queues its maps bind after bind, and a pass must
+            # not cost more with every pod the cache holds.
+            current = {h.uid: h for h in cache.map_holdings(key) if not h.assumed}
             if self._recheck_map(key, current, model):
                 changed.add(key)
         if changed:

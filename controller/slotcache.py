@@ -158,6 +158,16 @@ class SlotCache:
         with self._lock:
             return list(self._by_uid.values())
 
+    def map_holdings(self, key: MapKey) -> list[Holding]:
+        """The holdings of map `key`'s slots (a copy taken under the lock), in time that grows
+        with that map's slots, not with every pod held."""
+        with self._lock:
+            return [
+                held
+                for uid in self._by_map.get(key, {}).values()
+                if (held := self._by_uid.get(uid)) is not None
+            ]
+
     def assume(self, uid: str, pod: str, placement: Placement) -> None:
         self._add(
             Holding(

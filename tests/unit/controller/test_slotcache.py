@@ -269,3 +269,15 @@ def test_pods_that_may_share_a_gpu_are_no_conflict() -> None:
     lines = SlotCache(may_share=lambda a, b, gpu: gpu == "GPU-a")  # legacy lines that share
     lines.add_bound(held("p1", 0))
     assert lines.add_bound(held("p2", 1)) == [] and lines.conflicts() == []
+
+
+def test_a_maps_holdings_are_its_slots_only_and_follow_releases() -> None:
+    cache = SlotCache()
+    cache.assume("a", "team/a", placement(0, 0))  # map 0
+    cache.assume("b", "team/b", placement(0, 1))  # map 1
+    cache.assume("c", "team/c", placement(1, 0))  # map 0, another index
+    assert {h.uid for h in cache.map_holdings(MAPS[0])} == {"a", "c"}
+    assert {h.uid for h in cache.map_holdings(MAPS[1])} == {"b"}
+    cache.release("a")
+    assert [h.uid for h in cache.map_holdings(MAPS[0])] == ["c"]
+    assert cache.map_holdings(MapKey("team", "none")) == []
