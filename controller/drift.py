@@ -61,6 +61,11 @@ class DriftTracker:
         self.on_count = on_count  # total drifted pods, after each check that changed it
         self._drifts: dict[str, tuple[Holding, Drift]] = {}  # uid -> its holding and drift
         self._by_map: dict[MapKey, set[str]] = {}
+        #: Per map, the compiled map its holdings were last judged against and those holdings:
+        #: a holding judged against the same compiled map has the same drift (`drift_of` reads
+        #: nothing else), so a pass re-judges only what is new. A drain queues a map's pass bind
+        #: after bind, and each would otherwise judge every pod of the map again.
+        self._judged: dict[MapKey, tuple[object, dict[str, Holding]]] = {}
         self._executor = ThreadPoolExecutor(2, thread_name_prefix="drift")
 
     def count(self, key: MapKey) -> int:
@@ -106,10 +111,24 @@ class DriftTracker:
         for uid in self._by_map.get(key, set()) - current.keys():  # released: the pod is gone
             self._drifts.pop(uid, None)
             changed = True
+        cmap = model.maps.get(key)
+        against, judged = self._judged.get(key, (None, {}))
+        if against is not cmap:
+            judged = {}
+        judged = {uid: current[uid] for uid in judged.keys() & current.keys()}
+        if current:
+            self._judged[key] = (cmap, judged)
+        else:
+            self._judged.pop(key, None)
         after: set[str] = set()
         for uid, holding in current.items():
-            drift = drift_of(bound_slot(holding), model)
             known = self._drifts.get(uid)
+            if judged.get(uid) is holding:
+                if known is not None:
+                    after.add(uid)
+                continue
+            judged[uid] = holding
+            drift = drift_of(bound_slot(holding), model)
             if drift is not None:
                 after.add(uid)
             if (known[1] if known else None) == drift:
@@ -129,6 +148,7 @@ class DriftTracker:
     def forget_all(self) -> None:
         self._drifts.clear()
         self._by_map.clear()
+        self._judged.clear()
         self.on_count(0)
 
     def _write(self, holding: Holding, drift: Drift | None, was_drifted: bool) -> None:
