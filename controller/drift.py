@@ -111,15 +111,7 @@ class DriftTracker:
         for uid in self._by_map.get(key, set()) - current.keys():  # released: the pod is gone
             self._drifts.pop(uid, None)
             changed = True
-        cmap = model.maps.get(key)
-        against, judged = self._judged.get(key, (None, {}))
-        if against is not cmap:
-            judged = {}
-        judged = {uid: current[uid] for uid in judged.keys() & current.keys()}
-        if current:
-            self._judged[key] = (cmap, judged)
-        else:
-            self._judged.pop(key, None)
+        judged = self._still_judged(key, model.maps.get(key), current)
         after: set[str] = set()
         for uid, holding in current.items():
             known = self._drifts.get(uid)
@@ -144,6 +136,19 @@ class DriftTracker:
         else:
             self._by_map.pop(key, None)
         return changed
+
+    def _still_judged(
+        self, key: MapKey, cmap: object, current: dict[str, Holding]
+    ) -> dict[str, Holding]:
+        """The holdings of `current` last judged against `cmap` (the map's compiled map now),
+        kept as the map's memo for this pass to add to."""
+        against, judged = self._judged.pop(key, (None, {}))
+        kept = {uid: current[uid] for uid in judged.keys() & current.keys()}
+        if against is not cmap:
+            kept = {}
+        if current:
+            self._judged[key] = (cmap, kept)
+        return kept
 
     def forget_all(self) -> None:
         self._drifts.clear()
