@@ -37,7 +37,7 @@ from controller.manager import Controller, Leadership
 from controller.metrics import ControllerMetrics
 from controller.modelkeeper import ModelKeeper
 from controller.nodekeeper import NodeKeeper
-from controller.podwatch import PodWatch
+from controller.podwatch import BOUND_SETTLE_SECONDS, PodWatch
 from controller.renumber import RenumberTracker
 from controller.rollout import Rollouts
 from controller.settings import ControllerSettings
@@ -129,8 +129,8 @@ def build(
     )
 
     def on_bound(slot: SlotKey) -> None:  # a slot was bound or freed
-        q.statuses.add(slot.map)
-        q.drifts.add(slot.map)
+        q.statuses.add_after(slot.map, BOUND_SETTLE_SECONDS)
+        q.drifts.add_after(slot.map, BOUND_SETTLE_SECONDS)
 
     def map_ref(key: MapKey) -> ObjectRef | None:
         """Where a map's Events go: its PlacementMap, else its source ConfigMap."""

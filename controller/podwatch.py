@@ -20,6 +20,11 @@ from kubeio.pod import Pod
 from placement.annotations import LEGACY_MAP_PREFIX
 from placement.types import MapKey
 
+#: A bound pod seen, or a slot bound or freed: its map's drift (and, from the binder, its status)
+#: is looked at within this long, once however many of the map's slots a drain binds meanwhile.
+#: Each bind used to queue a pass of its own, which re-read the map for every pod bound.
+BOUND_SETTLE_SECONDS = 0.5
+
 
 @dataclass(eq=False)
 class PodWatch:
@@ -66,7 +71,7 @@ class PodWatch:
                 self._bindings_seen[uid] = seen
         decision = bound.decision
         if decision is not None and not decision.map.name.startswith(LEGACY_MAP_PREFIX):
-            self.drift.add(decision.map)
+            self.drift.add_after(decision.map, BOUND_SETTLE_SECONDS)
         self.track_indices(bound, gone)
 
     def track_indices(self, bound: podfacts.BoundPod, gone: bool) -> None:
