@@ -143,9 +143,9 @@ class DriftTracker:
         """The holdings of `current` last judged against `cmap` (the map's compiled map now),
         kept as the map's memo for this pass to add to."""
         against, judged = self._judged.pop(key, (None, {}))
-        kept = {uid: current[uid] for uid in judged.keys() & current.keys()}
-        if against is not cmap:
-            kept = {}
+        kept = (
+            {uid: current[uid] for uid in judged.keys() & current.keys()} if against is cmap else {}
+        )
         if current:
             self._judged[key] = (cmap, kept)
         return kept

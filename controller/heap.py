@@ -14,8 +14,8 @@ listed everything, and while a new leader compiles and rebuilds its slot cache),
 what it built out of the collector's sight (`gc.freeze`): reference counting still frees those
 objects when the cache lets them go (decoded JSON, the bulk of it, holds no reference cycles).
 What a cycle among the frozen objects keeps is never collected: at most what was alive at a
-freeze, once at the start and once per leadership, since objects made later are collected as
-before. On a cluster of 40,000 pods the collections a start-up made cost 0.5-1 s before its
+freeze (the end of the start's pause, and of a new leader's two), since objects made later are
+collected as before. On a cluster of 40,000 pods the collections a start-up made cost 0.5-1 s before its
 first bind.
 """
 
