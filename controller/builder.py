@@ -72,6 +72,10 @@ STATUS_BURST = 500
 DRIFT_BATCH = 256
 STATUS_BATCH = 64
 WAKE_BATCH = 1024
+#: The status and drift queues hand out the maps due within this long of each other in one batch
+#: (`WorkQueue` tick): a drain's maps, each settled 0.5 s after its binds, and rollouts polled every
+#: 0.5 s, wake their worker a few times a second, not once a map.
+SETTLE_TICK = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +99,8 @@ class Queues:
             WorkQueue("expiry"),
             WorkQueue("taints"),
             WorkQueue("dra-wakes"),
-            WorkQueue("status", qps=STATUS_QPS, burst=STATUS_BURST),
-            WorkQueue("drift"),
+            WorkQueue("status", qps=STATUS_QPS, burst=STATUS_BURST, tick=SETTLE_TICK),
+            WorkQueue("drift", tick=SETTLE_TICK),
             WorkQueue("key-ring", base_delay=retry_seconds),
             WorkQueue("templates") if dra else None,
         )

@@ -11,7 +11,10 @@ Contract of `WorkQueue` (every method from any thread):
 - `retry(key)`: the key comes back after its own exponential backoff (`base_delay` doubled with each
   failure in a row, at most `max_delay`); `forget(key)` ends its run of failures.
 - `add_after(key, delay)`: the key becomes ready after `delay` (a poll, a write held back); an
-  earlier readiness wins over a later one, and a plain `add` makes it ready now.
+  earlier readiness wins over a later one, and a plain `add` makes it ready now. With `tick`, the
+  time is rounded up to a multiple of it: keys due within one tick become ready together, so
+  workers taking batches take them in one wake (a drain's maps, each settled 0.5 s after its
+  binds, would otherwise wake a worker once a map).
 - The global rate limit: with `qps`, a token bucket (`burst` tokens, refilled at `qps` a second)
   that every key handed out takes one token from, whatever its key: the whole queue's pace against
   the apiserver, on top of each key's backoff.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -79,9 +83,13 @@ class WorkQueue(Generic[K]):
         max_delay: float = 60.0,
         qps: float | None = None,
         burst: int = 1,
+        tick: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if tick < 0:
+            raise ValueError(f"{name}: a tick is at least 0, got {tick}")
         self.name = name
+        self.tick = tick
         self.base_delay = base_delay
         self.max_delay = max_delay
         self._clock = clock
@@ -132,6 +140,8 @@ class WorkQueue(Generic[K]):
             if self._shut or key in self._dirty:
                 return  # ready already, or again as soon as its worker is done: sooner
             when = self._clock() + delay
+            if self.tick:
+                when = math.ceil(when / self.tick) * self.tick
             due = self._due.get(key)
             if due is not None and due <= when:
                 return

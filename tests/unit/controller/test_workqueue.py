@@ -103,6 +103,29 @@ def test_the_rate_limit_paces_every_key_together() -> None:
     assert queue.get(10, timeout=0) == ["d", "e"]  # refilled to the burst, no more
 
 
+def test_keys_due_within_one_tick_are_handed_out_together() -> None:
+    """With a tick, a delayed key's time is rounded up to the tick: keys added after 0.5 s at
+    different moments of one tick come out in one batch, at the tick's end, and not before."""
+    clock = Clock()
+    clock.now = 1000.01
+    queue: WorkQueue[str] = WorkQueue("q", tick=0.1, clock=clock)
+    queue.add_after("a", 0.5)  # 1000.51 -> 1000.6
+    clock.now = 1000.05
+    queue.add_after("b", 0.5)  # 1000.55 -> 1000.6
+    clock.now = 1000.12
+    queue.add_after("c", 0.5)  # 1000.62 -> 1000.7
+    clock.now = 1000.58
+    assert queue.get(10, timeout=0) == []
+    clock.now = 1000.61
+    assert queue.get(10, timeout=0) == ["a", "b"]
+    clock.now = 1000.71
+    assert queue.get(10, timeout=0) == ["c"]
+    untimed: WorkQueue[str] = WorkQueue("q", clock=clock)
+    untimed.add_after("a", 0.5)
+    clock.now += 0.5
+    assert untimed.get(10, timeout=0) == ["a"]  # no tick: at its time exactly
+
+
 def test_a_bad_rate_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="qps > 0"):
         WorkQueue("q", qps=0)
