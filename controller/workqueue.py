@@ -146,8 +146,11 @@ class WorkQueue(Generic[K]):
             if due is not None and due <= when:
                 return
             self._due[key] = when
+            earliest = self._delayed[0][0] if self._delayed else None
             heapq.heappush(self._delayed, (when, next(self._sequence), key))
-            self._cond.notify()
+            if earliest is None or when < earliest:
+                # A waiting worker wakes by the earliest time already: a later one needs no wake.
+                self._cond.notify()
 
     def retry(self, key: K) -> float:
         """The key again after its backoff; returns the delay."""

@@ -126,6 +126,30 @@ def test_keys_due_within_one_tick_are_handed_out_together() -> None:
     assert untimed.get(10, timeout=0) == ["a"]  # no tick: at its time exactly
 
 
+def test_a_waiting_worker_takes_an_earlier_key_first_and_a_later_one_at_its_time() -> None:
+    """A worker blocked until the earliest delayed key is woken for a key due sooner; a key due
+    later than that needs no wake and is still handed out."""
+    queue: WorkQueue[str] = WorkQueue("q")
+    queue.add_after("middle", 0.3)
+    taken: list[str] = []
+    started = threading.Event()
+
+    def worker() -> None:
+        started.set()
+        while len(taken) < 3 and (keys := queue.get(timeout=10)):
+            taken.extend(keys)
+            for key in keys:
+                queue.done(key)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert started.wait(10)
+    queue.add_after("late", 0.5)
+    queue.add_after("early", 0.01)
+    thread.join(20)
+    assert taken == ["early", "middle", "late"]
+
+
 def test_a_bad_rate_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="qps > 0"):
         WorkQueue("q", qps=0)
