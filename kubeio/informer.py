@@ -6,10 +6,8 @@ informer emits the difference to its store, so a handler never misses a delete i
 A `transform` (client-go's SetTransform) trims each object as it arrives, before the store keeps
 it and before any handler sees it: the cache then holds only what its readers read, so fields a
 writer of the object is free to grow (a pod's annotations) cost nothing to hold. The caller, who
-knows what it reads, passes the transform in; this module knows no resource's fields. An update
-whose trimmed object differs from the one stored in its resourceVersion alone (a node's heartbeat,
-a pod's status field nobody reads) is stored and delivered to no handler: nothing a reader reads
-changed. The memory a page of whole objects took stays with the process's allocator after they are freed
+knows what it reads, passes the transform in; this module knows no resource's fields. The
+memory a page of whole objects took stays with the process's allocator after they are freed
 (small blocks among the kept ones); `after_page` lets the caller hand it back.
 """
 
@@ -34,26 +32,6 @@ Handler = Callable[[str, Obj, Obj | None], None]  # (ADDED|MODIFIED|DELETED|SYNC
 #: relist tells a changed object), and must not fail on any object of its resource.
 Transform = Callable[[Obj], Obj]
 ADDED, MODIFIED, DELETED, SYNC = "ADDED", "MODIFIED", "DELETED", "SYNC"
-
-
-def same_but_version(old: Obj, new: Obj) -> bool:
-    """Whether two versions of an object differ in metadata.resourceVersion at most."""
-    if old.keys() != new.keys():
-        return False
-    for name, value in new.items():
-        if name == "metadata":
-            kept = old[name]
-            if not isinstance(value, dict) or not isinstance(kept, dict):
-                if kept != value:
-                    return False
-                continue
-            if kept.keys() != value.keys():
-                return False
-            if any(k != "resourceVersion" and kept[k] != v for k, v in value.items()):
-                return False
-        elif old[name] != value:
-            return False
-    return True
 
 
 class Informer:
@@ -250,8 +228,7 @@ class Informer:
                 last_resync = time.monotonic()
 
     def _apply(self, kind: str, obj: Obj) -> None:
-        """One watched change into the store, and to the handlers unless nothing they read
-        changed (the module's docstring)."""
+        """One watched change into the store and to the handlers."""
         key = obj_key(obj)
         with self.lock:
             old = self.store.get(key)
@@ -260,10 +237,7 @@ class Informer:
                 self._emit(DELETED, obj, old)
                 return
             self.store[key] = obj
-            if old is None:
-                self._emit(ADDED, obj, None)
-            elif self.transform is None or not same_but_version(old, obj):
-                self._emit(MODIFIED, obj, old)
+            self._emit(ADDED if old is None else MODIFIED, obj, old)
 
     def _absent(self) -> None:
         """The resource is not served: nothing of it exists (what was cached is gone too)."""

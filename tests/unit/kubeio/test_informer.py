@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kubeio.errors import APIError, APINotFoundError
-from kubeio.informer import ADDED, DELETED, MODIFIED, SYNC, Informer, same_but_version
+from kubeio.informer import ADDED, DELETED, MODIFIED, SYNC, Informer
 
 PATH = "/api/v1/namespaces/ml/pods"
 Event = tuple[str, str, str | None]  # (kind, name, old resourceVersion)
@@ -232,41 +232,3 @@ def test_a_transform_trims_each_object_before_the_store_and_the_handlers() -> No
     assert informer.store == {("ml", "b"): {"metadata": watched["metadata"], "kept": 1000}}
     assert [sorted(o) for o in handed] == [["kept", "metadata"]] * 3
     assert [o["kept"] for o in handed] == [1000, 1000, 1]
-
-
-def test_an_update_the_transform_leaves_unchanged_but_its_version_is_stored_and_not_handed() -> (
-    None
-):
-    """A heartbeat (a field the transform drops) stores the new resourceVersion and reaches no
-    handler; an update of a kept field, or of the same field without a transform, reaches them."""
-
-    def with_status(name: str, rv: str, heartbeat: str, ready: str) -> dict[str, Any]:
-        return {**pod(name, rv), "status": {"heartbeat": heartbeat, "ready": ready}}
-
-    def trim(obj: dict[str, Any]) -> dict[str, Any]:
-        return {"metadata": obj["metadata"], "ready": obj["status"]["ready"]}
-
-    listed = with_status("a", "1", "t0", "True")
-    watched = [
-        ev(MODIFIED, with_status("a", "2", "t1", "True")),
-        ev(MODIFIED, with_status("a", "3", "t2", "False")),
-        ev(MODIFIED, with_status("a", "4", "t3", "False")),
-    ]
-    trimmed = [(ADDED, "a", None), (MODIFIED, "a", "2")]  # rv 3, after the stored rv 2
-    whole = [(ADDED, "a", None), (MODIFIED, "a", "1"), (MODIFIED, "a", "2"), (MODIFIED, "a", "3")]
-    for transform, handed in ((trim, trimmed), (None, whole)):
-        api = Apiserver([[page([listed], "1")]], [list(watched)])
-        informer, seen = run(api, transform=transform)
-        assert seen == handed
-        assert informer.store[("ml", "a")]["metadata"]["resourceVersion"] == "4"
-
-
-def test_same_but_version_tells_the_version_from_every_other_field() -> None:
-    base = {"metadata": {"name": "a", "resourceVersion": "1", "labels": {"x": "1"}}, "spec": {}}
-    assert same_but_version(
-        base, {**base, "metadata": {**base["metadata"], "resourceVersion": "2"}}
-    )
-    assert not same_but_version(base, {**base, "metadata": {**base["metadata"], "labels": {}}})
-    assert not same_but_version(base, {**base, "spec": {"unschedulable": True}})
-    assert not same_but_version(base, {"metadata": base["metadata"]})
-    assert not same_but_version(base, {**base, "metadata": {"name": "a", "resourceVersion": "2"}})
