@@ -45,13 +45,14 @@ from controller.snapshot import ClusterView, Published
 from controller.sources import Form
 from controller.statuswriter import StatusKey, StatusWriter
 from controller.templatesync import TemplateSync
+from controller.trim import same_node
 from controller.webview import Authorizer, ViewSources, WebServer
 from controller.workqueue import QueueCollector, Workers, WorkQueue
 from controller.writer import ModelWriter
 from kubeio.client import Kube, Obj
 from kubeio.events import EventRecorder, ObjectRef
 from kubeio.httpserver import OpsServer, ServerMetrics
-from kubeio.informer import DELETED, Informer
+from kubeio.informer import DELETED, MODIFIED, Informer
 from kubeio.leader import LeaderElector, LeaderSettings, LeaseHold
 from placement.binding import slot_status
 from placement.compile import Compiler
@@ -320,9 +321,7 @@ def watch(
         informers.sources.add_handler(source_handler(inbox, Form.CONFIGMAP))
     if informers.resources is not None:
         informers.resources.add_handler(source_handler(inbox, Form.RESOURCE))
-    informers.nodes.add_handler(
-        lambda event, obj, _old: inbox.put(changes.NodeChanged(obj, deleted=event == DELETED))
-    )
+    informers.nodes.add_handler(node_handler(inbox))
     informers.inventories.add_handler(tracker.on_configmap)
     informers.leases.add_handler(tracker.on_lease)
     for informer in informers.pods:
@@ -400,6 +399,19 @@ def source_handler(inbox: ChangeQueue, form: Form) -> Handler:
             if event == DELETED
             else changes.SourceChanged(obj, form)
         )
+
+    return handle
+
+
+def node_handler(inbox: ChangeQueue) -> Handler:
+    """A node's change for the model keeper, unless it is a heartbeat (`trim.same_node`): a
+    thousand nodes' heartbeats would wake the model's worker for nothing several times a
+    second."""
+
+    def handle(event: str, obj: Obj, old: Obj | None) -> None:
+        if event == MODIFIED and old is not None and same_node(old, obj):
+            return
+        inbox.put(changes.NodeChanged(obj, deleted=event == DELETED))
 
     return handle
 

@@ -172,6 +172,24 @@ def trim_node(obj: Obj) -> Obj:
     }
 
 
+def same_node(old: Obj, new: Obj) -> bool:
+    """Whether two trimmed versions of a node differ in their resourceVersion alone: a heartbeat
+    (the kubelet's, kwok's) renews `lastHeartbeatTime`, which `trim_node` does not keep, so
+    nothing the controller reads changed."""
+    if old.keys() != new.keys():
+        return False
+    for name, value in new.items():
+        kept = old[name]
+        if name == "metadata" and isinstance(value, dict) and isinstance(kept, dict):
+            if kept.keys() != value.keys() or any(
+                k != "resourceVersion" and kept[k] != v for k, v in value.items()
+            ):
+                return False
+        elif kept != value:
+            return False
+    return True
+
+
 def trim_namespace(obj: Obj) -> Obj:
     """A namespace as the controller keeps it: its name and labels (the legacy namespace
     selector reads them)."""

@@ -12,10 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from controller.builder import build
+from controller.builder import build, node_handler
+from controller.changequeue import ChangeQueue
+from controller.changes import NodeChanged
 from controller.manager import Controller
 from controller.settings import ControllerSettings
-from controller.workqueue import Workers
+from controller.trim import trim_node
+from controller.workqueue import Workers, WorkQueue
+from kubeio.informer import ADDED, DELETED, MODIFIED
 from placement.dra import Enforcement
 from placement.types import MapKey, NodeName
 from tests.unit.controller.test_binder import Apiserver
@@ -163,3 +167,21 @@ def test_no_templates_outside_dra_enforcement() -> None:
     with controller() as c:
         assert c.leadership.binder.dra is None
         assert "templates" not in queues([*c.leadership.workers])
+
+
+def test_a_node_heartbeat_puts_no_change_in_the_model_inbox() -> None:
+    inbox = ChangeQueue(WorkQueue("model"))
+    handle = node_handler(inbox)
+    node = trim_node({"metadata": {"name": "n1", "resourceVersion": "1", "labels": {"a": "b"}},
+                      "status": {"conditions": [{"type": "Ready", "status": "True"}]}})  # fmt: skip
+    beat = {**node, "metadata": {**node["metadata"], "resourceVersion": "2"}}
+    cordoned = {**beat, "spec": {"unschedulable": True}}
+    handle(ADDED, node, None)
+    handle(MODIFIED, beat, node)
+    handle(MODIFIED, cordoned, beat)
+    handle(DELETED, cordoned, cordoned)
+    assert inbox.take() == [
+        NodeChanged(node, deleted=False),
+        NodeChanged(cordoned, deleted=False),
+        NodeChanged(cordoned, deleted=True),
+    ]

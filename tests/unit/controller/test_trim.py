@@ -14,6 +14,7 @@ from controller.trim import (
     MAX_LABEL_BYTES,
     NODE_SHAPE,
     POD_SHAPE,
+    same_node,
     trim_namespace,
     trim_node,
     trim_pod,
@@ -149,6 +150,38 @@ def test_a_trimmed_node_keeps_its_state_and_labels() -> None:
     assert node_state(trimmed, "gpu-node-name") == node_state(node, "gpu-node-name")
     assert trimmed["metadata"]["labels"] == {"gpu-node-name": "a"}
     assert len(json.dumps(trimmed)) < 300
+
+
+def heartbeat(node: dict[str, Any], version: str) -> dict[str, Any]:
+    """The node as its next heartbeat writes it: a new resourceVersion and heartbeat time."""
+    beat = json.loads(json.dumps(node))
+    beat["metadata"]["resourceVersion"] = version
+    for cond in beat["status"]["conditions"]:
+        cond["lastHeartbeatTime"] = f"2026-01-01T00:00:{version}Z"
+    return beat
+
+
+def test_a_heartbeat_leaves_the_trimmed_node_the_same_but_for_its_version() -> None:
+    before = trim_node(full_node())
+    after = trim_node(heartbeat(full_node(), "6"))
+    assert after != before
+    assert same_node(before, after)
+
+
+def test_any_change_the_controller_reads_makes_the_node_another() -> None:
+    before = trim_node(full_node())
+    changes = [
+        lambda n: n["metadata"]["labels"].update({"team": "b"}),
+        lambda n: n["metadata"].update({"deletionTimestamp": "2026-01-02T00:00:00Z"}),
+        lambda n: n["spec"].pop("unschedulable"),
+        lambda n: n["status"]["conditions"][1].update({"status": "False"}),
+        lambda n: n["status"].pop("conditions"),
+        lambda n: n.pop("spec"),
+    ]
+    for change in changes:
+        node = heartbeat(full_node(), "6")
+        change(node)
+        assert not same_node(before, trim_node(node)), node
 
 
 def test_a_trimmed_namespace_keeps_its_labels() -> None:
