@@ -75,7 +75,7 @@ def _metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
     owners = meta.get("ownerReferences")
     if isinstance(owners, list):
         out["ownerReferences"] = [
-            _pick(o, _OWNER) for o in owners[:MAX_ENTRIES] if isinstance(o, Mapping)
+            _pick(o, _OWNER) for o in owners[:MAX_ENTRIES] if isinstance(o, dict)
         ]
     return out
 
@@ -113,21 +113,17 @@ def _container(container: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = _pick(container, ("name",))
     env = container.get("env")
     if isinstance(env, list):
-        out["env"] = [e for e in env if isinstance(e, Mapping) and e.get("name") in MANAGED_ENV]
+        out["env"] = [e for e in env if isinstance(e, dict) and e.get("name") in MANAGED_ENV]
     resources = container.get("resources")
-    if isinstance(resources, Mapping) and isinstance(resources.get("claims"), list):
+    if isinstance(resources, dict) and isinstance(resources.get("claims"), list):
         claims = resources["claims"][:MAX_ENTRIES]
-        out["resources"] = {
-            "claims": [_pick(c, ("name",)) for c in claims if isinstance(c, Mapping)]
-        }
+        out["resources"] = {"claims": [_pick(c, ("name",)) for c in claims if isinstance(c, dict)]}
     return out
 
 
 def _entries(value: object) -> list[Any]:
     return (
-        [e for e in value[:MAX_ENTRIES] if isinstance(e, Mapping)]
-        if isinstance(value, list)
-        else []
+        [e for e in value[:MAX_ENTRIES] if isinstance(e, dict)] if isinstance(value, list) else []
     )
 
 
@@ -144,7 +140,7 @@ def trim_pod(obj: Obj, *, legacy: bool) -> Obj:
     for list_name in ("initContainers", "containers"):
         items = spec.get(list_name)
         if isinstance(items, list):
-            out_spec[list_name] = [_container(c) for c in items if isinstance(c, Mapping)]
+            out_spec[list_name] = [_container(c) for c in items if isinstance(c, dict)]
     if "resourceClaims" in spec:
         out_spec["resourceClaims"] = _entries(spec["resourceClaims"])
     out_status: dict[str, Any] = _pick(status, ("phase",))

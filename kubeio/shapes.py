@@ -31,13 +31,6 @@ ListMeta = TypedDict(
 )
 
 
-class _Event(TypedDict, total=False):
-    """A watch event before its object is decoded: `object` is kept as its raw text."""
-
-    type: str
-    object: msgspec.Raw
-
-
 #: The event types whose object is one of the resource's (ERROR carries a Status, BOOKMARK a
 #: bare object with only a resourceVersion: both are decoded whole).
 _OBJECT_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
@@ -54,10 +47,13 @@ class Shape:
             {"metadata": ListMeta, "items": list[item] | None},  # type: ignore[valid-type]
             total=False,
         )
+        # A watch event and its object, decoded in one pass.
+        event = TypedDict(  # type: ignore[misc]  # noqa: UP013
+            f"{item.__name__}Event", {"type": str, "object": item | None}, total=False
+        )
         # The TypedDicts decode to plain dicts: typed as such for the informer's store.
         self._page: msgspec.json.Decoder[Obj] = msgspec.json.Decoder(page)
-        self._object: msgspec.json.Decoder[Obj] = msgspec.json.Decoder(item)
-        self._event = msgspec.json.Decoder(_Event)
+        self._event: msgspec.json.Decoder[Obj] = msgspec.json.Decoder(event)
 
     def page(self, data: bytes) -> Obj:
         """A list response: its metadata and its items, each with the shape's fields only."""
@@ -74,21 +70,26 @@ class Shape:
 
     def event(self, line: bytes) -> Obj:
         """One line of a watch: {"type", "object"}, the object with the shape's fields only when
-        it is one of the resource's."""
+        it is one of the resource's. One pass over the line: the event and its object are
+        decoded together (an ERROR's Status, a BOOKMARK, or an object the shape cannot decode is
+        then decoded again, whole)."""
         try:
             event = self._event.decode(line)
         except msgspec.ValidationError:
-            whole: Obj = orjson.loads(line)
-            return whole
+            event = self._whole(line)
         except msgspec.DecodeError as exc:
             raise ValueError(f"the watch event is not JSON: {exc}") from exc
-        raw = event.get("object")
-        kind = event.get("type", "")
-        if raw is None:
-            return {"type": kind, "object": {}}
-        if kind in _OBJECT_EVENTS:
-            try:
-                return {"type": kind, "object": self._object.decode(raw)}
-            except msgspec.ValidationError:
-                pass
-        return {"type": kind, "object": orjson.loads(bytes(raw))}
+        else:
+            if event.get("type", "") not in _OBJECT_EVENTS:
+                event = self._whole(line)
+        if event.get("object") is None:
+            event["object"] = {}
+        event.setdefault("type", "")
+        return event
+
+    @staticmethod
+    def _whole(line: bytes) -> Obj:
+        whole = orjson.loads(line)
+        if not isinstance(whole, dict):
+            raise ValueError("the watch event is not a JSON object")
+        return whole

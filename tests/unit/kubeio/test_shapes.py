@@ -56,6 +56,13 @@ def test_events_of_the_resource_are_shaped_and_the_others_decoded_whole() -> Non
     assert SHAPE.event(orjson.dumps({"type": "ADDED", "object": odd}))["object"] == odd
 
 
+def test_an_event_without_an_object_has_an_empty_one_and_a_non_object_is_refused() -> None:
+    assert SHAPE.event(b'{"type":"MODIFIED","object":null}') == {"type": "MODIFIED", "object": {}}
+    assert SHAPE.event(b'{"type":"ERROR"}') == {"type": "ERROR", "object": {}}
+    with pytest.raises(ValueError, match="not a JSON object"):
+        SHAPE.event(b"[1]")
+
+
 @pytest.mark.parametrize("text", [b"not json", b'{"items": [', b"\xff\xfe"])
 def test_malformed_json_is_a_value_error(text: bytes) -> None:
     with pytest.raises(ValueError, match="not JSON"):
