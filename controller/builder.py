@@ -404,9 +404,8 @@ def source_handler(inbox: ChangeQueue, form: Form) -> Handler:
 
 
 def node_handler(inbox: ChangeQueue) -> Handler:
-    """A node's change for the model keeper, unless it is a heartbeat (`trim.same_node`): a
-    thousand nodes' heartbeats would wake the model's worker for nothing several times a
-    second."""
+    """A node's change for the model keeper, unless it is a heartbeat (`trim.same_node`): each
+    heartbeat would wake the model's worker for a pass that changes nothing."""
 
     def handle(event: str, obj: Obj, old: Obj | None) -> None:
         if event == MODIFIED and old is not None and same_node(old, obj):
