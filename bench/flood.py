@@ -188,12 +188,19 @@ def admissions(
     return into, thread
 
 
+def _source(source: str | None) -> tuple[str, int] | None:
+    """The local address a flood's connections leave from: the one the route picks (None), or
+    `source`, so that the server counts them as a client of their own."""
+    return None if source is None else (source, 0)
+
+
 async def open_body(
-    port: int, context: ssl.SSLContext, size: int, host: str = HOST
+    port: int, context: ssl.SSLContext, size: int, host: str = HOST, source: str | None = None
 ) -> asyncio.StreamWriter | None:
     try:
         _, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=context), timeout=10
+            asyncio.open_connection(host, port, ssl=context, local_addr=_source(source)),
+            timeout=10,
         )
         writer.write(
             b"POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
@@ -211,11 +218,12 @@ async def open_body(
 
 
 async def open_idle(
-    port: int, context: ssl.SSLContext, host: str = HOST
+    port: int, context: ssl.SSLContext, host: str = HOST, source: str | None = None
 ) -> asyncio.StreamWriter | None:
     try:
         _, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=context), timeout=10
+            asyncio.open_connection(host, port, ssl=context, local_addr=_source(source)),
+            timeout=10,
         )
         return writer
     except (OSError, TimeoutError, ssl.SSLError):

@@ -1,6 +1,7 @@
 """The installed chart's webhook under a flood on the real node: unfinished 3 MiB bodies and idle
 TLS connections sent to its pod (the host reaches pod IPs over the node's bridge, nothing leaves
-the machine), while pods of a map are created through the apiserver. Its container stays under
+the machine) from an address of their own, as a tenant's pod would send them (the apiserver's is
+the bridge's gateway), while pods of a map are created through the apiserver. Its container stays under
 its memory limit (read from its cgroup; never OOM-killed), every admission is answered (the
 apiserver gives the webhook `ADMISSION_TIMEOUT` seconds, failurePolicy Fail), and the refusals are
 counted in its metrics.
@@ -26,6 +27,7 @@ import pytest
 from bench._stats import percentile
 from bench.flood import in_batches, open_body, open_idle, refusals
 from gpuplace_dev.localcluster import LocalCluster, chart
+from gpuplace_dev.localcluster.realnode import TENANT_ADDRESS
 from placement.annotations import MAP_LABEL
 from tests.e2e_chart.conftest import Installed, chart_on_the_real_node
 from tests.integration.controllerkit import map_yaml, placement_configmap, wait_for
@@ -174,12 +176,19 @@ class Flood:
 
 
 async def flood(host: str, port: int, context: ssl.SSLContext) -> Flood:
-    """Bodies, then idle connections, from this machine to the pod; held, then closed."""
+    """Bodies, then idle connections, from the tenant's address to the pod; held, then closed."""
     started = time.monotonic()
+    source = TENANT_ADDRESS
     bodies = await in_batches(
-        [open_body(port, context, DEFAULT_MAX_BODY_BYTES, host=host) for _ in range(BODIES)], 50
+        [
+            open_body(port, context, DEFAULT_MAX_BODY_BYTES, host=host, source=source)
+            for _ in range(BODIES)
+        ],
+        50,
     )
-    idle = await in_batches([open_idle(port, context, host=host) for _ in range(IDLE)], 250)
+    idle = await in_batches(
+        [open_idle(port, context, host=host, source=source) for _ in range(IDLE)], 250
+    )
     opened = time.monotonic() - started
     await asyncio.sleep(HOLD_SECONDS)
     for writer in [*bodies, *idle]:

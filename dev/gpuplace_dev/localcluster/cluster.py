@@ -45,6 +45,7 @@ from gpuplace_dev.localcluster.realnode import (
     BRIDGE,
     POD_GATEWAY,
     REAL_NODE_NAME,
+    TENANT_ADDRESS,
     NodeLock,
     RealNode,
     RealNodeError,
@@ -669,6 +670,7 @@ class LocalCluster:
                     node.network_record,
                     bridge=BRIDGE,
                     gateway=POD_GATEWAY,
+                    tenant=TENANT_ADDRESS,
                     service_ip=KUBERNETES_SERVICE_IP,
                     apiserver_port=int(self._server.rsplit(":", 1)[1]),
                 )

@@ -64,6 +64,12 @@ REAL_NODE_LOCK = Path("/tmp/gpuplace-real-node.lock")  # noqa: S108
 POD_SUBNET = "10.64.0.0/24"
 #: The bridge's own address, with a pod network (gpuplace_dev.localcluster.network).
 POD_GATEWAY = "10.64.0.1/24"
+#: The last address a pod gets; those above it are the host's own (`TENANT_ADDRESS`).
+POD_RANGE_END = "10.64.0.250"
+#: A second address of the bridge, with a pod network: a test's client that connects from it is
+#: a client apart from the apiserver, which reaches the pods from `POD_GATEWAY` (a tenant's pod
+#: is another address too).
+TENANT_ADDRESS = "10.64.0.254"
 BRIDGE = "gpuplace0"
 #: Paths the kubelet and containerd write whatever their directories are configured to.
 SYSTEM_PATHS = (
@@ -234,16 +240,16 @@ def cni_config(layout: RealNodeLayout, services: str | None = None) -> dict[str,
     """One bridge, host-local addresses, no masquerading: pods reach each other and the kubelet
     reaches them through their network namespace. With ``services`` (the Service range; the pod
     network of an installed chart, gpuplace_dev.localcluster.network) the bridge holds
-    `POD_GATEWAY` and pods get one route, to ``services`` through it; never a default route."""
+    `POD_GATEWAY` and pods get one route, to ``services`` through it; never a default route.
+    Pods get addresses up to `POD_RANGE_END`: the ones above are the host's."""
+    pod_range = {"subnet": POD_SUBNET, "rangeEnd": POD_RANGE_END}
     ipam: dict[str, Any] = {
         "type": "host-local",
-        "ranges": [[{"subnet": POD_SUBNET}]],
+        "ranges": [[pod_range]],
         "dataDir": str(layout.cni_ipam_dir),
     }
     if services is not None:
-        ipam["ranges"] = [
-            [{"subnet": POD_SUBNET, "gateway": POD_GATEWAY.split("/", maxsplit=1)[0]}]
-        ]
+        ipam["ranges"] = [[{**pod_range, "gateway": POD_GATEWAY.split("/", maxsplit=1)[0]}]]
         ipam["routes"] = [{"dst": services}]
     return {
         "cniVersion": "1.0.0",

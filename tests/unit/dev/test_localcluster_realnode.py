@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import ipaddress
 import json
 import tarfile
 import tomllib
@@ -14,7 +15,10 @@ import pytest
 from gpuplace_dev.localcluster.images import GPU_PROBE_IMAGE, gpu_probe_image, oci_archive
 from gpuplace_dev.localcluster.nodebinaries import NodeBinaries
 from gpuplace_dev.localcluster.realnode import (
+    POD_GATEWAY,
+    POD_RANGE_END,
     POD_SUBNET,
+    TENANT_ADDRESS,
     NodeLock,
     RealNodeError,
     RealNodeLayout,
@@ -112,8 +116,19 @@ def test_containerd_config_keeps_its_state_below_the_node_directory(
 def test_cni_config_changes_no_routing(tmp_path: Path) -> None:
     bridge = cni_config(RealNodeLayout(tmp_path))["plugins"][0]
     assert bridge["isGateway"] is False and bridge["ipMasq"] is False
-    assert bridge["ipam"]["ranges"] == [[{"subnet": POD_SUBNET}]]
+    assert bridge["ipam"]["ranges"] == [[{"subnet": POD_SUBNET, "rangeEnd": POD_RANGE_END}]]
     assert bridge["ipam"]["dataDir"].startswith(str(tmp_path))
+
+
+def test_no_pod_gets_the_tenant_address_or_the_gateway(tmp_path: Path) -> None:
+    bridge = cni_config(RealNodeLayout(tmp_path), "10.96.0.0/12")["plugins"][0]
+    [[pod_range]] = bridge["ipam"]["ranges"]
+    subnet = ipaddress.ip_network(pod_range["subnet"])
+    tenant = ipaddress.ip_address(TENANT_ADDRESS)
+    gateway = ipaddress.ip_interface(POD_GATEWAY)
+    assert tenant in subnet and gateway.ip in subnet  # on the pods' link: they answer it
+    assert tenant > ipaddress.ip_address(pod_range["rangeEnd"])
+    assert tenant != gateway.ip and pod_range["gateway"] == str(gateway.ip)
 
 
 def test_kubelet_configuration_and_args(tmp_path: Path, binaries: NodeBinaries) -> None:
