@@ -32,9 +32,10 @@ class Acceptor:
 
     No client holds the port (docs/trust.md, "A client on the port"): a new connection past its
     client address's cap (`Bounds.per_client`) takes the place of that client's connection that
-    has waited the longest on it, and one past `max_connections` the place of the port's
-    (`longest_waiting`), whoever holds it, closed by `evict`; only when the server is answering
-    on every candidate is the new connection closed. `refused(reason)` counts each."""
+    has waited the longest on it (`longest_waiting`), and one past `max_connections` the place of
+    the longest-waiting connection of the client that holds the most (`port_victim`), whoever
+    that is, closed by `evict`; only when the server is answering on every candidate is the new
+    connection closed. `refused(reason)` counts each."""
 
     def __init__(
         self,
@@ -119,15 +120,15 @@ class Acceptor:
 
     def _room(self, client: str) -> Refusal | None:
         """Makes room for a new connection of `client`: under both caps, or after closing the
-        longest-waiting connection of that client (at its cap) or of the port (full). The
-        refusal to count when there is none to close."""
+        longest-waiting connection of that client (at its cap) or of the client that holds the
+        most (the port full). The refusal to count when there is none to close."""
         held = self.clients.get(client, ())
         if len(held) >= self._bounds.per_client:
             victim = longest_waiting(held)
             if victim is None:
                 return Refusal.CLIENT_CONNECTIONS
         elif len(self.connections) >= self._bounds.max_connections:
-            victim = longest_waiting(self.connections)
+            victim = port_victim(self.clients.values())
             if victim is None:
                 return Refusal.CONNECTIONS
         else:
@@ -144,6 +145,24 @@ class Acceptor:
             held.discard(conn)
             if not held:
                 del self.clients[conn.remote[0]]
+
+
+def port_victim(clients: Iterable[set[Connection]]) -> Connection | None:
+    """The connection to close when the port is full: the longest-waiting (`longest_waiting`)
+    of the client addresses that hold the most, or, while the server is answering on each of
+    theirs, of those that hold the most after them. A client that holds fewer connections than
+    another loses none to the newcomer: a flood from a few addresses, however fast it opens and
+    drops its connections, closes its own, never the apiserver's between two admissions (closed
+    just as it sends a request on it, that admission would fail: a POST is not sent again) nor a
+    probe's. Ties go to the one waiting the longest, whichever client holds it."""
+    by_size: dict[int, list[Connection]] = {}
+    for held in clients:
+        by_size.setdefault(len(held), []).extend(held)
+    for size in sorted(by_size, reverse=True):
+        victim = longest_waiting(by_size[size])
+        if victim is not None:
+            return victim
+    return None
 
 
 def longest_waiting(connections: Iterable[Connection]) -> Connection | None:

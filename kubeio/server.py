@@ -11,9 +11,9 @@ hold up the others; their connection reads nothing more until the answer is back
 Bounded (every cap and timeout is a `Bounds` field; each refusal counted through `refused`):
 - connections: past its client address's cap (`Bounds.per_client`) or `max_connections` a new
   connection takes the place of the connection that has waited the longest on its client, that
-  client's or the port's (`kubeio.acceptor.longest_waiting`): no client holds the port against
-  the apiserver or the kubelet's probe; it is closed only while every candidate is being
-  answered;
+  client's or, of the client holding the most, the port's (`kubeio.acceptor.port_victim`): no
+  client holds the port against the apiserver or the kubelet's probe; it is closed only while
+  every candidate is being answered;
 - request bytes: each connection reads at most `connection_share_bytes` of requests on its own; a
   body larger than that reserves the rest from one pool when its head arrives, or is answered 503
   and closed: a flood of large unfinished bodies holds the pool, not the small requests, which

@@ -139,6 +139,39 @@ def test_a_client_at_its_cap_gives_up_its_own_connection_never_another_clients(
             assert read_all(sock).endswith(b"ok\n")
 
 
+def test_a_full_port_closes_a_connection_of_the_client_holding_the_most_never_a_quiet_ones(
+    registry: CollectorRegistry, opened: list[socket.socket]
+) -> None:
+    """The apiserver's case: one connection kept alive between admissions, idle longer than any
+    of a flood's, which comes from a few addresses and keeps opening new connections."""
+    kept = replace(small_bounds(connections=5, head_bytes=8192), keep_alive=True)
+    bounds = replace(kept, max_connections_per_client=2)
+    with ops(registry, bounds) as server:
+        quiet = connect(server.port, "127.0.0.5")
+        opened.append(quiet)
+        quiet.sendall(GET)
+        assert answered(quiet).startswith(b"HTTP/1.1 200 ")
+        first = [connect(server.port, client) for client in ("127.0.0.2", "127.0.0.2")]
+        second = [connect(server.port, client) for client in ("127.0.0.3", "127.0.0.3")]
+        opened.extend(first + second)
+        assert eventually(lambda: server.server.connections == 5)
+        # Full. The quiet connection has waited the longest, but its client holds the fewest:
+        # each newcomer closes the longest-waiting of the clients holding the most (the first
+        # flood's oldest, then the second's, which holds more by then), then, at the newcomer's
+        # own cap, the newcomer's own.
+        third = []
+        for n in range(1, 5):
+            third.append(connect(server.port, "127.0.0.4"))
+            opened.append(third[-1])
+            assert eventually(lambda n=n: refused(registry, "evicted") == n)
+        assert all(closed(sock) for sock in (first[0], second[0], *third[:2]))
+        for sock in (quiet, first[1], second[1], *third[2:]):
+            sock.sendall(GET)
+            assert answered(sock).startswith(b"HTTP/1.1 200 ")
+        assert refused(registry, "connections") == 0
+        assert server.server.peak_connections == 5
+
+
 def test_a_client_at_its_cap_whose_connections_are_all_answered_is_refused_a_new_one(
     registry: CollectorRegistry, opened: list[socket.socket]
 ) -> None:
