@@ -1,7 +1,7 @@
 """The installed chart's webhook under a flood on the real node: unfinished 3 MiB bodies and idle
 TLS connections sent to its pod (the host reaches pod IPs over the node's bridge, nothing leaves
-the machine) from an address of their own, as a tenant's pod would send them (the apiserver's is
-the bridge's gateway), while pods of a map are created through the apiserver. Its container stays under
+the machine) from two addresses of their own, as a tenant's two pods would send them (the
+apiserver's is the bridge's gateway), while pods of a map are created through the apiserver. Its container stays under
 its memory limit (read from its cgroup; never OOM-killed), every admission is answered (the
 apiserver gives the webhook `ADMISSION_TIMEOUT` seconds, failurePolicy Fail), and the refusals are
 counted in its metrics.
@@ -27,7 +27,7 @@ import pytest
 from bench._stats import percentile
 from bench.flood import in_batches, open_body, open_idle, refusals
 from gpuplace_dev.localcluster import LocalCluster, chart
-from gpuplace_dev.localcluster.realnode import TENANT_ADDRESS
+from gpuplace_dev.localcluster.realnode import TENANT_ADDRESSES
 from placement.annotations import MAP_LABEL
 from tests.e2e_chart.conftest import Installed, chart_on_the_real_node
 from tests.integration.controllerkit import map_yaml, placement_configmap, wait_for
@@ -38,7 +38,8 @@ from webhook.tlsbootstrap import CA_CERT_KEY
 #: How long the apiserver waits for the webhook's answer; past it the create is refused.
 ADMISSION_TIMEOUT = 3
 #: Unfinished bodies (the pool holds about 21 of them, the rest are answered 503) and idle
-#: connections (4 times the cap of 512: most are evicted), held `HOLD_SECONDS` once all are open.
+#: connections (4 times the cap of 512: most are evicted; from two addresses, each of which may
+#: hold half, so together they fill the port), held `HOLD_SECONDS` once all are open.
 BODIES, IDLE, HOLD_SECONDS = 100, 2000, 15.0
 MiB = 1024 * 1024
 #: Every phase's refusal the flood must cause.
@@ -176,18 +177,22 @@ class Flood:
 
 
 async def flood(host: str, port: int, context: ssl.SSLContext) -> Flood:
-    """Bodies, then idle connections, from the tenant's address to the pod; held, then closed."""
+    """Bodies, then idle connections, from the tenant's addresses to the pod (each the other's in
+    turn); held, then closed."""
     started = time.monotonic()
-    source = TENANT_ADDRESS
+    first, second = TENANT_ADDRESSES
     bodies = await in_batches(
         [
-            open_body(port, context, DEFAULT_MAX_BODY_BYTES, host=host, source=source)
-            for _ in range(BODIES)
+            open_body(
+                port, context, DEFAULT_MAX_BODY_BYTES, host=host, source=(first, second)[n % 2]
+            )
+            for n in range(BODIES)
         ],
         50,
     )
     idle = await in_batches(
-        [open_idle(port, context, host=host, source=source) for _ in range(IDLE)], 250
+        [open_idle(port, context, host=host, source=(first, second)[n % 2]) for n in range(IDLE)],
+        250,
     )
     opened = time.monotonic() - started
     await asyncio.sleep(HOLD_SECONDS)

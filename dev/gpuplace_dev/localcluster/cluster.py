@@ -45,7 +45,7 @@ from gpuplace_dev.localcluster.realnode import (
     BRIDGE,
     POD_GATEWAY,
     REAL_NODE_NAME,
-    TENANT_ADDRESS,
+    TENANT_ADDRESSES,
     NodeLock,
     RealNode,
     RealNodeError,
@@ -670,7 +670,7 @@ class LocalCluster:
                     node.network_record,
                     bridge=BRIDGE,
                     gateway=POD_GATEWAY,
-                    tenant=TENANT_ADDRESS,
+                    tenants=TENANT_ADDRESSES,
                     service_ip=KUBERNETES_SERVICE_IP,
                     apiserver_port=int(self._server.rsplit(":", 1)[1]),
                 )

@@ -10,9 +10,9 @@ machine: what an installed chart needs (`LocalCluster(pod_network=True)`).
   the apiserver keeps listening on 127.0.0.1 only.
 - Apiserver -> webhook: the apiserver resolves a webhook Service to its endpoints
   (`--enable-aggregator-routing`) and dials the pod's address on the bridge, which the host owns.
-- Host -> pods as a tenant: the bridge holds a second address of the pod subnet, one no pod gets
-  (`realnode.TENANT_ADDRESS`). A test's client bound to it reaches a pod as another pod would,
-  from an address of its own, not the apiserver's (the gateway's).
+- Host -> pods as a tenant: the bridge holds more addresses of the pod subnet, ones no pod gets
+  (`realnode.TENANT_ADDRESSES`). A test's client bound to one reaches a pod as another pod
+  would, from an address of its own, not the apiserver's (the gateway's).
 
 Nothing is forwarded off the machine: `ip_forward` is left as it is, the pods have no default
 route, and no rule masquerades. Every rule carries the comment `gpuplace-local` and is recorded in
@@ -88,18 +88,19 @@ def install(
     *,
     bridge: str,
     gateway: str,
-    tenant: str,
+    tenants: tuple[str, ...],
     service_ip: str,
     apiserver_port: int,
 ) -> Routing:
-    """Creates the bridge with its addresses, `gateway` and `tenant` (before the kubelet's first
+    """Creates the bridge with its addresses, `gateway` and `tenants` (before the kubelet's first
     pod, so the sysctl can be set on it), sets `route_localnet` there and adds the DNAT rules;
     records all of it first (the addresses go with the bridge, which the node deletes)."""
     binary = iptables()
     if not Path(f"/sys/class/net/{bridge}").exists():
         _run("ip", "link", "add", bridge, "type", "bridge")
     _run("ip", "addr", "replace", gateway, "dev", bridge)
-    _run("ip", "addr", "replace", f"{tenant}/32", "dev", bridge)
+    for tenant in tenants:
+        _run("ip", "addr", "replace", f"{tenant}/32", "dev", bridge)
     _run("ip", "link", "set", bridge, "up")
     sysctl = _sysctl_path(bridge)
     routing = Routing(

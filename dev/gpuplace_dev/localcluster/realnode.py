@@ -64,12 +64,12 @@ REAL_NODE_LOCK = Path("/tmp/gpuplace-real-node.lock")  # noqa: S108
 POD_SUBNET = "10.64.0.0/24"
 #: The bridge's own address, with a pod network (gpuplace_dev.localcluster.network).
 POD_GATEWAY = "10.64.0.1/24"
-#: The last address a pod gets; those above it are the host's own (`TENANT_ADDRESS`).
+#: The last address a pod gets; those above it are the host's own (`TENANT_ADDRESSES`).
 POD_RANGE_END = "10.64.0.250"
-#: A second address of the bridge, with a pod network: a test's client that connects from it is
-#: a client apart from the apiserver, which reaches the pods from `POD_GATEWAY` (a tenant's pod
-#: is another address too).
-TENANT_ADDRESS = "10.64.0.254"
+#: More addresses of the bridge, with a pod network: a test's client that connects from one is a
+#: client apart from the apiserver, which reaches the pods from `POD_GATEWAY`, as a tenant's pod
+#: is (two: a tenant with two pods).
+TENANT_ADDRESSES = ("10.64.0.253", "10.64.0.254")
 BRIDGE = "gpuplace0"
 #: Paths the kubelet and containerd write whatever their directories are configured to.
 SYSTEM_PATHS = (

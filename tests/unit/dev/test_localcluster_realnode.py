@@ -18,7 +18,7 @@ from gpuplace_dev.localcluster.realnode import (
     POD_GATEWAY,
     POD_RANGE_END,
     POD_SUBNET,
-    TENANT_ADDRESS,
+    TENANT_ADDRESSES,
     NodeLock,
     RealNodeError,
     RealNodeLayout,
@@ -120,15 +120,18 @@ def test_cni_config_changes_no_routing(tmp_path: Path) -> None:
     assert bridge["ipam"]["dataDir"].startswith(str(tmp_path))
 
 
-def test_no_pod_gets_the_tenant_address_or_the_gateway(tmp_path: Path) -> None:
+def test_no_pod_gets_a_tenant_address_or_the_gateway(tmp_path: Path) -> None:
     bridge = cni_config(RealNodeLayout(tmp_path), "10.96.0.0/12")["plugins"][0]
     [[pod_range]] = bridge["ipam"]["ranges"]
     subnet = ipaddress.ip_network(pod_range["subnet"])
-    tenant = ipaddress.ip_address(TENANT_ADDRESS)
     gateway = ipaddress.ip_interface(POD_GATEWAY)
-    assert tenant in subnet and gateway.ip in subnet  # on the pods' link: they answer it
-    assert tenant > ipaddress.ip_address(pod_range["rangeEnd"])
-    assert tenant != gateway.ip and pod_range["gateway"] == str(gateway.ip)
+    assert gateway.ip in subnet and pod_range["gateway"] == str(gateway.ip)
+    assert len(set(TENANT_ADDRESSES)) == 2
+    for address in TENANT_ADDRESSES:
+        tenant = ipaddress.ip_address(address)
+        assert tenant in subnet  # on the pods' link: they answer it
+        assert tenant > ipaddress.ip_address(pod_range["rangeEnd"])
+        assert tenant not in (gateway.ip, subnet.broadcast_address)
 
 
 def test_kubelet_configuration_and_args(tmp_path: Path, binaries: NodeBinaries) -> None:
