@@ -1,8 +1,8 @@
 """The installed chart's webhook under a flood on the real node: unfinished 3 MiB bodies and idle
 TLS connections sent to its pod (the host reaches pod IPs over the node's bridge, nothing leaves
 the machine) from two addresses of their own, as a tenant's two pods would send them (the
-apiserver's is the bridge's gateway), while pods of a map are created through the apiserver. Its container stays under
-its memory limit (read from its cgroup; never OOM-killed), every admission is answered (the
+apiserver's is the bridge's gateway), while pods of a map are created through the apiserver. Its
+container stays under its memory limit (read from its cgroup; never OOM-killed), every admission is answered (the
 apiserver gives the webhook `ADMISSION_TIMEOUT` seconds, failurePolicy Fail), and the refusals are
 counted in its metrics.
 
@@ -180,19 +180,16 @@ async def flood(host: str, port: int, context: ssl.SSLContext) -> Flood:
     """Bodies, then idle connections, from the tenant's addresses to the pod (each the other's in
     turn); held, then closed."""
     started = time.monotonic()
-    first, second = TENANT_ADDRESSES
+    sources = TENANT_ADDRESSES
     bodies = await in_batches(
         [
-            open_body(
-                port, context, DEFAULT_MAX_BODY_BYTES, host=host, source=(first, second)[n % 2]
-            )
+            open_body(port, context, DEFAULT_MAX_BODY_BYTES, host=host, source=sources[n % 2])
             for n in range(BODIES)
         ],
         50,
     )
     idle = await in_batches(
-        [open_idle(port, context, host=host, source=(first, second)[n % 2]) for n in range(IDLE)],
-        250,
+        [open_idle(port, context, host=host, source=sources[n % 2]) for n in range(IDLE)], 250
     )
     opened = time.monotonic() - started
     await asyncio.sleep(HOLD_SECONDS)
