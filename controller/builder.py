@@ -216,7 +216,7 @@ def build(
         KeySecret(settings.system_namespace, settings.binder.key_secret_name),
         binder,
         metrics,
-        informers.pods_held,
+        informers.pods_paused,
         published,
         informers.binding_key,
         q.rings,

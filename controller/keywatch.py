@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Final
 
@@ -52,7 +53,7 @@ class KeyWatch:
     secret: KeySecret
     binder: Binder
     metrics: ControllerMetrics
-    pods: Callable[[], list[Pod]]
+    pods: Callable[[], AbstractContextManager[list[Pod]]]
     published: Published
     #: The Secret's informer, and the queue its events go to.
     informer: Informer
@@ -109,4 +110,5 @@ class KeyWatch:
             view.ring.signer.id,
             len(view.adoptions),
         )
-        self.binder.retrust(view, self.pods(), self.published.current.shared)
+        with self.pods() as pods:  # no bound pod's event judged by the old ring after this read
+            self.binder.retrust(view, pods, self.published.current.shared)

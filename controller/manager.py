@@ -147,10 +147,12 @@ class Leadership:
     def _rebuild_from_pods(self) -> int:
         """The slot cache, renumbering and drift trackers from the pods the informers hold;
         returns how many bound pods hold a slot."""
-        pods = self.informers.pods_held()
-        self.binder.active.set()
-        bound = self.binder.rebuild(pods, self.maps.shared)
-        self.pods.rebuild(bound)
+        with self.informers.pods_paused() as pods:
+            # One step: a pod event from before it is in the snapshot, one after it reaches the
+            # active binder (controller/podwatch.py drops them while it is not).
+            self.binder.active.set()
+            bound = self.binder.rebuild(pods, self.maps.shared)
+            self.pods.rebuild(bound)
         inventories = {n: state.inventory for n, state in self.tracker.states.items()}
         self.statuses.add_all(self.renumber.check_all(inventories))
         return len(bound)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from controller.builder import build, node_handler
 from controller.changequeue import ChangeQueue
@@ -20,9 +23,12 @@ from controller.settings import ControllerSettings
 from controller.trim import trim_node
 from controller.workqueue import Workers, WorkQueue
 from kubeio.informer import ADDED, DELETED, MODIFIED
+from kubeio.pod import Pod
+from placement.annotations import MAP_LABEL
 from placement.dra import Enforcement
+from placement.keyring import TrustView, new_ring
 from placement.types import MapKey, NodeName
-from tests.unit.controller.test_binder import Apiserver
+from tests.unit.controller.test_binder import KEY, Apiserver, make_pod
 
 CONTROLLER = Path(__file__).resolve().parents[3] / "controller"
 #: `thing.on_x = ...`, `obj.wake = ...`, `tracker.taints_of = ...` on another object than self.
@@ -185,3 +191,33 @@ def test_a_node_heartbeat_puts_no_change_in_the_model_inbox() -> None:
         NodeChanged(cordoned, deleted=False),
         NodeChanged(cordoned, deleted=True),
     ]
+
+
+def test_a_pod_created_while_the_leader_reads_its_pods_is_queued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leadership's start reads the pods the informers hold and switches the binder on: a pod
+    whose event comes between the two is in neither, unless the informers hold their events back
+    for the whole step. The event is sent from another thread while the snapshot is read."""
+    with controller() as c:
+        lead = c.leadership
+        lead.binder.trust = TrustView.of(new_ring(KEY, "2026-01-01T00:00:00Z"), (), "1")
+        (informer, *_) = c.informers.pods
+        informer._apply(ADDED, make_pod("web-0").label(MAP_LABEL, "llm").obj())
+        read = Pod.of
+        late: list[threading.Thread] = []
+
+        def of(obj: dict[str, Any]) -> Pod:
+            if not late:  # the snapshot's first pod: a new pod's event comes now
+                created = make_pod("web-1").label(MAP_LABEL, "llm").obj()
+                late.append(threading.Thread(target=informer._apply, args=(ADDED, created)))
+                late[0].start()
+                late[0].join(0.5)  # delivered at once, or held back until the step ends
+            return read(obj)
+
+        monkeypatch.setattr(Pod, "of", of)
+        lead._rebuild_from_pods()
+        monkeypatch.setattr(Pod, "of", read)
+        late[0].join(10)
+        assert not late[0].is_alive()
+        assert sorted(lead.binder.queue.added_at) == ["uid-web-0", "uid-web-1"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -571,7 +572,7 @@ def test_the_key_ring_is_followed_only_by_the_leader_and_an_unreadable_one_is_co
         KeySecret("gpuplace-system", "gpuplace-binding-key"),
         binder,  # type: ignore[arg-type]
         metrics,
-        list,
+        lambda: nullcontext([]),
         Published(),
         FakeInformer([broken]),  # type: ignore[arg-type]
         queue,
@@ -597,7 +598,7 @@ def test_loading_the_ring_retries_until_stopped() -> None:
         KeySecret("gpuplace-system", "gpuplace-binding-key"),
         FakeBinder(),  # type: ignore[arg-type]
         ControllerMetrics(),
-        list,
+        lambda: nullcontext([]),
         Published(),
         FakeInformer(),  # type: ignore[arg-type]
         WorkQueue("key-ring"),
