@@ -203,11 +203,8 @@ class SharedInformers:
 
     def pods_held(self) -> list[Pod]:
         """Every pod the pod informers hold (a snapshot), each read into its view."""
-        out: list[Obj] = []
-        for informer in self.pods:
-            with informer.lock:
-                out.extend(informer.store.values())
-        return [Pod.of(obj) for obj in out]
+        with self.pods_paused() as pods:
+            return pods
 
     @contextmanager
     def pods_paused(self) -> Iterator[list[Pod]]:
